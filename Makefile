@@ -1,0 +1,25 @@
+# The two commands of the README: `make serve` and `make test`. Both create the same
+# virtual environment (torch pinned and installed first, the rest under constraints).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install serve test clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip check
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: install
+	$(BIN)/distilserve new --list
+
+test: install
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV)

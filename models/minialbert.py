@@ -1,0 +1,175 @@
+"""MiniALBERT (paper 001): one shared ALBERT layer applied L times, with optional
+per-iteration bottleneck adapters and a factorised embedding.
+
+    x_0 = projector(Embeddings(ids))                            [B, T, E] -> [B, T, D]
+    O_i = f_mlp(phi_mlp^i(f_att(phi_att^i(O_{i-1}))))            i = 0 .. L-1
+    phi(x) = LayerNorm(W_up gelu(W_down x) + x)                  (nlpie's code; the paper
+                                                                   omits the LayerNorm)
+
+The state dict uses nlpie's key names (FAMILIES.md), so their checkpoints load directly:
+``albert.albert.embeddings.*``, ``albert.albert.encoder.albert_layer_groups.0.
+albert_layers.0.*``, ``albert.projector``, ``albert.{att,mlp}_adapters.{i}.block.{0,2}``,
+``albert.{att,mlp}_adapters.{i}.norm``, ``classifier``.
+
+The adapters of all iterations are stored stacked ([L, ...] tensors) so that the loop
+counter can index them: the loop can then stay a loop in TorchScript and ONNX.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models import heads
+from models.layers import AlbertLayer, Embeddings, SharedLayerEncoder, attention_bias
+
+
+@dataclass
+class MiniAlbertConfig:
+    vocab_size: int = 30522
+    embedding_size: int = 128  # the factorised rank r
+    hidden_size: int = 768
+    num_hidden_layers: int = 6  # how many times the shared layer is applied
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    layer_norm_eps: float = 1e-12
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    use_adapter: bool = True
+    reduction_factor: int = 16
+    model_type: str = "minialbert"
+
+
+PRESETS = {
+    "minialbert-128": dict(embedding_size=128),
+    "minialbert-312": dict(embedding_size=312),
+    "minialbert-768": dict(embedding_size=768),
+    "minialbert-768-noadapter": dict(embedding_size=768, use_adapter=False),
+    "tiny": dict(embedding_size=16, hidden_size=32, num_hidden_layers=3,
+                 num_attention_heads=4, intermediate_size=64, reduction_factor=4,
+                 max_position_embeddings=128),
+}
+
+
+class AdapterStack(nn.Module):
+    """L bottleneck adapters, one per iteration, stored as [L, ...] tensors.
+
+    Saved and loaded under nlpie's per-iteration names ``{i}.block.0`` (down),
+    ``{i}.block.2`` (up), ``{i}.norm``.
+    """
+
+    NAMES = {"down_weight": "block.0.weight", "down_bias": "block.0.bias",
+             "up_weight": "block.2.weight", "up_bias": "block.2.bias",
+             "norm_weight": "norm.weight", "norm_bias": "norm.bias"}
+
+    def __init__(self, iterations: int, hidden: int, bottleneck: int, eps: float):
+        super().__init__()
+        self.iterations = iterations
+        self.eps = eps
+        self.down_weight = nn.Parameter(torch.randn(iterations, bottleneck, hidden) * 0.02)
+        self.down_bias = nn.Parameter(torch.zeros(iterations, bottleneck))
+        self.up_weight = nn.Parameter(torch.randn(iterations, hidden, bottleneck) * 0.02)
+        self.up_bias = nn.Parameter(torch.zeros(iterations, hidden))
+        self.norm_weight = nn.Parameter(torch.ones(iterations, hidden))
+        self.norm_bias = nn.Parameter(torch.zeros(iterations, hidden))
+        self.register_state_dict_post_hook(AdapterStack._split)
+        self.register_load_state_dict_pre_hook(AdapterStack._stack)
+
+    def forward(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        """[B, T, D] -> [B, T, D] with iteration i's adapter."""
+        h = F.gelu(F.linear(x, self.down_weight[i], self.down_bias[i]))  # [B, T, D/r]
+        h = F.linear(h, self.up_weight[i], self.up_bias[i]) + x  # [B, T, D]
+        return F.layer_norm(h, h.shape[-1:], self.norm_weight[i], self.norm_bias[i], self.eps)
+
+    @staticmethod
+    def _split(module, state_dict, prefix, local_metadata):
+        for ours, theirs in AdapterStack.NAMES.items():
+            stacked = state_dict.pop(prefix + ours)
+            for i in range(stacked.shape[0]):
+                state_dict[f"{prefix}{i}.{theirs}"] = stacked[i].clone()
+
+    def _stack(self, state_dict, prefix, *args):
+        for ours, theirs in AdapterStack.NAMES.items():
+            keys = [f"{prefix}{i}.{theirs}" for i in range(self.iterations)]
+            if all(k in state_dict for k in keys):  # else load_state_dict names what is missing
+                state_dict[prefix + ours] = torch.stack([state_dict.pop(k) for k in keys])
+
+
+class NoAdapter(nn.Module):
+    """The identity, for students without adapters (minialbert-768-noadapter)."""
+
+    def forward(self, x: torch.Tensor, i: int) -> torch.Tensor:
+        return x
+
+
+class _AlbertCore(nn.Module):
+    def __init__(self, c: MiniAlbertConfig):
+        super().__init__()
+        self.embeddings = Embeddings(c.vocab_size, c.embedding_size, c.max_position_embeddings,
+                                     c.type_vocab_size, c.layer_norm_eps)
+        self.encoder = SharedLayerEncoder(AlbertLayer(c.hidden_size, c.num_attention_heads,
+                                            c.intermediate_size, c.hidden_act, c.layer_norm_eps))
+
+
+class _Backbone(nn.Module):
+    def __init__(self, c: MiniAlbertConfig):
+        super().__init__()
+        self.albert = _AlbertCore(c)
+        self.projector = nn.Linear(c.embedding_size, c.hidden_size)
+        bottleneck = c.hidden_size // c.reduction_factor
+        adapter = (lambda: AdapterStack(c.num_hidden_layers, c.hidden_size, bottleneck,
+                                        c.layer_norm_eps)) if c.use_adapter else NoAdapter
+        self.att_adapters = adapter()
+        self.mlp_adapters = adapter()
+
+
+class MiniAlbert(nn.Module):
+    """MiniALBERT with one task output (see models/heads.py)."""
+
+    def __init__(self, config: MiniAlbertConfig, task: str = "embed", num_labels: int = 0):
+        super().__init__()
+        self.config = config
+        self.task = task
+        self.num_iterations = config.num_hidden_layers
+        self.albert = _Backbone(config)
+        self.classifier = (nn.Linear(config.hidden_size, num_labels) if task != "embed"
+                           else nn.Identity())
+
+    @property
+    def layer(self) -> AlbertLayer:
+        return self.albert.albert.encoder.albert_layer_groups[0].albert_layers[0]
+
+    def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        """ids [B, T] -> x_0 [B, T, D]."""
+        return self.albert.projector(self.albert.albert.embeddings(input_ids, token_type_ids))
+
+    def iterate(self, x: torch.Tensor, bias: torch.Tensor, i: int) -> torch.Tensor:
+        """O_{i-1} [B, T, D] -> O_i [B, T, D]."""
+        layer = self.albert.albert.encoder.albert_layer_groups[0].albert_layers[0]
+        x = layer.attention(self.albert.att_adapters(x, i), bias)
+        x = self.albert.mlp_adapters(x, i)
+        return layer.mlp(x, layer.ffn.out_features)
+
+    def output(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Final hidden [B, T, D] -> the task's output."""
+        if self.task == "embed":
+            return heads.mean_pool(hidden, attention_mask)  # [B, D]
+        if self.task == "classify":
+            return self.classifier(hidden[:, 0])  # first token, no pooler: [B, C]
+        return self.classifier(hidden)  # [B, T, C]
+
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            token_type_ids: torch.Tensor, num_iterations: int) -> torch.Tensor:
+        x = self.embed(input_ids, token_type_ids)
+        bias = attention_bias(attention_mask)  # [B, 1, 1, T]
+        for i in range(num_iterations):
+            x = self.iterate(x, bias, i)
+        return self.output(x, attention_mask)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor) -> torch.Tensor:
+        return self.run(input_ids, attention_mask, token_type_ids, self.num_iterations)

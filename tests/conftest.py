@@ -1,0 +1,41 @@
+"""Shared fixtures: tiny checkpoints of every family and task, built once per session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(2)
+
+from models import checkpoint  # noqa: E402
+
+FAMILIES = checkpoint.FAMILIES
+TASKS = ("embed", "classify", "ner")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[tuple[str, str], str]:
+    """(family, task) -> folder of a saved tiny checkpoint."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    out = {}
+    for family in FAMILIES:
+        for task in TASKS:
+            labels = ["negative", "positive"] if task == "classify" else None
+            ckpt = checkpoint.new(family, "tiny", task, labels)
+            out[family, task] = str(checkpoint.save(ckpt, root / f"{family}-{task}"))
+    return out
+
+
+def batch(batch_size: int = 3, length: int = 11, seed: int = 0, pad_row: int | None = 1):
+    """Random token ids with one row padded to about half its length."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, 30000, (batch_size, length), generator=g)
+    mask = torch.ones_like(ids)
+    if pad_row is not None and batch_size > pad_row:
+        mask[pad_row, length // 2:] = 0
+        ids[pad_row, length // 2:] = 0
+    return ids, mask, torch.zeros_like(ids)

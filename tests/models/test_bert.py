@@ -1,0 +1,71 @@
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from models import bert, checkpoint
+from models.checkpoint import CheckpointError
+from tests.conftest import batch
+
+
+def test_real_minilm_loads_offline_and_embeds_meaningfully():
+    ckpt = checkpoint.load(checkpoint.minilm_path())
+    assert (ckpt.family, ckpt.task) == ("bert", "embed")
+    tok = AutoTokenizer.from_pretrained(ckpt.tokenizer_dir)
+    texts = ["A man is playing a guitar.", "Someone plays an acoustic guitar.",
+             "The stock market fell sharply today."]
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        e = ckpt.model(enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+    e = torch.nn.functional.normalize(e, dim=-1)
+    related, unrelated = e[0] @ e[1], e[0] @ e[2]
+    assert related > 0.5 > unrelated
+
+
+def _academic_budget_names(state):
+    out = {}
+    for k, v in state.items():
+        k = k.replace(".attention.output.LayerNorm.", ".PreAttentionLayerNorm.")
+        k = k.replace(".output.LayerNorm.", ".PostAttentionLayerNorm.")
+        k = k.replace(".intermediate.dense.", ".intermediate.dense_act.")
+        out[k] = v
+    return out
+
+
+def test_academic_budget_bert_student_converts_exactly(tmp_path):
+    ref = checkpoint.new("bert", "tiny", "embed", seed=3)
+    checkpoint.save(ref, tmp_path)
+    state = {"bert." + k: v for k, v in ref.model.model.state_dict().items()}
+    renamed = _academic_budget_names(state)
+    assert any("PreAttentionLayerNorm" in k for k in renamed)
+    from safetensors.torch import save_file
+    save_file(renamed, tmp_path / "model.safetensors")
+    loaded = checkpoint.load(tmp_path)
+    ids, mask, types = batch()
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids, mask, types), ref.model(ids, mask, types))
+
+
+def test_academic_budget_bert_refuses_what_it_cannot_map(tmp_path):
+    ref = checkpoint.new("bert", "tiny", "embed")
+    checkpoint.save(ref, tmp_path)
+    renamed = _academic_budget_names({"bert." + k: v for k, v in ref.model.model.state_dict().items()})
+    renamed["bert.encoder.FinalLayerNorm.weight"] = torch.ones(32)  # a pre-LN model
+    from safetensors.torch import save_file
+    save_file(renamed, tmp_path / "model.safetensors")
+    with pytest.raises(CheckpointError, match="FinalLayerNorm"):
+        checkpoint.load(tmp_path)
+
+
+def test_key_converter_covers_the_fused_dense_act():
+    state = {"bert.encoder.layer.0.intermediate.dense_act.weight": torch.ones(1),
+             "bert.encoder.layer.0.intermediate.dense_act.dense.bias": torch.ones(1)}
+    assert set(bert.convert_academic_budget_bert(state)) == {
+        "bert.encoder.layer.0.intermediate.dense.weight",
+        "bert.encoder.layer.0.intermediate.dense.bias"}
+
+
+def test_distilbert_ignores_token_types():
+    ckpt = checkpoint.new("distilbert", "tiny", "embed")
+    ids, mask, types = batch()
+    with torch.no_grad():
+        assert torch.equal(ckpt.model(ids, mask, types), ckpt.model(ids, mask, types + 1))

@@ -1,0 +1,94 @@
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from models import checkpoint
+from models.checkpoint import CheckpointError
+from tests.conftest import FAMILIES, TASKS, batch
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("task", TASKS)
+def test_save_load_round_trips_bit_for_bit(tiny_checkpoints, family, task):
+    path = tiny_checkpoints[family, task]
+    loaded = checkpoint.load(path)
+    assert (loaded.family, loaded.task) == (family, task)
+    again = checkpoint.load(checkpoint.save(loaded, f"{path}-again"))
+    a, b = loaded.model.state_dict(), again.model.state_dict()
+    assert a.keys() == b.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    ids, mask, types = batch()
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids, mask, types), again.model(ids, mask, types))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_labels_and_task_come_back(tmp_path, family):
+    ckpt = checkpoint.new(family, "tiny", "classify", ["bad", "neutral", "good"])
+    loaded = checkpoint.load(checkpoint.save(ckpt, tmp_path))
+    assert loaded.labels == ["bad", "neutral", "good"]
+    assert loaded.model(*batch()).shape == (3, 3)
+    # the encoder of a classifier loads as an embedding model (its head is dropped)
+    assert checkpoint.load(tmp_path, task="embed").task == "embed"
+
+
+def test_truncated_safetensors_names_the_file(tmp_path):
+    path = checkpoint.save(checkpoint.new("minialbert", "tiny"), tmp_path / "m")
+    weights = path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="model.safetensors"):
+        checkpoint.load(path)
+
+
+@pytest.mark.parametrize("family", ["bert", "minialbert", "cmow"])
+def test_wrong_shape_and_missing_tensors_are_named(tmp_path, family):
+    path = checkpoint.save(checkpoint.new(family, "tiny", "classify"), tmp_path / "m")
+    weights = path / "model.safetensors"
+    state = load_file(weights)
+    victim = sorted(k for k in state if "weight" in k)[0]
+    state[victim] = torch.zeros(3, 3)
+    del state["classifier.bias"]
+    save_file(state, weights)
+    with pytest.raises(CheckpointError) as e:
+        checkpoint.load(path)
+    assert str(weights) in str(e.value)
+    assert victim in str(e.value) and "wrong shape" in str(e.value)
+    assert "classifier.bias" in str(e.value) and "missing" in str(e.value)
+
+
+def test_pickled_bin_is_loaded_only_as_tensors(tmp_path):
+    path = checkpoint.save(checkpoint.new("minialbert", "tiny"), tmp_path / "m")
+    state = load_file(path / "model.safetensors")
+    (path / "model.safetensors").unlink()
+    torch.save(state, path / "pytorch_model.bin")
+    assert checkpoint.load(path).family == "minialbert"
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("this must never run",))
+
+    torch.save({"x": Evil()}, path / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="pytorch_model.bin"):
+        checkpoint.load(path)
+
+
+def test_bad_config_is_named(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="config.json"):
+        checkpoint.load(tmp_path)
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(CheckpointError, match="gpt2"):
+        checkpoint.load(tmp_path)
+
+
+@pytest.mark.parametrize("family,preset,published,tolerance", [
+    ("bert", "bert-base", 109e6, 0.05),
+    ("distilbert", "distilbert", 66e6, 0.05),
+    ("bert", "tinybert-4l", 14.5e6, 0.05),
+    ("falbert", "albert-base", 11.7e6, 0.05),
+    ("minialbert", "minialbert-128", 12.1e6, 0.05),
+    ("cmow", "cmow-hybrid-bidi", 36.6e6, 0.05),
+])
+def test_paper_presets_have_the_published_sizes(family, preset, published, tolerance):
+    n = checkpoint.new(family, preset).num_parameters()
+    assert abs(n - published) / published <= tolerance, n
