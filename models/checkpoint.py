@@ -125,7 +125,8 @@ def save(ckpt: Checkpoint, output: str | Path) -> Path:
             config["label2id"] = {label: i for i, label in enumerate(ckpt.labels)}
         config.update(ckpt.extra)
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        state = {k: v.contiguous() for k, v in ckpt.model.state_dict().items()}
+        state_dict = getattr(ckpt.model, "checkpoint_state_dict", ckpt.model.state_dict)
+        state = {k: v.contiguous() for k, v in state_dict().items()}
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     else:
         ckpt.model.model.save_pretrained(out, safe_serialization=True)
@@ -217,6 +218,8 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     if family in CUSTOM:
         if family == "falbert" and not any(k.startswith("albert.") for k in state):
             state = {"albert." + k: v for k, v in state.items()}  # saved from AlbertModel
+        if hasattr(model, "convert_checkpoint_state"):  # a published layout -> ours
+            state = model.convert_checkpoint_state(state)
         load_weights(model, state, file)
         known = {f.name for f in dataclasses.fields(CUSTOM[family][0])}
         extra = {k: v for k, v in config.items() if k not in known | {

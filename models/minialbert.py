@@ -58,17 +58,20 @@ PRESETS = {
 class AdapterStack(nn.Module):
     """L bottleneck adapters, one per iteration, stored as [L, ...] tensors.
 
-    Saved and loaded under nlpie's per-iteration names ``{i}.block.0`` (down),
-    ``{i}.block.2`` (up), ``{i}.norm``.
+    Checkpoints hold them under nlpie's per-iteration names ``{i}.block.0`` (down),
+    ``{i}.block.2`` (up), ``{i}.norm``: see ``MiniAlbert.checkpoint_state_dict``.
     """
 
     NAMES = {"down_weight": "block.0.weight", "down_bias": "block.0.bias",
              "up_weight": "block.2.weight", "up_bias": "block.2.bias",
              "norm_weight": "norm.weight", "norm_bias": "norm.bias"}
 
+    __constants__ = ["hidden"]  # so that ONNX sees LayerNorm's shape as a constant
+
     def __init__(self, iterations: int, hidden: int, bottleneck: int, eps: float):
         super().__init__()
         self.iterations = iterations
+        self.hidden = hidden
         self.eps = eps
         self.down_weight = nn.Parameter(torch.randn(iterations, bottleneck, hidden) * 0.02)
         self.down_bias = nn.Parameter(torch.zeros(iterations, bottleneck))
@@ -76,27 +79,12 @@ class AdapterStack(nn.Module):
         self.up_bias = nn.Parameter(torch.zeros(iterations, hidden))
         self.norm_weight = nn.Parameter(torch.ones(iterations, hidden))
         self.norm_bias = nn.Parameter(torch.zeros(iterations, hidden))
-        self.register_state_dict_post_hook(AdapterStack._split)
-        self.register_load_state_dict_pre_hook(AdapterStack._stack)
 
     def forward(self, x: torch.Tensor, i: int) -> torch.Tensor:
         """[B, T, D] -> [B, T, D] with iteration i's adapter."""
         h = F.gelu(F.linear(x, self.down_weight[i], self.down_bias[i]))  # [B, T, D/r]
         h = F.linear(h, self.up_weight[i], self.up_bias[i]) + x  # [B, T, D]
-        return F.layer_norm(h, h.shape[-1:], self.norm_weight[i], self.norm_bias[i], self.eps)
-
-    @staticmethod
-    def _split(module, state_dict, prefix, local_metadata):
-        for ours, theirs in AdapterStack.NAMES.items():
-            stacked = state_dict.pop(prefix + ours)
-            for i in range(stacked.shape[0]):
-                state_dict[f"{prefix}{i}.{theirs}"] = stacked[i].clone()
-
-    def _stack(self, state_dict, prefix, *args):
-        for ours, theirs in AdapterStack.NAMES.items():
-            keys = [f"{prefix}{i}.{theirs}" for i in range(self.iterations)]
-            if all(k in state_dict for k in keys):  # else load_state_dict names what is missing
-                state_dict[prefix + ours] = torch.stack([state_dict.pop(k) for k in keys])
+        return F.layer_norm(h, [self.hidden], self.norm_weight[i], self.norm_bias[i], self.eps)
 
 
 class NoAdapter(nn.Module):
@@ -173,3 +161,26 @@ class MiniAlbert(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor) -> torch.Tensor:
         return self.run(input_ids, attention_mask, token_type_ids, self.num_iterations)
+
+    @torch.jit.unused
+    def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state dict under nlpie's names: stacked adapters split per iteration."""
+        state = self.state_dict()
+        for kind in ("att_adapters", "mlp_adapters"):
+            for ours, theirs in AdapterStack.NAMES.items():
+                stacked = state.pop(f"albert.{kind}.{ours}", None)
+                for i in range(0 if stacked is None else stacked.shape[0]):
+                    state[f"albert.{kind}.{i}.{theirs}"] = stacked[i].clone()
+        return state
+
+    @torch.jit.unused
+    def convert_checkpoint_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """nlpie's per-iteration adapter tensors -> the stacked ones. Incomplete sets are
+        left as they are, for the strict load to name."""
+        state = dict(state)
+        for kind in ("att_adapters", "mlp_adapters"):
+            for ours, theirs in AdapterStack.NAMES.items():
+                keys = [f"albert.{kind}.{i}.{theirs}" for i in range(self.num_iterations)]
+                if all(k in state for k in keys):
+                    state[f"albert.{kind}.{ours}"] = torch.stack([state.pop(k) for k in keys])
+        return state

@@ -24,6 +24,34 @@ def cmd_new(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from models import export
+
+    console = Console(stderr=True)
+    with console.status("exporting") as status:
+        def progress(step: str) -> None:
+            status.update(step)
+            console.log(step)
+
+        try:
+            manifest = export.export(args.checkpoint, args.output, args.format, args.loop,
+                                     args.quantize, args.task, args.max_length, progress)
+        except export.ExportError as e:
+            print(f"distilserve export: {e}", file=sys.stderr)
+            return 1
+    parity = manifest["parity"]
+    print(f"max abs diff vs PyTorch: {parity['max_abs_diff']:.3g} "
+          f"(tolerance {parity['tolerance']}, shapes {parity['shapes']})")
+    if manifest["quantization"]:
+        q = {k: v for k, v in manifest["quantization"].items() if k != "method"}
+        print("int8 vs fp32: " + ", ".join(f"{k} {v:.4f}" for k, v in q.items()))
+    print(f"wrote {args.output} ({manifest['family']} {manifest['task']}, "
+          f"backend {manifest['backend']}, artifact {manifest['artifact']})")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distilserve", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -37,6 +65,16 @@ def parser() -> argparse.ArgumentParser:
     new.add_argument("--seed", type=int, default=0)
     new.add_argument("--list", action="store_true", help="print families and presets")
     new.set_defaults(func=cmd_new)
+
+    exp = sub.add_parser("export", help="export a checkpoint into a servable model folder")
+    exp.add_argument("checkpoint")
+    exp.add_argument("--output", "-o", required=True, help="REPO/NAME")
+    exp.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "torch"])
+    exp.add_argument("--loop", default="unroll", choices=["unroll", "keep"])
+    exp.add_argument("--quantize", choices=["int8"])
+    exp.add_argument("--task", choices=["embed", "classify", "ner"])
+    exp.add_argument("--max-length", type=int)
+    exp.set_defaults(func=cmd_export)
     return p
 
 

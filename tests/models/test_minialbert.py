@@ -87,7 +87,7 @@ def test_loads_nlpie_layout_from_pickled_bin_and_matches_the_equations(tmp_path)
     with torch.no_grad():
         got = ckpt.model(ids, mask, types)
     assert (got - _reference(state, ids, mask, types)).abs().max() <= 1e-5
-    saved = ckpt.model.state_dict()  # saved back under the same names
+    saved = ckpt.model.checkpoint_state_dict()  # saved back under the same names
     assert set(saved) == set(state)
 
 

@@ -1,0 +1,31 @@
+"""ONNX Runtime backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from models.runtime.base import Backend
+
+
+class OnnxBackend(Backend):
+    name = "onnx"
+
+    def __init__(self, path: Path, threads: int = 0, num_iterations: int | None = None):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.intra_op_num_threads = threads  # 0: onnxruntime's choice (all cores)
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # errors only
+        self.session = ort.InferenceSession(str(path), options,
+                                            providers=["CPUExecutionProvider"])
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.num_iterations = num_iterations
+
+    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        feed = {k: inputs[k] for k in self.input_names if k in inputs}
+        if "num_iterations" in self.input_names:  # the loop kept: depth chosen at run time
+            feed["num_iterations"] = np.array(self.num_iterations, dtype=np.int64)
+        return self.session.run(None, feed)[0]

@@ -1,0 +1,127 @@
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from models import checkpoint, export, samples
+from server.cli import main
+from tests.conftest import FAMILIES
+
+CASES = [(family, fmt, loop)
+         for family in FAMILIES for fmt in ("onnx", "torchscript")
+         for loop in (("unroll", "keep") if family in export.RECURSIVE else ("unroll",))]
+TASK_OF = {"bert": "ner", "distilbert": "classify", "minialbert": "ner",
+           "falbert": "classify", "cmow": "ner"}
+
+
+def _fresh_inputs(batch=4, length=23):
+    """A shape unlike the export example (2 x 8) and the parity check's, with padding."""
+    g = np.random.default_rng(7)
+    ids = g.integers(1000, 30000, (batch, length), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[2, 9:] = 0
+    types = np.zeros_like(ids)
+    types[0, 12:] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+@pytest.mark.parametrize("family,fmt,loop", CASES)
+def test_export_reloads_and_matches_pytorch_at_other_shapes(tiny_checkpoints, tmp_path,
+                                                            family, fmt, loop):
+    task = TASK_OF[family]
+    src = tiny_checkpoints[family, task]
+    manifest = export.export(src, tmp_path / "repo" / "m", fmt, loop)
+    folder = tmp_path / "repo" / "m"
+    assert json.loads((folder / "manifest.json").read_text()) == manifest
+    assert manifest["parity"]["max_abs_diff"] <= 1e-4
+    assert (manifest["task"], manifest["family"], manifest["backend"]) == (task, family, fmt)
+    inputs = _fresh_inputs()
+    with torch.no_grad():
+        ref = checkpoint.load(src).model(*(torch.from_numpy(inputs[k]) for k in
+                                           ("input_ids", "attention_mask", "token_type_ids")))
+    if fmt == "onnx":
+        session = ort.InferenceSession(str(folder / "model.onnx"))
+        names = [i.name for i in session.get_inputs()]
+        feed = {k: v for k, v in inputs.items() if k in names}
+        if "num_iterations" in names:
+            feed["num_iterations"] = np.array(manifest["num_iterations"])
+        got = session.run(None, feed)[0]
+    else:
+        module = torch.jit.load(str(folder / "model.ts"))
+        with torch.no_grad():
+                got = module(*(torch.from_numpy(inputs[k]) for k in
+                           ("input_ids", "attention_mask", "token_type_ids"))).numpy()
+    assert np.abs(got - ref.numpy()).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", export.RECURSIVE)
+def test_keep_has_a_loop_and_unroll_is_not_bigger(tiny_checkpoints, tmp_path, family):
+    src = tiny_checkpoints[family, "embed"]
+    graphs = {}
+    for loop in ("unroll", "keep"):
+        export.export(src, tmp_path / loop, "onnx", loop)
+        graphs[loop] = onnx.load(str(tmp_path / loop / "model.onnx"))
+    loops = {k: sum(n.op_type == "Loop" for n in g.graph.node) for k, g in graphs.items()}
+    assert loops == {"unroll": 0, "keep": 1}
+
+    def weight_bytes(g):
+        return sum(onnx.numpy_helper.to_array(t).nbytes for t in g.graph.initializer)
+
+    # the shared layer is stored once: not L times larger
+    assert weight_bytes(graphs["unroll"]) <= 1.05 * weight_bytes(graphs["keep"])
+
+
+def test_keep_form_depth_is_a_runtime_input(tiny_checkpoints, tmp_path):
+    src = tiny_checkpoints["minialbert", "embed"]
+    export.export(src, tmp_path / "m", "onnx", "keep")
+    session = ort.InferenceSession(str(tmp_path / "m" / "model.onnx"))
+    inputs = _fresh_inputs()
+    del inputs["token_type_ids"]
+    model = checkpoint.load(src).model
+    for depth in (1, 2, 3):
+        got = session.run(None, {**inputs, "token_type_ids": np.zeros_like(inputs["input_ids"]),
+                                 "num_iterations": np.array(depth)})[0]
+        with torch.no_grad():
+            ref = model.run(*(torch.from_numpy(x) for x in (
+                inputs["input_ids"], inputs["attention_mask"],
+                np.zeros_like(inputs["input_ids"]))), depth).numpy()
+        assert np.abs(got - ref).max() <= 1e-4
+
+
+def test_real_minilm_exports_to_onnx_and_int8_keeps_embeddings(tmp_path):
+    manifest = export.export(checkpoint.minilm_path(), tmp_path / "minilm", "onnx",
+                             quantize="int8", max_length=256)
+    assert manifest["parity"]["max_abs_diff"] <= 1e-4
+    assert manifest["artifact"] == "model.int8.onnx"
+    assert manifest["quantization"]["min_cosine"] >= 0.99
+    tok = AutoTokenizer.from_pretrained(str(tmp_path / "minilm" / "checkpoint"))
+    enc = tok(samples.SENTENCES, padding=True, return_tensors="np")
+    feed = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    fp32 = ort.InferenceSession(str(tmp_path / "minilm" / "model.onnx")).run(None, feed)[0]
+    int8 = ort.InferenceSession(str(tmp_path / "minilm" / "model.int8.onnx")).run(None, feed)[0]
+    cos = (fp32 * int8).sum(-1) / np.linalg.norm(fp32, axis=-1) / np.linalg.norm(int8, axis=-1)
+    assert len(cos) >= 30 and cos.min() >= 0.99
+
+
+def test_corrupt_checkpoint_exits_non_zero_and_writes_nothing(tmp_path, capsys):
+    src = checkpoint.save(checkpoint.new("falbert", "tiny"), tmp_path / "ckpt")
+    (src / "model.safetensors").write_bytes(b"\x00" * 64)
+    assert main(["export", str(src), "--output", str(tmp_path / "repo" / "m")]) == 1
+    assert "model.safetensors" in capsys.readouterr().err
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
+def test_failed_parity_leaves_nothing_servable(tiny_checkpoints, tmp_path, monkeypatch):
+    monkeypatch.setattr(export, "TOLERANCE", -1.0)
+    with pytest.raises(export.ExportError, match="differs from PyTorch"):
+        export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "m")
+    assert list((tmp_path / "repo").iterdir()) == []
+
+
+def test_keep_is_refused_for_a_family_without_a_loop(tiny_checkpoints, tmp_path):
+    with pytest.raises(export.ExportError, match="recursive"):
+        export.export(tiny_checkpoints["bert", "embed"], tmp_path / "m", "onnx", "keep")
