@@ -98,10 +98,6 @@ class FAlbert(nn.Module):
         self.classifier = (nn.Linear(config.hidden_size, num_labels) if task != "embed"
                            else nn.Identity())
 
-    @property
-    def layer(self) -> AlbertLayer:
-        return self.albert.encoder.albert_layer_groups[0].albert_layers[0]
-
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         """ids [B, T] -> x_0 [B, T, D]."""
         x = self.albert.embeddings(input_ids, token_type_ids)  # [B, T, E]

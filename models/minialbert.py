@@ -127,10 +127,6 @@ class MiniAlbert(nn.Module):
         self.classifier = (nn.Linear(config.hidden_size, num_labels) if task != "embed"
                            else nn.Identity())
 
-    @property
-    def layer(self) -> AlbertLayer:
-        return self.albert.albert.encoder.albert_layer_groups[0].albert_layers[0]
-
     def embed(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         """ids [B, T] -> x_0 [B, T, D]."""
         return self.albert.projector(self.albert.albert.embeddings(input_ids, token_type_ids))

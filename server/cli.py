@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from models import checkpoint
 
@@ -52,6 +53,28 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from server.app import create_app
+    from server.settings import Settings
+
+    overrides = {k: v for k, v in (("model_repository", args.model_repository),
+                                   ("host", args.host), ("port", args.port)) if v is not None}
+    settings = Settings(**overrides)
+    repository = settings.model_repository
+    if repository is None:
+        from server.default import ensure_default_repository
+
+        repository = ensure_default_repository(settings.cache_dir)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    uvicorn.run(create_app(settings, repository), host=settings.host, port=settings.port,
+                log_level="info", timeout_graceful_shutdown=30)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distilserve", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -75,6 +98,14 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--task", choices=["embed", "classify", "ner"])
     exp.add_argument("--max-length", type=int)
     exp.set_defaults(func=cmd_export)
+
+    serve = sub.add_parser("serve", help="serve a model repository over HTTP")
+    serve.add_argument("--model-repository", type=Path,
+                       help="folder of model folders (DISTILSERVE_MODEL_REPOSITORY); "
+                       "default: the embedded default, built on first run")
+    serve.add_argument("--host", help="DISTILSERVE_HOST (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="DISTILSERVE_PORT (default 8000)")
+    serve.set_defaults(func=cmd_serve)
     return p
 
 

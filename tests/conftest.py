@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
+import time
 
+import httpx
 import pytest
 import torch
+import uvicorn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -39,3 +45,37 @@ def batch(batch_size: int = 3, length: int = 11, seed: int = 0, pad_row: int | N
         mask[pad_row, length // 2:] = 0
         ids[pad_row, length // 2:] = 0
     return ids, mask, torch.zeros_like(ids)
+
+
+@contextlib.contextmanager
+def running_server(repository, **settings):
+    """A real uvicorn server on 127.0.0.1 and a free port, in a thread; yields its URL
+    once /ready answers 200, and stops it afterwards."""
+    from server.app import create_app
+    from server.settings import Settings
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(Settings(port=port, **settings), repository),
+                            host="127.0.0.1", port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/ready", timeout=5).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    else:
+        raise RuntimeError("the test server did not become ready")
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

@@ -1,0 +1,131 @@
+"""create_app(settings): the FastAPI application. Its lifespan loads the model repository
+in the background (/ready says when it is done) and drains the queues on shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from server import errors
+from server.engine import Engine, ModelLoadError, load_engine
+from server.metrics import Metrics
+from server.routes import classify, embed, health, ner
+from server.routes import models as models_route
+from server.settings import Settings
+
+log = logging.getLogger("distilserve")
+
+
+@dataclass
+class Service:
+    """Everything the routes need, owned by the app's lifespan."""
+
+    settings: Settings
+    metrics: Metrics
+    engines: dict[str, Engine] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    ready: bool = False
+    draining: bool = False
+
+
+async def load_repository(service: Service, repository: Path) -> None:
+    """Loads and warms every model folder; a folder that fails is logged and left out."""
+    folders = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not folders:
+        log.error("model repository %s holds no model folders", repository)
+    for folder in folders:
+        try:
+            engine = await asyncio.to_thread(load_engine, folder.name, folder, service.settings,
+                                             service.metrics)
+            await engine.start(service.settings.warmup)
+        except ModelLoadError as e:
+            service.failures[folder.name] = str(e)
+            log.error("model %s not served: %s", folder.name, e)
+            continue
+        except Exception as e:  # a model that loads but cannot run
+            service.failures[folder.name] = f"{type(e).__name__}: {e}"
+            log.error("model %s not served: %s: %s", folder.name, type(e).__name__, e)
+            continue
+        service.engines[folder.name] = engine
+        log.info("serving %s (%s, %s, %s)", folder.name, engine.task, engine.family,
+                 engine.manifest["backend"])
+    service.ready = True
+
+
+class BodyLimit:
+    """Refuses request bodies over the limit with 413, before they are read whole."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or {}).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            from fastapi.responses import JSONResponse
+
+            response = JSONResponse(errors.body(
+                "payload_too_large", f"request body of {int(length)} bytes is over the "
+                f"limit of {self.limit} (DISTILSERVE_MAX_BODY_BYTES)"), 413)
+            return await response(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+class Record:
+    """Counts requests by route and status and times them, for /metrics."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def send_recording(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_recording)
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            metrics: Metrics = scope["app"].state.service.metrics
+            metrics.requests.labels(path, str(status[0])).inc()
+            metrics.latency.labels(path).observe(time.perf_counter() - started)
+
+
+def create_app(settings: Settings | None = None, repository: Path | None = None) -> FastAPI:
+    settings = settings or Settings()
+    repository = repository or settings.model_repository
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service = Service(settings, Metrics())
+        app.state.service = service
+        loading = asyncio.create_task(load_repository(service, Path(repository)))
+        yield
+        service.draining = True
+        loading.cancel()
+        await asyncio.gather(loading, return_exceptions=True)
+        for engine in service.engines.values():
+            await engine.stop()
+
+    app = FastAPI(title="distilserve", version="0.1.0", lifespan=lifespan,
+                  description="Embeddings, classification and NER from compact encoders.")
+    errors.install(app)
+
+    app.add_middleware(Record)
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    for router in (embed.router, classify.router, ner.router, models_route.router,
+                   health.router):
+        app.include_router(router)
+    return app

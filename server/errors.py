@@ -1,0 +1,54 @@
+"""One error shape, {"error": {"type", "message"}}, and the handlers that produce it."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+
+class ApiError(Exception):
+    """An error a client can act on. ``kind`` is the error type in the body."""
+
+    def __init__(self, status: int, kind: str, message: str, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.kind, self.message, self.headers = status, kind, message, headers
+
+
+def body(kind: str, message: str) -> dict:
+    return {"error": {"type": kind, "message": message}}
+
+
+def _location(loc) -> str:
+    parts = [str(p) for p in loc if p != "body"]
+    return ".".join(parts) or "body"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse(body(exc.kind, exc.message), exc.status, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        problems = []
+        for e in exc.errors():
+            loc = e.get("loc", ())
+            if isinstance(e.get("input"), list) and loc and loc[-1] == "str":
+                continue  # the union's string branch, for a value that is a list
+            if e.get("type") == "json_invalid":
+                problems.append(f"malformed JSON: {e.get('ctx', {}).get('error', e['msg'])}")
+            else:
+                problems.append(f"{_location(loc)}: {e['msg']}")
+        return JSONResponse(body("invalid_request", "; ".join(dict.fromkeys(problems))), 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return JSONResponse(body(kind, str(exc.detail)), exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):
+        return JSONResponse(body("internal_error", f"{type(exc).__name__}: {exc}"), 500)

@@ -1,0 +1,33 @@
+"""Prometheus collectors, in a registry of the app's own (no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("distilserve_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.latency = Histogram("distilserve_request_seconds", "HTTP request latency",
+                                 ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("distilserve_queue_depth", "inputs waiting", ["model"],
+                                 registry=r)
+        self.batch_size = Histogram("distilserve_batch_size", "inputs per forward pass",
+                                    ["model"], buckets=BATCH_BUCKETS, registry=r)
+        self.inference = Histogram("distilserve_inference_seconds", "forward pass time",
+                                   ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.rejected = Counter("distilserve_rejected_inputs", "inputs refused, queue full",
+                                ["model"], registry=r)
+
+    def observe_batch(self, model: str, size: int, seconds: float) -> None:
+        self.batch_size.labels(model).observe(size)
+        self.inference.labels(model).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

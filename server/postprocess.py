@@ -1,0 +1,149 @@
+"""Pure functions from model outputs to response items: pooling outputs, softmax/top-k,
+token scores -> entity spans. Tested without a server.
+
+The NER functions reproduce transformers' token-classification pipeline (its
+``gather_pre_entities``, ``aggregate`` and ``group_entities``), with one difference the
+contract asks for: ``word`` is the input's own text, ``text[start:end]``, rather than the
+tokenizer's lower-cased, accent-stripped decoding.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+import numpy as np
+
+STRATEGIES = ("none", "simple", "first", "average", "max")
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def normalize(v: np.ndarray) -> np.ndarray:
+    return v / max(float(np.linalg.norm(v)), 1e-12)
+
+
+def embedding_payload(v: np.ndarray, encoding_format: str) -> list[float] | str:
+    """OpenAI's encodings: a float list, or base64 of little-endian float32 bytes."""
+    v = np.asarray(v, dtype="<f4")
+    if encoding_format == "base64":
+        return base64.b64encode(v.tobytes()).decode("ascii")
+    return v.tolist()
+
+
+def classification(logits: np.ndarray, labels: list[str], top_k: int | None) -> list[dict]:
+    """Scores for one input, highest first (softmax; sigmoid for a single label)."""
+    scores = sigmoid(logits) if len(labels) == 1 else softmax(logits)
+    order = np.argsort(-scores, kind="stable")[: top_k or len(labels)]
+    return [{"label": labels[i], "score": float(scores[i])} for i in order]
+
+
+@dataclass
+class TokenInfo:
+    """What the tokenizer said about one text: per token id, surface token, character
+    offsets and whether it is a special token."""
+
+    ids: list[int]
+    tokens: list[str]
+    offsets: list[tuple[int, int]]
+    special: list[int]
+    unk_id: int
+    word_aware: bool  # the tokenizer marks word continuations (WordPiece's "##")
+
+
+def _tag(label: str) -> tuple[str, str]:
+    if label.startswith("B-"):
+        return "B", label[2:]
+    if label.startswith("I-"):
+        return "I", label[2:]
+    return "I", label
+
+
+def _pre_entities(text: str, info: TokenInfo, scores: np.ndarray) -> list[dict]:
+    out = []
+    for idx, token_scores in enumerate(scores):
+        if info.special[idx]:
+            continue
+        start, end = info.offsets[idx]
+        word = info.tokens[idx]
+        if info.word_aware:
+            is_subword = len(word) != len(text[start:end])
+        else:
+            is_subword = start > 0 and " " not in text[start - 1:start + 1]
+        if info.ids[idx] == info.unk_id:
+            is_subword = False
+        out.append({"scores": token_scores, "start": start, "end": end, "index": idx,
+                    "is_subword": is_subword})
+    return out
+
+
+def _word(group: list[dict], strategy: str, labels: list[str]) -> dict:
+    if strategy == "first":
+        scores = group[0]["scores"]
+    elif strategy == "max":
+        scores = max(group, key=lambda e: e["scores"].max())["scores"]
+    else:  # average
+        scores = np.nanmean(np.stack([e["scores"] for e in group]), axis=0)
+    idx = int(scores.argmax())
+    return {"entity": labels[idx], "score": float(scores[idx]), "start": group[0]["start"],
+            "end": group[-1]["end"]}
+
+
+def _words(pre: list[dict], strategy: str, labels: list[str]) -> list[dict]:
+    words, group = [], []
+    for entity in pre:
+        if group and not entity["is_subword"]:
+            words.append(_word(group, strategy, labels))
+            group = []
+        group.append(entity)
+    if group:
+        words.append(_word(group, strategy, labels))
+    return words
+
+
+def _group(entities: list[dict], text: str) -> list[dict]:
+    groups, current = [], []
+
+    def close():
+        start, end = current[0]["start"], current[-1]["end"]
+        groups.append({"entity_group": current[0]["entity"].split("-", 1)[-1],
+                       "score": float(np.mean([e["score"] for e in current])),
+                       "word": text[start:end], "start": start, "end": end})
+
+    for entity in entities:
+        if current:
+            bi, tag = _tag(entity["entity"])
+            if not (tag == _tag(current[-1]["entity"])[1] and bi != "B"):
+                close()
+                current = []
+        current.append(entity)
+    if current:
+        close()
+    return groups
+
+
+def entities(text: str, info: TokenInfo, logits: np.ndarray, labels: list[str],
+             strategy: str = "simple", ignore: tuple[str, ...] = ("O",)) -> list[dict]:
+    """Token logits [T, C] of one text -> the pipeline's entities for ``strategy``."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown aggregation_strategy {strategy!r}")
+    pre = _pre_entities(text, info, softmax(logits.astype(np.float64)))
+    if strategy in ("none", "simple"):
+        tokens = []
+        for p in pre:
+            idx = int(p["scores"].argmax())
+            tokens.append({"entity": labels[idx], "score": float(p["scores"][idx]),
+                           "index": p["index"], "word": text[p["start"]:p["end"]],
+                           "start": p["start"], "end": p["end"]})
+    else:
+        tokens = _words(pre, strategy, labels)
+    if strategy == "none":
+        return [t for t in tokens if t["entity"] not in ignore]
+    return [g for g in _group(tokens, text) if g["entity_group"] not in ignore]

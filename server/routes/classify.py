@@ -1,0 +1,20 @@
+"""POST /v1/classify: single texts and text pairs."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from server import postprocess
+from server.routes.common import choose, require_key, run
+from server.schemas import ClassifyRequest, ClassifyResponse
+
+router = APIRouter(dependencies=[Depends(require_key)], tags=["classification"])
+
+
+@router.post("/v1/classify", response_model=ClassifyResponse)
+async def classify(body: ClassifyRequest, request: Request, response: Response):
+    engine = choose(request, body.model, "classify")
+    result = await run(request, response, engine, body.texts, body.truncate)
+    return ClassifyResponse(model=engine.name, results=[
+        postprocess.classification(logits, engine.labels, body.top_k)
+        for logits in result.outputs])

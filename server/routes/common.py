@@ -1,0 +1,95 @@
+"""What the routes share: the API key check, choosing the model, limits, and running a
+request on an engine until it finishes or its client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+from fastapi import Request, Response
+
+from server.engine import Engine, InputTooLong, QueueFull, Result
+from server.errors import ApiError
+
+
+def service(request: Request):
+    return request.app.state.service
+
+
+async def require_key(request: Request) -> None:
+    """401 unless ``Authorization: Bearer KEY`` matches DISTILSERVE_API_KEY (when set)."""
+    key = service(request).settings.api_key
+    if key is None:
+        return
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                             key.get_secret_value().encode()):
+        raise ApiError(401, "unauthorized", "missing or wrong API key: send "
+                       "'Authorization: Bearer KEY'", {"WWW-Authenticate": "Bearer"})
+
+
+def choose(request: Request, name: str | None, task: str) -> Engine:
+    svc = service(request)
+    if svc.draining:
+        raise ApiError(503, "unavailable", "the service is shutting down", {"Retry-After": "5"})
+    if not svc.ready:
+        raise ApiError(503, "unavailable", "models are still loading; retry shortly "
+                       "(GET /ready says when)", {"Retry-After": "2"})
+    if name is None:
+        able = [e for e in svc.engines.values() if e.task == task]
+        if len(able) == 1:
+            return able[0]
+        if not able:
+            raise ApiError(404, "model_not_found", f"no served model does {task}")
+        raise ApiError(400, "invalid_request", f"several models do {task} "
+                       f"({', '.join(e.name for e in able)}): name one in 'model'")
+    engine = svc.engines.get(name)
+    if engine is None:
+        served = ", ".join(sorted(svc.engines)) or "none"
+        raise ApiError(404, "model_not_found", f"unknown model {name!r}; served: {served}")
+    if engine.task != task:
+        raise ApiError(400, "wrong_task", f"model {name!r} does {engine.task}, not {task}")
+    return engine
+
+
+def check_limits(request: Request, texts: list) -> None:
+    settings = service(request).settings
+    if len(texts) > settings.max_inputs:
+        raise ApiError(413, "payload_too_large", f"{len(texts)} inputs; at most "
+                       f"{settings.max_inputs} per request (DISTILSERVE_MAX_INPUTS)")
+    for i, text in enumerate(texts):
+        size = sum(map(len, text)) if isinstance(text, tuple) else len(text)
+        if size > settings.max_input_chars:
+            raise ApiError(413, "payload_too_large", f"input {i} has {size} characters; at "
+                           f"most {settings.max_input_chars} (DISTILSERVE_MAX_INPUT_CHARS)")
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def run(request: Request, response: Response, engine: Engine, texts: list,
+              truncate: bool) -> Result:
+    """Runs the texts on the engine; drops them from the queue if the client goes away."""
+    check_limits(request, texts)
+    work = asyncio.ensure_future(engine.run(texts, truncate))
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not work.done():
+        work.cancel()
+        raise ApiError(499, "client_closed", "the client closed the connection")
+    try:
+        result = work.result()
+    except InputTooLong as e:
+        raise ApiError(413, "input_too_long", str(e)) from None
+    except QueueFull as e:
+        raise ApiError(429, "overloaded", f"model {engine.name!r} is busy ({e}); retry "
+                       "after a moment", {"Retry-After": "1"}) from None
+    response.headers["x-queue-time-ms"] = f"{result.queued_s * 1000:.2f}"
+    response.headers["x-inference-time-ms"] = f"{result.inference_s * 1000:.2f}"
+    return result

@@ -1,0 +1,15 @@
+"""GET /v1/models."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from server.routes.common import require_key, service
+
+router = APIRouter(dependencies=[Depends(require_key)], tags=["models"])
+
+
+@router.get("/v1/models")
+async def list_models(request: Request):
+    return {"object": "list",
+            "data": [e.describe() for e in service(request).engines.values()]}

@@ -1,0 +1,20 @@
+"""POST /v1/ner: entities with character offsets into the text as sent."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request, Response
+
+from server.routes.common import choose, require_key, run
+from server.schemas import NerRequest, NerResponse
+
+router = APIRouter(dependencies=[Depends(require_key)], tags=["ner"])
+
+
+@router.post("/v1/ner", response_model=NerResponse)
+async def ner(body: NerRequest, request: Request, response: Response):
+    engine = choose(request, body.model, "ner")
+    texts = body.texts
+    result = await run(request, response, engine, texts, body.truncate)
+    return NerResponse(model=engine.name, results=[
+        engine.entities(text, output, body.aggregation_strategy)
+        for text, output in zip(texts, result.outputs)])

@@ -1,0 +1,256 @@
+"""End to end: a real server on 127.0.0.1 serving exported tiny models of every family
+and backend, plus the real all-MiniLM-L6-v2."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import re
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, pipeline
+
+from models import checkpoint, export
+from tests.conftest import FAMILIES, running_server
+
+# (task, backend, loop) served for every family
+SERVED = [("embed", "onnx", "unroll"), ("classify", "torchscript", "unroll"),
+          ("ner", "torch", "unroll"), ("ner", "onnx", "unroll"), ("classify", "onnx", "unroll")]
+TRICKY = ["Angela Merkel visited Paris and Zürich with Café Müller GmbH.",
+          "Ich heiße José Ñúñez 😊 and I work at Apple   in   Cupertino.",
+          "東京タワーは日本にあります。 Tokyo Tower is in Japan!",
+          "  Leading and trailing spaces, and   repeated   spaces.  ",
+          "unaffable antidisestablishmentarianism [UNK] ☃☃ done"]
+
+
+def name(family, task, fmt, loop="unroll"):
+    return f"{family}-{task}-{fmt}" + ("-keep" if loop == "keep" else "")
+
+
+@pytest.fixture(scope="module")
+def repository(tiny_checkpoints, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    cases = [(f, *s) for f in FAMILIES for s in SERVED]
+    cases += [(f, "ner", "onnx", "keep") for f in export.RECURSIVE]
+    cases += [(f, "embed", "torchscript", "keep") for f in export.RECURSIVE]
+    for family, task, fmt, loop in cases:
+        export.export(tiny_checkpoints[family, task], repo / name(family, task, fmt, loop),
+                      fmt, loop)
+    export.export(checkpoint.minilm_path(), repo / "minilm", "onnx", max_length=256)
+    (repo / "broken").mkdir()
+    (repo / "broken" / "manifest.json").write_text(json.dumps(
+        {"task": "embed", "family": "bert", "backend": "onnx", "max_length": 8,
+         "artifact": "model.onnx"}))
+    (repo / "broken" / "model.onnx").write_bytes(b"not an onnx file")
+    return repo
+
+
+@pytest.fixture(scope="module")
+def url(repository):
+    with running_server(repository, max_inputs=64, max_input_chars=2000) as url:
+        yield url
+
+
+def post(url, route, body, **kw):
+    return httpx.post(url + route, json=body, timeout=60, **kw)
+
+
+def test_models_lists_every_good_folder_and_omits_the_broken_one(url, repository):
+    data = httpx.get(url + "/v1/models").json()["data"]
+    ids = {m["id"] for m in data}
+    expected = {p.name for p in repository.iterdir() if p.is_dir()} - {"broken"}
+    assert ids == expected
+    minilm = next(m for m in data if m["id"] == "minilm")
+    assert (minilm["task"], minilm["dimensions"], minilm["max_length"]) == ("embed", 384, 256)
+    ready = httpx.get(url + "/ready").json()
+    assert "broken" in ready["failed"] and "model.onnx" in ready["failed"]["broken"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_and_backend_serves_what_pytorch_computes(url, tiny_checkpoints, family):
+    served = [(t, f, loop) for t, f, loop in SERVED] + (
+        [("ner", "onnx", "keep"), ("embed", "torchscript", "keep")]
+        if family in export.RECURSIVE else [])
+    text = "The quick brown fox jumps over the lazy dog."
+    for task, fmt, loop in served:
+        ckpt = checkpoint.load(tiny_checkpoints[family, task])
+        tok = AutoTokenizer.from_pretrained(tiny_checkpoints[family, task])
+        enc = tok([text], return_tensors="pt")
+        with torch.no_grad():
+            ref = ckpt.model(enc["input_ids"], enc["attention_mask"],
+                             enc["token_type_ids"])[0].numpy()
+        model = name(family, task, fmt, loop)
+        if task == "embed":
+            got = np.array(post(url, "/v1/embed", {"model": model, "inputs": text,
+                                                   "normalize": False}).json()["embeddings"][0])
+            assert np.abs(got - ref).max() <= 1e-4, model
+        elif task == "classify":
+            res = post(url, "/v1/classify", {"model": model, "inputs": [text]}).json()
+            scores = {r["label"]: r["score"] for r in res["results"][0]}
+            probs = np.exp(ref - ref.max()) / np.exp(ref - ref.max()).sum()
+            assert abs(scores[ckpt.labels[0]] - probs[0]) <= 1e-4, model
+        else:
+            res = post(url, "/v1/ner", {"model": model, "inputs": text,
+                                        "aggregation_strategy": "none"}).json()
+            for ent in res["results"][0]:
+                probs = np.exp(ref[ent["index"]]) / np.exp(ref[ent["index"]]).sum()
+                assert abs(probs.max() - ent["score"]) <= 1e-4, model
+                assert text[ent["start"]:ent["end"]] == ent["word"]
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+def test_ner_equals_the_transformers_pipeline(url, tiny_checkpoints, strategy):
+    pipe = pipeline("token-classification", model=tiny_checkpoints["bert", "ner"],
+                    aggregation_strategy=strategy, device="cpu")
+    res = post(url, "/v1/ner", {"model": "bert-ner-onnx", "inputs": TRICKY,
+                                "aggregation_strategy": strategy})
+    assert res.status_code == 200
+    for text, ours, theirs in zip(TRICKY, res.json()["results"], pipe(TRICKY)):
+        key = "entity" if strategy == "none" else "entity_group"
+        assert [(e[key], e["start"], e["end"]) for e in ours] == \
+               [(e[key], e["start"], e["end"]) for e in theirs]
+        for a, b in zip(ours, theirs):
+            assert abs(a["score"] - float(b["score"])) <= 1e-4
+            assert text[a["start"]:a["end"]] == a["word"]
+
+
+def test_classify_equals_the_transformers_pipeline_for_texts_and_pairs(url, tiny_checkpoints):
+    pipe = pipeline("text-classification", model=tiny_checkpoints["bert", "classify"],
+                    top_k=None, device="cpu")
+    inputs = TRICKY[:3] + [["How old are you?", "What is your age?"]]
+    res = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": inputs}).json()
+    theirs = pipe(TRICKY[:3]) + [pipe({"text": inputs[3][0], "text_pair": inputs[3][1]})]
+    for ours, ref in zip(res["results"], theirs):
+        assert [r["label"] for r in ours] == [r["label"] for r in ref]
+        assert np.allclose([r["score"] for r in ours], [r["score"] for r in ref], atol=1e-4)
+    top = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": "x",
+                                     "top_k": 1}).json()["results"][0]
+    assert len(top) == 1
+
+
+def test_embeddings_equal_in_process_pytorch_minilm(url):
+    ckpt = checkpoint.load(checkpoint.minilm_path())
+    tok = AutoTokenizer.from_pretrained(ckpt.tokenizer_dir)
+    texts = ["A man is playing a guitar.", "Der Kaffee ist heiß ☕", TRICKY[2]]
+    enc = tok(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        ref = torch.nn.functional.normalize(ckpt.model(
+            enc["input_ids"], enc["attention_mask"], enc["token_type_ids"]), dim=-1).numpy()
+    got = np.array(post(url, "/v1/embed", {"model": "minilm", "inputs": texts}).json()["embeddings"])
+    assert np.abs(got - ref).max() <= 1e-4
+    oa = post(url, "/v1/embeddings", {"model": "minilm", "input": texts,
+                                      "encoding_format": "base64"}).json()
+    decoded = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4")
+                        for d in oa["data"]])
+    assert np.abs(decoded - ref).max() <= 1e-4
+    assert oa["usage"]["prompt_tokens"] == int(enc["attention_mask"].sum())
+
+
+def test_official_openai_client(url):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
+    out = client.embeddings.create(model="minilm", input=["hello", "world"])
+    assert len(out.data) == 2 and len(out.data[0].embedding) == 384
+    assert abs(np.linalg.norm(out.data[0].embedding) - 1) < 1e-4
+
+
+def _forward_passes(url, model):
+    text = httpx.get(url + "/metrics").text
+    m = re.search(rf'distilserve_batch_size_count{{model="{model}"}} ([0-9.e+]+)', text)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_concurrent_requests_are_batched_and_unchanged(url):
+    texts = [f"sentence number {i} " + "word " * (i % 13) for i in range(64)]
+    alone = [post(url, "/v1/embed", {"model": "minilm", "inputs": t}).json()["embeddings"][0]
+             for t in texts]
+    before = _forward_passes(url, "minilm")
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*(client.post(url + "/v1/embed", json={
+                "model": "minilm", "inputs": t}) for t in texts))
+
+    responses = asyncio.run(burst())
+    passes = _forward_passes(url, "minilm") - before
+    together = [r.json()["embeddings"][0] for r in responses]
+    assert np.abs(np.array(together) - np.array(alone)).max() <= 1e-4
+    assert passes < len(texts)
+
+
+BAD = [
+    ("/v1/embed", b'{"inputs": ', 422, "malformed JSON"),
+    ("/v1/embed", {"inputs": 5}, 422, "inputs"),
+    ("/v1/embed", {"model": "minilm", "inputs": []}, 422, "at least 1"),
+    ("/v1/embeddings", {"model": "minilm", "input": "x", "encoding_format": "int8"}, 422,
+     "encoding_format"),
+    ("/v1/ner", {"model": "bert-ner-onnx", "inputs": "x", "aggregation_strategy": "best"},
+     422, "aggregation_strategy"),
+    ("/v1/classify", {"model": "bert-classify-onnx", "inputs": [["a", "b", "c"]]}, 422,
+     "inputs"),
+    ("/v1/embed", {"model": "minilm", "inputs": ["x"] * 65}, 413, "at most 64"),
+    ("/v1/embed", {"model": "minilm", "inputs": "x" * 2001}, 413, "2001 characters"),
+    ("/v1/embed", {"model": "minilm", "inputs": "word " * 400, "truncate": False}, 413,
+     "max_length 256"),
+    ("/v1/embed", {"model": "nope", "inputs": "x"}, 404, "unknown model 'nope'"),
+    ("/v1/embed", {"model": "bert-ner-onnx", "inputs": "x"}, 400, "does ner"),
+    ("/v1/embed", {"inputs": "x"}, 400, "several models"),
+    ("/v1/nothing", {"inputs": "x"}, 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize("route,body,status,words", BAD)
+def test_bad_requests_get_the_documented_error(url, route, body, status, words):
+    if isinstance(body, bytes):
+        res = httpx.post(url + route, content=body, headers={"content-type": "application/json"})
+    else:
+        res = post(url, route, body)
+    assert res.status_code == status, res.text
+    err = res.json()["error"]
+    assert set(err) == {"type", "message"} and words in err["message"]
+
+
+def test_truncate_true_accepts_the_same_long_text(url):
+    res = post(url, "/v1/embed", {"model": "minilm", "inputs": "word " * 400})
+    assert res.status_code == 200 and res.json()["usage"]["prompt_tokens"] == 256
+    assert float(res.headers["x-inference-time-ms"]) > 0
+
+
+def test_metrics_count_requests_by_route_and_status(url):
+    post(url, "/v1/embed", {"model": "nope", "inputs": "x"})
+    text = httpx.get(url + "/metrics").text
+    assert 'distilserve_requests_total{route="/v1/embed",status="404"}' in text
+    assert "distilserve_request_seconds_bucket" in text
+    assert 'distilserve_queue_depth{model="minilm"}' in text
+
+
+def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path):
+    small = tmp_path / "repo"
+    small.mkdir()
+    shutil.copytree(repository / "minilm", small / "minilm")
+    with running_server(small, max_queue=2, api_key="sekret") as u:
+        auth = {"Authorization": "Bearer sekret"}
+
+        async def burst():
+            async with httpx.AsyncClient(timeout=60, headers=auth) as client:
+                return await asyncio.gather(*(client.post(u + "/v1/embed", json={
+                    "inputs": ["some text to embed"] * 2}) for _ in range(40)))
+
+        codes = [r.status_code for r in asyncio.run(burst())]
+        assert 429 in codes and 200 in codes and 500 not in codes
+        limited = next(r for r in asyncio.run(burst()) if r.status_code == 429)
+        assert limited.headers["retry-after"] and limited.json()["error"]["type"] == "overloaded"
+        assert httpx.post(u + "/v1/embed", json={"inputs": "again"}, headers=auth).status_code == 200
+        # the API key
+        assert httpx.post(u + "/v1/embed", json={"inputs": "x"}).status_code == 401
+        wrong = httpx.post(u + "/v1/embed", json={"inputs": "x"},
+                           headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401 and "API key" in wrong.json()["error"]["message"]
+        assert httpx.get(u + "/v1/models").status_code == 401
+        assert httpx.get(u + "/health").status_code == 200
+        assert httpx.get(u + "/ready").status_code == 200
