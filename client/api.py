@@ -1,0 +1,179 @@
+"""The clients. Both share request building, error mapping and the retry policy; only
+the transport (httpx.Client or httpx.AsyncClient) differs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+
+class DistilServeError(Exception):
+    """An error answer: ``status``, ``type`` and ``message`` from the body."""
+
+    def __init__(self, status: int, type: str, message: str):
+        super().__init__(f"{status} {type}: {message}")
+        self.status, self.type, self.message = status, type, message
+
+
+class BadRequest(DistilServeError):
+    """400 or 422: the request itself is wrong."""
+
+
+class Unauthorized(DistilServeError):
+    """401: missing or wrong API key."""
+
+
+class NotFound(DistilServeError):
+    """404: unknown model or route."""
+
+
+class PayloadTooLarge(DistilServeError):
+    """413: too many inputs, or too long."""
+
+
+class Overloaded(DistilServeError):
+    """429: the model's queue is full (retried before it is raised)."""
+
+
+class Unavailable(DistilServeError):
+    """503: loading or shutting down (retried before it is raised)."""
+
+
+_ERRORS = {400: BadRequest, 401: Unauthorized, 404: NotFound, 413: PayloadTooLarge,
+           422: BadRequest, 429: Overloaded, 503: Unavailable}
+RETRY_STATUSES = (429, 503)
+
+
+def _raise_for(response: httpx.Response) -> Any:
+    if response.status_code < 400:
+        return response.json()
+    try:
+        err = response.json()["error"]
+        kind, message = err["type"], err["message"]
+    except (ValueError, KeyError, TypeError):
+        kind, message = "http_error", response.text
+    raise _ERRORS.get(response.status_code, DistilServeError)(response.status_code, kind, message)
+
+
+def _delay(response: httpx.Response, attempt: int, backoff: float) -> float:
+    """Retry-After when the server gives one (capped), else exponential backoff."""
+    header = response.headers.get("retry-after", "")
+    base = float(header) if header.replace(".", "", 1).isdigit() else backoff * 2 ** attempt
+    return min(base, 30.0)
+
+
+class _Base:
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,
+                 timeout: float = 60.0, max_retries: int = 3, backoff: float = 0.2):
+        self.base_url = base_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
+
+    @staticmethod
+    def _embed_body(inputs, model, normalize, truncate):
+        return {"inputs": inputs, "model": model, "normalize": normalize, "truncate": truncate}
+
+    @staticmethod
+    def _classify_body(inputs, model, top_k, truncate):
+        return {"inputs": inputs, "model": model, "top_k": top_k, "truncate": truncate}
+
+    @staticmethod
+    def _ner_body(inputs, model, aggregation_strategy, truncate):
+        return {"inputs": inputs, "model": model, "truncate": truncate,
+                "aggregation_strategy": aggregation_strategy}
+
+
+class DistilServeClient(_Base):
+    """Blocking client. ``embed``/``classify``/``ner`` return the lists of the response
+    (``embeddings`` or ``results``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.http = httpx.Client(base_url=self.base_url, headers=self.headers,
+                                 timeout=self.timeout)
+
+    def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        for attempt in range(self.max_retries + 1):
+            response = self.http.request(method, path, json=body)
+            if response.status_code not in RETRY_STATUSES or attempt == self.max_retries:
+                return _raise_for(response)
+            time.sleep(_delay(response, attempt, self.backoff))
+
+    def embed(self, inputs, model=None, normalize=True, truncate=True) -> list[list[float]]:
+        body = self._embed_body(inputs, model, normalize, truncate)
+        return self._call("POST", "/v1/embed", body)["embeddings"]
+
+    def classify(self, inputs, model=None, top_k=None, truncate=True) -> list[list[dict]]:
+        body = self._classify_body(inputs, model, top_k, truncate)
+        return self._call("POST", "/v1/classify", body)["results"]
+
+    def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True):
+        body = self._ner_body(inputs, model, aggregation_strategy, truncate)
+        return self._call("POST", "/v1/ner", body)["results"]
+
+    def models(self) -> list[dict]:
+        return self._call("GET", "/v1/models")["data"]
+
+    def health(self) -> bool:
+        try:
+            return self.http.get("/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class AsyncDistilServeClient(_Base):
+    """The same methods as DistilServeClient, awaitable."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.http = httpx.AsyncClient(base_url=self.base_url, headers=self.headers,
+                                      timeout=self.timeout)
+
+    async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
+        for attempt in range(self.max_retries + 1):
+            response = await self.http.request(method, path, json=body)
+            if response.status_code not in RETRY_STATUSES or attempt == self.max_retries:
+                return _raise_for(response)
+            await asyncio.sleep(_delay(response, attempt, self.backoff))
+
+    async def embed(self, inputs, model=None, normalize=True, truncate=True):
+        body = self._embed_body(inputs, model, normalize, truncate)
+        return (await self._call("POST", "/v1/embed", body))["embeddings"]
+
+    async def classify(self, inputs, model=None, top_k=None, truncate=True):
+        body = self._classify_body(inputs, model, top_k, truncate)
+        return (await self._call("POST", "/v1/classify", body))["results"]
+
+    async def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True):
+        body = self._ner_body(inputs, model, aggregation_strategy, truncate)
+        return (await self._call("POST", "/v1/ner", body))["results"]
+
+    async def models(self) -> list[dict]:
+        return (await self._call("GET", "/v1/models"))["data"]
+
+    async def health(self) -> bool:
+        try:
+            return (await self.http.get("/health")).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.aclose()

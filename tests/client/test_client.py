@@ -1,0 +1,77 @@
+"""The clients against a real server on 127.0.0.1, and their retry policy against a
+mock transport."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from client import (AsyncDistilServeClient, BadRequest, DistilServeClient, NotFound,
+                    Overloaded, Unauthorized)
+from models import export
+from tests.conftest import running_server
+
+
+@pytest.fixture(scope="module")
+def url(tiny_checkpoints, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("client-repo")
+    for task in ("embed", "classify", "ner"):
+        export.export(tiny_checkpoints["cmow", task], repo / f"cmow-{task}", "onnx")
+    with running_server(repo, api_key="k") as url:
+        yield url
+
+
+def test_sync_client_mirrors_the_routes(url):
+    with DistilServeClient(url, api_key="k") as c:
+        assert c.health()
+        assert {m["id"] for m in c.models()} == {"cmow-embed", "cmow-classify", "cmow-ner"}
+        assert len(c.embed(["a", "b"])) == 2
+        assert len(c.classify("text", top_k=1)[0]) == 1
+        assert isinstance(c.ner("Angela in Paris", aggregation_strategy="none")[0], list)
+        with pytest.raises(NotFound) as e:
+            c.embed("x", model="missing")
+        assert e.value.status == 404 and "missing" in e.value.message
+        with pytest.raises(BadRequest):
+            c.embed([])
+    with DistilServeClient(url) as anonymous, pytest.raises(Unauthorized):
+        anonymous.models()
+
+
+def test_async_client_mirrors_the_routes(url):
+    async def go():
+        async with AsyncDistilServeClient(url, api_key="k") as c:
+            assert await c.health()
+            vectors, results = await asyncio.gather(c.embed("a"), c.classify([["a", "b"]]))
+            assert len(vectors) == 1 and len(results[0]) == 2
+            return await c.models()
+
+    assert len(asyncio.run(go())) == 3
+
+
+def _client_answering(statuses: list[int]) -> tuple[DistilServeClient, list]:
+    """A client whose server answers the given statuses in turn (then 200)."""
+    calls, answers = [], iter(statuses)
+
+    def handler(request):
+        calls.append(request)
+        status = next(answers, 200)
+        body = ({"embeddings": [[1.0]]} if status == 200 else
+                {"error": {"type": "overloaded", "message": "busy"}})
+        return httpx.Response(status, json=body, headers={"Retry-After": "0"})
+
+    client = DistilServeClient("http://test", max_retries=2, backoff=0)
+    client.http = httpx.Client(base_url="http://test", transport=httpx.MockTransport(handler))
+    return client, calls
+
+
+def test_retries_on_429_and_503_then_succeeds():
+    client, calls = _client_answering([503, 429])
+    assert client.embed("x") == [[1.0]]
+    assert len(calls) == 3
+
+
+def test_gives_up_after_max_retries_with_a_typed_error():
+    client, calls = _client_answering([429, 429, 429, 429])
+    with pytest.raises(Overloaded) as e:
+        client.embed("x")
+    assert len(calls) == 3 and e.value.status == 429 and e.value.message == "busy"

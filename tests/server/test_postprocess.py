@@ -1,0 +1,61 @@
+import base64
+
+import numpy as np
+import pytest
+
+from server import postprocess
+from server.postprocess import TokenInfo
+
+LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
+
+
+def test_classification_is_sorted_probabilities_with_top_k():
+    res = postprocess.classification(np.array([0.1, 2.0, -1.0]), ["a", "b", "c"], None)
+    assert [r["label"] for r in res] == ["b", "a", "c"]
+    assert abs(sum(r["score"] for r in res) - 1) < 1e-6
+    assert postprocess.classification(np.array([0.1, 2.0, -1.0]), ["a", "b", "c"], 1) == res[:1]
+    single = postprocess.classification(np.array([0.0]), ["yes"], None)
+    assert single == [{"label": "yes", "score": 0.5}]  # one label: a sigmoid
+
+
+def test_base64_is_little_endian_float32():
+    v = np.array([1.5, -2.0, 0.25])
+    raw = base64.b64decode(postprocess.embedding_payload(v, "base64"))
+    assert np.frombuffer(raw, "<f4").tolist() == [1.5, -2.0, 0.25]
+    assert postprocess.embedding_payload(v, "float") == [1.5, -2.0, 0.25]
+
+
+def _logits(tags):
+    out = np.full((len(tags), len(LABELS)), -5.0)
+    for i, tag in enumerate(tags):
+        out[i, LABELS.index(tag)] = 5.0
+    return out
+
+
+# "Mer ##kel went to Paris" with [CLS]/[SEP]
+TEXT = "Merkel went to Paris"
+INFO = TokenInfo(ids=[101, 1, 2, 3, 4, 5, 102],
+                 tokens=["[CLS]", "mer", "##kel", "went", "to", "paris", "[SEP]"],
+                 offsets=[(0, 0), (0, 3), (3, 6), (7, 11), (12, 14), (15, 20), (0, 0)],
+                 special=[1, 0, 0, 0, 0, 0, 1], unk_id=100, word_aware=True)
+
+
+def test_simple_groups_b_and_i_and_uses_the_text_as_sent():
+    logits = _logits(["O", "B-PER", "I-PER", "O", "O", "B-LOC", "O"])
+    ents = postprocess.entities(TEXT, INFO, logits, LABELS, "simple")
+    assert [(e["entity_group"], e["word"], e["start"], e["end"]) for e in ents] == [
+        ("PER", "Merkel", 0, 6), ("LOC", "Paris", 15, 20)]
+
+
+def test_first_uses_the_first_subword_and_none_keeps_tokens():
+    logits = _logits(["O", "B-PER", "B-LOC", "O", "O", "O", "O"])
+    first = postprocess.entities(TEXT, INFO, logits, LABELS, "first")
+    assert [(e["entity_group"], e["word"]) for e in first] == [("PER", "Merkel")]
+    none = postprocess.entities(TEXT, INFO, logits, LABELS, "none")
+    assert [(e["entity"], e["word"], e["index"]) for e in none] == [
+        ("B-PER", "Mer", 1), ("B-LOC", "kel", 2)]
+
+
+def test_unknown_strategy_is_refused():
+    with pytest.raises(ValueError):
+        postprocess.entities(TEXT, INFO, _logits(["O"] * 7), LABELS, "best")
