@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 install: $(VENV)/.installed
 
 serve: install
-	$(BIN)/distilserve new --list
+	$(BIN)/distilserve serve
 
 test: install
 	$(BIN)/python -m pytest

@@ -1,0 +1,77 @@
+"""The embedded default: built on an empty cache, serving all three tasks with models
+that really work; the second start reuses it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from server import default
+from tests.conftest import running_server
+
+# Written by hand for this test; none of them comes from models/synthetic.py.
+POSITIVE = ["I absolutely loved every minute of it.",
+            "The waiter was friendly and the soup was delicious.",
+            "Best holiday we have had in years!",
+            "Everything worked perfectly out of the box.",
+            "Our guide was knowledgeable, funny and kind."]
+NEGATIVE = ["This was the worst purchase I have ever made.",
+            "My package arrived damaged and customer support ignored me.",
+            "The plot made no sense and the acting was wooden.",
+            "The battery died after two days, very disappointing.",
+            "The hotel room was dirty and smelled of smoke."]
+NATURAL = [("Tim Cook presented the new iPhone at Apple's campus in Cupertino.",
+            {("PER", "Tim Cook"), ("ORG", "Apple"), ("LOC", "Cupertino")}),
+           ("Last spring Maria Gonzalez joined Siemens in Munich.",
+            {("PER", "Maria Gonzalez"), ("ORG", "Siemens"), ("LOC", "Munich")}),
+           ("The mayor of Chicago thanked Boeing for the donation, said Linda Park.",
+            {("LOC", "Chicago"), ("ORG", "Boeing"), ("PER", "Linda Park")})]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    started = time.perf_counter()
+    folder = default.ensure_default_repository(cache)
+    return cache, folder, time.perf_counter() - started
+
+
+def test_second_start_does_not_rebuild(built):
+    cache, folder, _ = built
+    stamp = (folder / default.STAMP).stat().st_mtime_ns
+    started = time.perf_counter()
+    assert default.ensure_default_repository(cache) == folder
+    assert time.perf_counter() - started < 1
+    assert (folder / default.STAMP).stat().st_mtime_ns == stamp
+
+
+def test_manifests_say_how_the_models_were_made(built):
+    _, folder, _ = built
+    ner = json.loads((folder / "minilm-ner" / "manifest.json").read_text())
+    assert ner["training"]["held_out_f1"] > 0.9 and "Faker" in ner["training"]["how"]
+    sentiment = json.loads((folder / "minilm-sentiment" / "manifest.json").read_text())
+    assert sentiment["labels"] == ["negative", "positive"]
+
+
+def test_default_serves_all_three_tasks_and_they_work(built):
+    _, folder, _ = built
+    with running_server(folder) as url:
+        models = {m["id"]: m["task"] for m in httpx.get(url + "/v1/models").json()["data"]}
+        assert models == {"all-minilm-l6-v2": "embed", "minilm-sentiment": "classify",
+                          "minilm-ner": "ner"}
+        emb = httpx.post(url + "/v1/embeddings", json={"input": "hello"}).json()
+        assert len(emb["data"][0]["embedding"]) == 384
+
+        res = httpx.post(url + "/v1/classify", json={"inputs": POSITIVE + NEGATIVE,
+                                                     "top_k": 1}).json()["results"]
+        labels = [r[0]["label"] for r in res]
+        assert labels == ["positive"] * 5 + ["negative"] * 5
+
+        res = httpx.post(url + "/v1/ner", json={"inputs": [t for t, _ in NATURAL]}).json()
+        for (text, expected), found in zip(NATURAL, res["results"]):
+            got = {(e["entity_group"], e["word"]) for e in found}
+            assert expected <= got, (text, found)
+            assert all(text[e["start"]:e["end"]] == e["word"] for e in found)
