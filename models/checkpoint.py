@@ -103,10 +103,11 @@ def _build(family: str, config: dict, task: str, labels: list[str]) -> nn.Module
 
 
 def new(family: str, preset: str = "tiny", task: str = "embed",
-        labels: list[str] | None = None, seed: int = 0) -> Checkpoint:
-    """A checkpoint with fresh weights at a named preset."""
+        labels: list[str] | None = None, seed: int = 0, overrides: dict | None = None) -> Checkpoint:
+    """A checkpoint with fresh weights at a named preset (``overrides`` change config
+    fields, e.g. ``{"use_adapter": False}``)."""
     labels = list(labels) if labels else heads.default_labels(task)
-    config = _config_dict(family, preset)
+    config = {**_config_dict(family, preset), **(overrides or {})}
     torch.manual_seed(seed)
     model = _build(family, config, task, labels).eval()
     return Checkpoint(model, family, task, labels, config, default_tokenizer_dir())

@@ -75,6 +75,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from bench import harness
+
+    opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
+                           batches=args.batches, repeats=args.repeats, threads=args.threads)
+    if args.quick:
+        opts.rows, opts.backends = list(harness.QUICK_ROWS), ("onnx",)
+        opts.batch_size, opts.length, opts.repeats, opts.latency_runs = 8, 16, 2, 5
+    if args.backends:
+        opts.backends = tuple(args.backends.split(","))
+    if args.models:
+        wanted = {m.strip() for m in args.models.split(",")}
+        opts.rows = [r for r in opts.rows if r.name in wanted or r.preset in wanted]
+    console = Console(stderr=True)
+    with console.status("bench") as status:
+        def progress(step: str) -> None:
+            status.update(step)
+            console.log(step)
+
+        results = harness.run(opts, progress)
+    failed = [r["key"] for r in results if "error" in r]
+    print(f"{len(results)} measurements in {opts.output} (REPORT.md, results.json, charts)"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distilserve", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -106,6 +134,18 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="DISTILSERVE_HOST (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="DISTILSERVE_PORT (default 8000)")
     serve.set_defaults(func=cmd_serve)
+
+    bench = sub.add_parser("bench", help="throughput, latency and memory of every family")
+    bench.add_argument("--output", type=Path, default=Path("bench"))
+    bench.add_argument("--quick", action="store_true", help="tiny presets, ONNX, seconds")
+    bench.add_argument("--batch-size", type=int, default=256)
+    bench.add_argument("--length", type=int, default=64)
+    bench.add_argument("--batches", type=int, default=1, help="batches per timed run")
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--threads", type=int, default=0, help="0: all cores")
+    bench.add_argument("--backends", help="comma-separated: torch,torchscript,onnx,onnx-int8")
+    bench.add_argument("--models", help="comma-separated model names or presets")
+    bench.set_defaults(func=cmd_bench)
     return p
 
 

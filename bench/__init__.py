@@ -1,0 +1,1 @@
+"""The benchmark harness: ``distilserve bench`` (see ../shared/BENCHMARKS.md)."""

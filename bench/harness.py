@@ -1,0 +1,175 @@
+"""``distilserve bench``: every paper-size model the project builds x backend x loop form,
+measured as the CMOW paper did (random token ids, batches of 256 x 64, no gradients),
+each in its own process; plus the machine's fp32 GEMM rate, FLOPs per sentence and
+efficiency. Results append to ``results.jsonl`` as they come (a rerun skips what is
+there: resumable); ``results.json``, ``REPORT.md`` and the charts are written at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+BACKENDS = ("torch", "torchscript", "onnx", "onnx-int8")
+RECURSIVE = ("minialbert", "falbert")
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    family: str
+    preset: str
+    overrides: tuple = ()  # config changes on top of the preset, as (key, value) pairs
+
+
+PAPER_ROWS = [
+    Row("BERT-base", "bert", "bert-base"),
+    Row("DistilBERT", "distilbert", "distilbert"),
+    Row("MobileBERT", "bert", "mobilebert"),
+    Row("TinyBERT-4L", "bert", "tinybert-4l"),
+    Row("MiniLM-L6", "bert", "minilm-l6"),
+    Row("MiniALBERT-128", "minialbert", "minialbert-128"),
+    Row("MiniALBERT-128 no adapter", "minialbert", "minialbert-128", (("use_adapter", False),)),
+    Row("MiniALBERT-312", "minialbert", "minialbert-312"),
+    Row("MiniALBERT-312 no adapter", "minialbert", "minialbert-312", (("use_adapter", False),)),
+    Row("MiniALBERT-768", "minialbert", "minialbert-768"),
+    Row("MiniALBERT-768 no adapter", "minialbert", "minialbert-768-noadapter"),
+    Row("ALBERT-base", "falbert", "albert-base"),
+    Row("LR-ALBERT", "falbert", "lr-albert"),
+    Row("F-ALBERT", "falbert", "falbert"),
+    Row("Bidi. CMOW/CBOW-Hybrid", "cmow", "cmow-hybrid-bidi"),
+]
+QUICK_ROWS = [Row(f"{family} tiny", family, "tiny") for family in
+              ("bert", "distilbert", "minialbert", "falbert", "cmow")]
+
+
+@dataclass
+class Options:
+    output: Path
+    batch_size: int = 256
+    length: int = 64
+    batches: int = 1
+    repeats: int = 3
+    latency_runs: int = 20
+    threads: int = 0
+    backends: tuple = BACKENDS
+    rows: list = dataclasses.field(default_factory=lambda: list(PAPER_ROWS))
+
+
+def gemm_rate(threads: int, size: int = 2048, runs: int = 5) -> float:
+    """The machine's fp32 matmul rate, FLOP/s (best of a few square products)."""
+    import torch
+
+    torch.set_num_threads(threads or os.cpu_count() or 1)
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b
+    best = float("inf")
+    for _ in range(runs):
+        t = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t)
+    return 2 * size ** 3 / best
+
+
+def flops_per_sentence(model, length: int) -> int:
+    """Counted, not estimated: every matmul of one forward pass over one sentence
+    (recursion and attention included), via torch's FlopCounterMode."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ids = torch.randint(1000, 30000, (1, length))
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        model(ids, torch.ones_like(ids), torch.zeros_like(ids))
+    return int(counter.get_total_flops())
+
+
+def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
+    """Writes the artifact for one measurement (once) and returns the worker's spec."""
+    from models import checkpoint, export
+
+    folder = opts.output / "artifacts" / _key(row, backend, loop).replace("/", "_")
+    manifest = folder / "manifest.json"
+    if not manifest.exists():
+        source = opts.output / "artifacts" / f"{row.family}-{row.preset}-{row.overrides}"
+        if not (source / "config.json").exists():
+            checkpoint.save(checkpoint.new(row.family, row.preset, "embed",
+                                           overrides=dict(row.overrides)), source)
+        fmt = {"onnx-int8": "onnx"}.get(backend, backend)
+        export.export(source, folder, fmt, loop, "int8" if backend == "onnx-int8" else None,
+                      max_length=max(opts.length, 16))
+    m = json.loads(manifest.read_text())
+    return {"backend": m["backend"], "folder": str(folder), "artifact": m["artifact"],
+            "num_iterations": m["num_iterations"], "parameters": m["parameters"],
+            "parity": m["parity"]["max_abs_diff"], "quantization": m["quantization"]}
+
+
+def _key(row: Row, backend: str, loop: str) -> str:
+    return f"{row.name}|{backend}|{loop}"
+
+
+def _loops(row: Row, backend: str) -> tuple:
+    return ("unroll", "keep") if row.family in RECURSIVE and backend != "torch" else ("unroll",)
+
+
+def run(opts: Options, progress=print) -> list[dict]:
+    """Measures every row x backend x loop not already in results.jsonl."""
+    from models import checkpoint
+
+    opts.output.mkdir(parents=True, exist_ok=True)
+    log = opts.output / "results.jsonl"
+    done = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[r["key"]] = r
+    threads = opts.threads or os.cpu_count() or 1
+    progress(f"measuring the fp32 GEMM rate ({threads} threads)")
+    gemm = gemm_rate(threads)
+    jobs = [(row, b, loop) for row in opts.rows for b in opts.backends for loop in _loops(row, b)]
+    for n, (row, backend, loop) in enumerate(jobs, 1):
+        key = _key(row, backend, loop)
+        if key in done:
+            continue
+        progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}: preparing")
+        spec = prepare(row, backend, loop, opts)
+        model = checkpoint.load(Path(spec["folder"]) / "checkpoint").model
+        flops = flops_per_sentence(model, opts.length)
+        del model
+        progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}: measuring")
+        spec.update(batch_size=opts.batch_size, length=opts.length, batches=opts.batches,
+                    repeats=opts.repeats, latency_runs=opts.latency_runs, threads=threads)
+        out = subprocess.run([sys.executable, "-m", "bench.worker", json.dumps(spec)],
+                             capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+        if out.returncode != 0:
+            result = {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
+        else:
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            achieved = result["sentences_per_s"] * flops
+            result.update(gflop_per_s=achieved / 1e9, efficiency=achieved / gemm)
+        record = {"key": key, "model": row.name, "family": row.family, "preset": row.preset,
+                  "overrides": dict(row.overrides), "backend": backend,
+                  "loop": loop if row.family in RECURSIVE else None,
+                  "parameters": spec["parameters"], "flops_per_sentence": flops,
+                  "gemm_gflop_per_s": gemm / 1e9, "batch_size": opts.batch_size,
+                  "length": opts.length, "parity_max_abs_diff": spec["parity"],
+                  "int8_agreement": spec["quantization"], **result}
+        done[key] = record
+        with log.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    results = [done[_key(r, b, lp)] for r, b, lp in jobs if _key(r, b, lp) in done]
+    (opts.output / "results.json").write_text(json.dumps(
+        {"machine": {"cores": os.cpu_count(), "gemm_gflop_per_s": gemm / 1e9},
+         "settings": {"batch_size": opts.batch_size, "length": opts.length,
+                      "batches": opts.batches, "repeats": opts.repeats},
+         "results": results}, indent=2) + "\n")
+    from bench import report
+
+    report.write(opts.output, results, gemm)
+    return results

@@ -1,0 +1,115 @@
+"""REPORT.md and the PNG charts from the harness's results, with the papers' ratios
+next to the measured ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# (what, numerator model, denominator model, quantity, the paper's ratio, source)
+CLAIMS = [
+    ("BERT-base vs DistilBERT", "BERT-base", "DistilBERT", "speed", 0.50, "CMOW paper, A100"),
+    ("MobileBERT vs DistilBERT", "MobileBERT", "DistilBERT", "speed", 0.60, "CMOW paper"),
+    ("TinyBERT-4L vs DistilBERT", "TinyBERT-4L", "DistilBERT", "speed", 3.26, "CMOW paper"),
+    ("CMOW/CBOW-Hybrid vs DistilBERT", "Bidi. CMOW/CBOW-Hybrid", "DistilBERT", "speed", 3.26,
+     "CMOW paper"),
+    ("LR-ALBERT vs ALBERT-base", "LR-ALBERT", "ALBERT-base", "speed", 2.0, "F-ALBERT paper"),
+    ("LR-ALBERT vs ALBERT-base", "LR-ALBERT", "ALBERT-base", "memory", 0.5, "F-ALBERT paper"),
+    ("F-ALBERT vs LR-ALBERT", "F-ALBERT", "LR-ALBERT", "speed", 1.2, "F-ALBERT paper"),
+    ("F-ALBERT vs LR-ALBERT", "F-ALBERT", "LR-ALBERT", "memory", 0.85, "F-ALBERT paper"),
+    ("MiniALBERT-768 vs DistilBERT", "MiniALBERT-768", "DistilBERT", "speed", 1.0,
+     "MiniALBERT paper (same latency as a 6x768 model)"),
+    ("MiniALBERT-768 vs DistilBERT", "MiniALBERT-768", "DistilBERT", "memory", 1.0,
+     "MiniALBERT paper"),
+]
+QUANTITY = {"speed": "sentences_per_s", "memory": "peak_rss_mb"}
+
+
+def _get(results, model, backend, loop="unroll"):
+    for r in results:
+        if r["model"] == model and r["backend"] == backend and (r["loop"] in (None, loop)) \
+                and "error" not in r:
+            return r
+    return None
+
+
+def write(folder: Path, results: list[dict], gemm: float) -> None:
+    backends = list(dict.fromkeys(r["backend"] for r in results))
+    lines = ["# distilserve bench", "",
+             f"Machine: {__import__('os').cpu_count()} cores, fp32 GEMM "
+             f"{gemm / 1e9:.0f} GFLOP/s measured in this run. Batches of "
+             f"{results[0]['batch_size'] if results else '?'} x "
+             f"{results[0]['length'] if results else '?'} random token ids, median of "
+             "repeats (min-max in brackets), each model in its own process. Fresh weights "
+             "at the papers' sizes (speed does not depend on weight values).", "",
+             "![throughput](throughput.png)", "", "## The papers' claims, measured", "",
+             "| claim | paper | " + " | ".join(backends) + " | source |",
+             "|---|---|" + "---|" * len(backends) + "---|"]
+    for what, num, den, qty, paper, source in CLAIMS:
+        cells = []
+        for b in backends:
+            a, d = _get(results, num, b), _get(results, den, b)
+            cells.append(f"{a[QUANTITY[qty]] / d[QUANTITY[qty]]:.2f}" if a and d else "-")
+        lines.append(f"| {what} ({qty}) | {paper:.2f} | " + " | ".join(cells) + f" | {source} |")
+    lines += ["", "## All measurements", "",
+              "| model | backend | loop | params (M) | GFLOP/sent. | sentences/s | "
+              "batch-1 p50/p95 ms | peak RSS MB | efficiency |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['backend']} | {r['loop'] or ''} | | | "
+                         f"failed: {r['error']} | | | |")
+            continue
+        lines.append(
+            f"| {r['model']} | {r['backend']} | {r['loop'] or ''} | {r['parameters'] / 1e6:.1f} "
+            f"| {r['flops_per_sentence'] / 1e9:.3f} | {r['sentences_per_s']:.1f} "
+            f"({r['sentences_per_s_min']:.0f}-{r['sentences_per_s_max']:.0f}) | "
+            f"{r['latency_ms_p50']:.1f} / {r['latency_ms_p95']:.1f} | {r['peak_rss_mb']:.0f} | "
+            f"{r['efficiency']:.0%}{' (int8 vs fp32 peak)' if r['backend'] == 'onnx-int8' else ''} |")
+    lines += ["", "![memory](memory.png)", "", "![throughput vs parameters](params.png)", ""]
+    (folder / "REPORT.md").write_text("\n".join(lines))
+    charts(folder, results)
+
+
+def charts(folder: Path, results: list[dict]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    ok = [r for r in results if "error" not in r and r["loop"] in (None, "unroll")]
+    models = list(dict.fromkeys(r["model"] for r in ok))
+    backends = list(dict.fromkeys(r["backend"] for r in ok))
+    for name, key, label in (("throughput", "sentences_per_s", "sentences/s"),
+                             ("memory", "peak_rss_mb", "peak RSS (MB)")):
+        fig, ax = plt.subplots(figsize=(12, 5))
+        width = 0.8 / max(len(backends), 1)
+        for i, b in enumerate(backends):
+            values = [next((r[key] for r in ok if r["model"] == m and r["backend"] == b), 0)
+                      for m in models]
+            ax.bar(np.arange(len(models)) + i * width, values, width, label=b)
+        ax.set_xticks(np.arange(len(models)) + width * (len(backends) - 1) / 2)
+        ax.set_xticklabels(models, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set_title(f"{label} per model and backend (loop unrolled)")
+        fig.tight_layout()
+        fig.savefig(folder / f"{name}.png", dpi=100)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for b in backends:
+        rows = [r for r in ok if r["backend"] == b]
+        ax.scatter([r["parameters"] / 1e6 for r in rows], [r["sentences_per_s"] for r in rows],
+                   label=b)
+    for r in ok:
+        if r["backend"] == backends[0]:
+            ax.annotate(r["model"], (r["parameters"] / 1e6, r["sentences_per_s"]), fontsize=7)
+    ax.set_xlabel("parameters (M)")
+    ax.set_ylabel("sentences/s")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("throughput against parameters")
+    fig.tight_layout()
+    fig.savefig(folder / "params.png", dpi=100)
+    plt.close(fig)

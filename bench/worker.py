@@ -1,0 +1,60 @@
+"""Measures one prepared artifact in a process of its own, so that its peak memory is its
+own: ``python -m bench.worker SPEC_JSON`` prints one JSON line.
+
+It imports only what its backend needs (onnxruntime alone for ONNX), then warms up and
+times repeated runs of random token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def measure(spec: dict) -> dict:
+    from models.runtime import open_backend
+
+    started = time.perf_counter()
+    backend = open_backend(spec["backend"], spec["folder"], spec["artifact"], spec["threads"],
+                           spec.get("num_iterations"))
+    load_s = time.perf_counter() - started
+    rng = np.random.default_rng(0)
+
+    def batch(size: int, length: int) -> dict[str, np.ndarray]:
+        ids = rng.integers(1000, 30000, (size, length), dtype=np.int64)
+        return {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                "token_type_ids": np.zeros_like(ids)}
+
+    size, length = spec["batch_size"], spec["length"]
+    batches = [batch(size, length) for _ in range(spec["batches"])]
+    backend.run(batches[0])  # warm-up
+    rates = []
+    for _ in range(spec["repeats"]):
+        t = time.perf_counter()
+        for b in batches:
+            backend.run(b)
+        rates.append(size * len(batches) / (time.perf_counter() - t))
+    one = batch(1, length)
+    backend.run(one)
+    latencies = []
+    for _ in range(spec["latency_runs"]):
+        t = time.perf_counter()
+        backend.run(one)
+        latencies.append((time.perf_counter() - t) * 1000)
+    return {
+        "sentences_per_s": statistics.median(rates),
+        "sentences_per_s_min": min(rates), "sentences_per_s_max": max(rates),
+        "latency_ms_p50": float(np.percentile(latencies, 50)),
+        "latency_ms_p95": float(np.percentile(latencies, 95)),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "load_s": load_s,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(measure(json.loads(sys.argv[1]))))
