@@ -2,8 +2,17 @@
 ``AsyncDistilServeClient``, with the routes as methods, typed exceptions, and retries with
 backoff on 429 and 503. Imports nothing from server/ or models/."""
 
-from client.api import (AsyncDistilServeClient, BadRequest, DistilServeClient, DistilServeError,
-                        NotFound, Overloaded, PayloadTooLarge, Unauthorized, Unavailable)
+from client.api import (
+                        AsyncDistilServeClient,
+                        BadRequest,
+                        DistilServeClient,
+                        DistilServeError,
+                        NotFound,
+                        Overloaded,
+                        PayloadTooLarge,
+                        Unauthorized,
+                        Unavailable,
+)
 
 __all__ = ["AsyncDistilServeClient", "BadRequest", "DistilServeClient", "DistilServeError",
            "NotFound", "Overloaded", "PayloadTooLarge", "Unauthorized", "Unavailable"]

@@ -12,8 +12,13 @@ import re
 
 import torch
 from torch import nn
-from transformers import (AutoConfig, AutoModel, AutoModelForSequenceClassification,
-                          AutoModelForTokenClassification, PretrainedConfig)
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    PretrainedConfig,
+)
 
 from models import heads
 

@@ -138,17 +138,25 @@ def save(ckpt: Checkpoint, output: str | Path) -> Path:
     return out
 
 
-def read_config(path: Path) -> dict:
-    file = path / "config.json"
+def read_json(file: Path, needed_by: str) -> dict:
+    """A JSON object from a file, or CheckpointError naming the file and what is wrong."""
     try:
-        config = json.loads(file.read_text())
+        value = json.loads(file.read_text())
     except FileNotFoundError:
-        raise CheckpointError(f"{file}: missing (a checkpoint folder needs config.json)") from None
+        raise CheckpointError(f"{file}: missing ({needed_by})") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file}: not valid JSON ({e})") from None
-    if not isinstance(config, dict) or config.get("model_type") not in MODEL_TYPE_FAMILY:
-        got = config.get("model_type") if isinstance(config, dict) else None
-        raise CheckpointError(f"{file}: model_type {got!r} is not one distilserve serves "
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{file}: not a JSON object")
+    return value
+
+
+def read_config(path: Path) -> dict:
+    file = path / "config.json"
+    config = read_json(file, "a checkpoint folder needs config.json")
+    if config.get("model_type") not in MODEL_TYPE_FAMILY:
+        raise CheckpointError(f"{file}: model_type {config.get('model_type')!r} is not one "
+                              f"distilserve serves "
                               f"({', '.join(MODEL_TYPE_FAMILY)})")
     return config
 

@@ -33,7 +33,6 @@ import torch
 from torch import nn
 
 
-
 @dataclass
 class CmowConfig:
     vocab_size: int = 30522

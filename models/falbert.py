@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from models import heads
-from models.layers import AlbertLayer, Embeddings, SharedLayerEncoder, attention_bias
+from models.layers import AlbertLayer, Embeddings, RecursiveEncoder, SharedLayerEncoder
 
 
 @dataclass
@@ -85,7 +85,7 @@ class _Albert(nn.Module):
         self.pooler = nn.Linear(c.hidden_size, c.hidden_size) if pooler else nn.Identity()
 
 
-class FAlbert(nn.Module):
+class FAlbert(RecursiveEncoder):
     """ALBERT / LR-ALBERT / F-ALBERT with one task output (see models/heads.py)."""
 
     def __init__(self, config: FAlbertConfig, task: str = "embed", num_labels: int = 0):
@@ -114,18 +114,6 @@ class FAlbert(nn.Module):
         if self.task == "classify":
             return self.classifier(torch.tanh(self.albert.pooler(hidden[:, 0])))  # [B, C]
         return self.classifier(hidden)  # [B, T, C]
-
-    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            token_type_ids: torch.Tensor, num_iterations: int) -> torch.Tensor:
-        x = self.embed(input_ids, token_type_ids)
-        bias = attention_bias(attention_mask)  # [B, 1, 1, T]
-        for i in range(num_iterations):
-            x = self.iterate(x, bias, i)
-        return self.output(x, attention_mask)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor) -> torch.Tensor:
-        return self.run(input_ids, attention_mask, token_type_ids, self.num_iterations)
 
     def ffn_flops_per_token(self) -> int:
         """Multiply-adds x 2 of the FFN over all reuses, per token (the part F-ALBERT cuts)."""

@@ -10,8 +10,11 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from transformers import (AutoModelForSequenceClassification, AutoModelForTokenClassification,
-                          AutoTokenizer)
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+)
 
 from models import checkpoint, synthetic
 from models.bert import HFEncoder
@@ -57,16 +60,21 @@ def _batches(tokenizer, texts: list[str], labels: list, size: int, token_level: 
     return out
 
 
+def _from_minilm(auto_class, labels: list[str], seed: int):
+    """The packaged MiniLM with a fresh head for ``labels``, and its tokenizer."""
+    torch.manual_seed(seed)
+    base = checkpoint.minilm_path()
+    model = auto_class.from_pretrained(
+        str(base), num_labels=len(labels), id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)})
+    return base, AutoTokenizer.from_pretrained(str(base)), model
+
+
 def train_sentiment(seed: int = 0, n_train: int = 1600, n_test: int = 400, epochs: int = 2,
                     progress: Callable[[str], None] = print) -> tuple[checkpoint.Checkpoint, dict]:
     """A positive/negative classifier; returns it and its held-out accuracy."""
-    torch.manual_seed(seed)
-    base = checkpoint.minilm_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(base))
     labels = synthetic.SENTIMENT_LABELS
-    model = AutoModelForSequenceClassification.from_pretrained(
-        str(base), num_labels=2, id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)})
+    base, tokenizer, model = _from_minilm(AutoModelForSequenceClassification, labels, seed)
     train = synthetic.sentiment(n_train, seed)
     final_loss = _train(model, _batches(tokenizer, [t for t, _ in train],
                                         [y for _, y in train], 32, False),
@@ -100,13 +108,8 @@ def _spans(tags: list[str], offsets: list[tuple[int, int]]) -> set[tuple[int, in
 def train_ner(seed: int = 0, n_train: int = 2400, n_test: int = 400, epochs: int = 2,
               progress: Callable[[str], None] = print) -> tuple[checkpoint.Checkpoint, dict]:
     """A PER/ORG/LOC tagger; returns it and its held-out entity precision/recall/F1."""
-    torch.manual_seed(seed)
-    base = checkpoint.minilm_path()
-    tokenizer = AutoTokenizer.from_pretrained(str(base))
     labels = synthetic.NER_LABELS
-    model = AutoModelForTokenClassification.from_pretrained(
-        str(base), num_labels=len(labels), id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)})
+    base, tokenizer, model = _from_minilm(AutoModelForTokenClassification, labels, seed)
 
     def encode(data):
         enc = tokenizer([t for t, _ in data], truncation=True, max_length=128,

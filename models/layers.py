@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+
 def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     """The activations the families use, by their config names."""
     if kind == "gelu":  # exact (erf) GELU
@@ -124,3 +125,22 @@ class SharedLayerEncoder(nn.Module):
     def __init__(self, layer: AlbertLayer):
         super().__init__()
         self.albert_layer_groups = nn.ModuleList([LayerGroup(layer)])
+
+
+class RecursiveEncoder(nn.Module):
+    """What MiniALBERT and F-ALBERT share: embed, apply one layer L times, task output.
+    Subclasses define ``embed``, ``iterate`` (reuse i) and ``output``; ``run`` takes the
+    depth as an argument so that exports can keep it a loop with a run-time trip count.
+    ``num_iterations`` (set by the subclass) is the configured depth."""
+
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+            token_type_ids: torch.Tensor, num_iterations: int) -> torch.Tensor:
+        x = self.embed(input_ids, token_type_ids)  # [B, T, D]
+        bias = attention_bias(attention_mask)  # [B, 1, 1, T]
+        for i in range(num_iterations):
+            x = self.iterate(x, bias, i)
+        return self.output(x, attention_mask)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor) -> torch.Tensor:
+        return self.run(input_ids, attention_mask, token_type_ids, self.num_iterations)

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import heads
-from models.layers import AlbertLayer, Embeddings, SharedLayerEncoder, attention_bias
+from models.layers import AlbertLayer, Embeddings, RecursiveEncoder, SharedLayerEncoder
 
 
 @dataclass
@@ -115,7 +115,7 @@ class _Backbone(nn.Module):
         self.mlp_adapters = adapter()
 
 
-class MiniAlbert(nn.Module):
+class MiniAlbert(RecursiveEncoder):
     """MiniALBERT with one task output (see models/heads.py)."""
 
     def __init__(self, config: MiniAlbertConfig, task: str = "embed", num_labels: int = 0):
@@ -145,18 +145,6 @@ class MiniAlbert(nn.Module):
         if self.task == "classify":
             return self.classifier(hidden[:, 0])  # first token, no pooler: [B, C]
         return self.classifier(hidden)  # [B, T, C]
-
-    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            token_type_ids: torch.Tensor, num_iterations: int) -> torch.Tensor:
-        x = self.embed(input_ids, token_type_ids)
-        bias = attention_bias(attention_mask)  # [B, 1, 1, T]
-        for i in range(num_iterations):
-            x = self.iterate(x, bias, i)
-        return self.output(x, attention_mask)
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor) -> torch.Tensor:
-        return self.run(input_ids, attention_mask, token_type_ids, self.num_iterations)
 
     @torch.jit.unused
     def checkpoint_state_dict(self) -> dict[str, torch.Tensor]:

@@ -7,7 +7,6 @@ translate (``InputTooLong``, ``QueueFull``).
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 from transformers import AutoTokenizer
 
+from models.checkpoint import CheckpointError, read_json
 from models.runtime import open_backend
 from server import postprocess
 from server.batching import Batcher, Item, QueueFull
@@ -48,11 +48,9 @@ class Result:
 def read_manifest(folder: Path) -> dict:
     file = folder / "manifest.json"
     try:
-        manifest = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise ModelLoadError(f"{file}: missing (write model folders with distilserve export)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{file}: not valid JSON ({e})") from None
+        manifest = read_json(file, "write model folders with distilserve export")
+    except CheckpointError as e:
+        raise ModelLoadError(str(e)) from None
     missing = [k for k in REQUIRED if k not in manifest]
     if missing:
         raise ModelLoadError(f"{file}: lacks {', '.join(missing)}")

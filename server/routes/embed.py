@@ -6,8 +6,14 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from server import postprocess
 from server.routes.common import choose, require_key, run
-from server.schemas import (EmbeddingItem, EmbeddingsRequest, EmbeddingsResponse,
-                            EmbedRequest, EmbedResponse, Usage)
+from server.schemas import (
+    EmbeddingItem,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbedRequest,
+    EmbedResponse,
+    Usage,
+)
 
 router = APIRouter(dependencies=[Depends(require_key)], tags=["embeddings"])
 

@@ -6,8 +6,14 @@ import asyncio
 import httpx
 import pytest
 
-from client import (AsyncDistilServeClient, BadRequest, DistilServeClient, NotFound,
-                    Overloaded, Unauthorized)
+from client import (
+    AsyncDistilServeClient,
+    BadRequest,
+    DistilServeClient,
+    NotFound,
+    Overloaded,
+    Unauthorized,
+)
 from models import export
 from tests.conftest import running_server
 

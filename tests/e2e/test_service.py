@@ -52,7 +52,8 @@ def repository(tiny_checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def url(repository):
-    with running_server(repository, max_inputs=64, max_input_chars=2000) as url:
+    with running_server(repository, max_inputs=64, max_input_chars=2000,
+                        max_body_bytes=200_000) as url:
         yield url
 
 
@@ -197,6 +198,8 @@ BAD = [
     ("/v1/embed", {"model": "minilm", "inputs": "x" * 2001}, 413, "2001 characters"),
     ("/v1/embed", {"model": "minilm", "inputs": "word " * 400, "truncate": False}, 413,
      "max_length 256"),
+    ("/v1/embed", {"model": "minilm", "inputs": ["y" * 1000] * 300}, 413,
+     "over the limit of 200000"),
     ("/v1/embed", {"model": "nope", "inputs": "x"}, 404, "unknown model 'nope'"),
     ("/v1/embed", {"model": "bert-ner-onnx", "inputs": "x"}, 400, "does ner"),
     ("/v1/embed", {"inputs": "x"}, 400, "several models"),

@@ -1,0 +1,1 @@
+"""Load tests of a local service: locust scenarios and a light raw-socket client."""

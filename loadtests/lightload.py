@@ -1,0 +1,67 @@
+"""The lightest load generator: asyncio clients over raw keep-alive sockets, each sending
+one request at a time for a fixed time. It reports requests/s, latency percentiles and
+its own CPU use, because on 2 cores the client competes with the service
+(../shared/BENCHMARKS.md: an httpx client halved the throughput it measured)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import time
+
+import numpy as np
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def _client(host: str, port: int, path: str, bodies: list[bytes], until: float,
+                  latencies: list[float], statuses: dict) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    i = 0
+    try:
+        while time.perf_counter() < until:
+            body = bodies[i % len(bodies)]
+            i += 1
+            started = time.perf_counter()
+            writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: %d\r\n\r\n%s" % (path.encode(), host.encode(),
+                                                              len(body), body))
+            await writer.drain()
+            status_line = await reader.readline()
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - started)
+            status = int(status_line.split()[1])
+            statuses[status] = statuses.get(status, 0) + 1
+    finally:
+        writer.close()
+
+
+def run(url: str, path: str, payloads: list[dict], clients: int, seconds: float) -> dict:
+    """``clients`` concurrent connections for ``seconds``; returns the figures."""
+    host, port = url.removeprefix("http://").split(":")
+    bodies = [json.dumps(p).encode() for p in payloads]
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+
+    async def main():
+        until = time.perf_counter() + seconds
+        await asyncio.gather(*(_client(host, int(port), path, bodies, until, latencies,
+                                       statuses) for _ in range(clients)))
+
+    cpu, wall = _cpu_s(), time.perf_counter()
+    asyncio.run(main())
+    wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
+    ms = np.array(latencies) * 1000
+    return {"clients": clients, "seconds": round(wall, 2), "requests": len(latencies),
+            "requests_per_s": len(latencies) / wall, "statuses": statuses,
+            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "p99_ms": float(np.percentile(ms, 99)), "client_cpu_share": cpu / wall}

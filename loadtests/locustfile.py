@@ -1,0 +1,54 @@
+"""locust scenarios: embed, classify and ner users sending single sentences.
+
+Run by ``python -m loadtests.run`` against a service it starts on 127.0.0.1; to run by
+hand: ``locust -f loadtests/locustfile.py --headless -u 8 -r 8 -t 10s --host http://127.0.0.1:8000``.
+Each route's model is the one served for its task (DISTILSERVE_LOAD_* to choose)."""
+
+import os
+import random
+
+from locust import FastHttpUser, between, task
+
+SENTENCES = [
+    "The service was quick and the staff were friendly.",
+    "Angela Merkel met Emmanuel Macron in Paris on Tuesday.",
+    "My order arrived late and the box was damaged.",
+    "Apple opened a new office in Munich last year.",
+    "How do I reset my password?",
+    "The weather in London was cold and rainy all week.",
+]
+HEADERS = {"Authorization": f"Bearer {os.environ['DISTILSERVE_API_KEY']}"} \
+    if os.environ.get("DISTILSERVE_API_KEY") else {}
+
+
+def _body(key: str, **extra):
+    body = {"inputs": random.choice(SENTENCES), **extra}
+    if os.environ.get(key):
+        body["model"] = os.environ[key]
+    return body
+
+
+class EmbedUser(FastHttpUser):
+    wait_time = between(0, 0.01)
+    weight = 3
+
+    @task
+    def embed(self):
+        self.client.post("/v1/embed", json=_body("DISTILSERVE_LOAD_EMBED"), headers=HEADERS)
+
+
+class ClassifyUser(FastHttpUser):
+    wait_time = between(0, 0.01)
+
+    @task
+    def classify(self):
+        self.client.post("/v1/classify", json=_body("DISTILSERVE_LOAD_CLASSIFY"),
+                         headers=HEADERS)
+
+
+class NerUser(FastHttpUser):
+    wait_time = between(0, 0.01)
+
+    @task
+    def ner(self):
+        self.client.post("/v1/ner", json=_body("DISTILSERVE_LOAD_NER"), headers=HEADERS)

@@ -1,0 +1,182 @@
+"""One command for the load tests: ``python -m loadtests.run [--model-repository REPO]``.
+
+It starts the service on 127.0.0.1 (a free port), measures the embedding model in-process
+in the same run (the ceiling), drives the service with the light raw-socket client (one
+lone client for latency; many clients sending one sentence each for throughput), runs
+the locust scenarios headless (bounded users and time), stops everything, and writes
+CSV/HTML reports plus ``summary.json`` and ``summary.md``. Traffic goes to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from loadtests import lightload
+from models import samples
+
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(repository: Path, port: int, log: Path) -> subprocess.Popen:
+    env = {**os.environ, "DISTILSERVE_HOST": "127.0.0.1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--model-repository", str(repository),
+         "--port", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+        cwd=HERE.parent)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the service exited; see {log}")
+        try:
+            if httpx.get(url + "/ready", timeout=2).status_code == 200:
+                return process
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    process.terminate()
+    raise RuntimeError(f"the service did not become ready; see {log}")
+
+
+def in_process(folder: Path, seconds: float) -> dict:
+    """The same model without the service: batched throughput (32 sentences a batch) and
+    the latency of one sentence (tokenise, run, normalise)."""
+    from transformers import AutoTokenizer
+
+    from models.runtime import open_backend
+    from server.batching import Item, pad
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    backend = open_backend(manifest["backend"], folder, manifest["artifact"], 0,
+                           manifest.get("num_iterations"))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
+    sentences = (samples.SENTENCES * 2)[:32]
+
+    def encode(texts):
+        return pad([Item(e, [0] * len(e), None) for e in tokenizer(texts)["input_ids"]])
+
+    backend.run(encode(sentences))
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        backend.run(encode(sentences))
+        done += len(sentences)
+    rate = done / (time.perf_counter() - started)
+    latencies = []
+    for i in range(200):
+        t = time.perf_counter()
+        out = backend.run(encode([samples.SENTENCES[i % len(samples.SENTENCES)]]))
+        out / np.linalg.norm(out, axis=-1, keepdims=True)
+        latencies.append((time.perf_counter() - t) * 1000)
+    return {"batched_sentences_per_s": rate, "single_p50_ms": statistics.median(latencies)}
+
+
+def run_locust(url: str, out: Path, users: int, seconds: int, env: dict) -> dict:
+    prefix = out / "locust"
+    command = [sys.executable, "-m", "locust", "-f", str(HERE / "locustfile.py"), "--headless",
+               "-u", str(users), "-r", str(users), "-t", f"{seconds}s", "--host", url,
+               "--csv", str(prefix), "--html", str(out / "locust.html"), "--only-summary"]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env},
+                          timeout=seconds + 120)
+    (out / "locust.log").write_text(done.stdout + done.stderr)
+    rows = {r["Name"]: r for r in csv.DictReader((out / "locust_stats.csv").open())}
+    total = rows["Aggregated"]
+    return {"exit_code": done.returncode, "users": users, "seconds": seconds,
+            "requests": int(total["Request Count"]), "failures": int(total["Failure Count"]),
+            "requests_per_s": float(total["Requests/s"]),
+            "p50_ms": float(total["50%"]), "p95_ms": float(total["95%"]),
+            "p99_ms": float(total["99%"]),
+            "by_route": {name: {"requests": int(r["Request Count"]),
+                                "failures": int(r["Failure Count"]), "p50_ms": float(r["50%"])}
+                         for name, r in rows.items() if name != "Aggregated"}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.run", description=__doc__)
+    p.add_argument("--model-repository", type=Path,
+                   help="default: the embedded default repository")
+    p.add_argument("--out", type=Path, default=HERE / "reports")
+    p.add_argument("--users", type=int, default=8, help="locust users")
+    p.add_argument("--seconds", type=int, default=15, help="locust run time")
+    p.add_argument("--clients", type=int, default=32, help="light-client connections")
+    p.add_argument("--light-seconds", type=float, default=10.0)
+    args = p.parse_args(argv)
+
+    repository = args.model_repository
+    if repository is None:
+        from server.default import ensure_default_repository
+        from server.settings import Settings
+
+        repository = ensure_default_repository(Settings().cache_dir)
+    args.out.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    server = start_server(repository, port, args.out / "service.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        served = httpx.get(url + "/v1/models").json()["data"]
+        by_task = {}
+        for m in served:
+            by_task.setdefault(m["task"], m["id"])
+        embed = by_task["embed"]
+        ceiling = in_process(repository / embed, args.light_seconds / 2)
+        payloads = [{"model": embed, "inputs": s} for s in samples.SENTENCES]
+        lone = lightload.run(url, "/v1/embed", payloads, 1, args.light_seconds / 2)
+        many = lightload.run(url, "/v1/embed", payloads, args.clients, args.light_seconds)
+        env = {"DISTILSERVE_LOAD_EMBED": embed,
+               "DISTILSERVE_LOAD_CLASSIFY": by_task.get("classify", ""),
+               "DISTILSERVE_LOAD_NER": by_task.get("ner", "")}
+        locust = run_locust(url, args.out, args.users, args.seconds, env)
+    finally:
+        server.terminate()
+        server.wait(30)
+    summary = {
+        "model": embed, "in_process": ceiling, "lone_client": lone,
+        f"{args.clients}_clients": many, "locust": locust,
+        "service_vs_in_process_throughput": many["requests_per_s"]
+        / ceiling["batched_sentences_per_s"],
+        "added_latency_p50_ms": lone["p50_ms"] - ceiling["single_p50_ms"],
+    }
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    text = "\n".join([
+        f"# Load test of {embed} ({url}, {time.strftime('%Y-%m-%d %H:%M')})", "",
+        "| measurement | requests/s | p50 ms | p95 ms | p99 ms | failures | load-generator CPU |",
+        "|---|---|---|---|---|---|---|",
+        f"| in-process, batches of 32 | {ceiling['batched_sentences_per_s']:.0f} | "
+        f"{ceiling['single_p50_ms']:.2f} (one sentence) | | | | |",
+        f"| service, 1 client | {lone['requests_per_s']:.0f} | {lone['p50_ms']:.2f} | "
+        f"{lone['p95_ms']:.2f} | {lone['p99_ms']:.2f} | "
+        f"{sum(v for k, v in lone['statuses'].items() if k != 200)} | "
+        f"{lone['client_cpu_share']:.0%} |",
+        f"| service, {args.clients} clients x 1 sentence | {many['requests_per_s']:.0f} | "
+        f"{many['p50_ms']:.2f} | {many['p95_ms']:.2f} | {many['p99_ms']:.2f} | "
+        f"{sum(v for k, v in many['statuses'].items() if k != 200)} | "
+        f"{many['client_cpu_share']:.0%} |",
+        f"| locust, {locust['users']} users, embed/classify/ner | "
+        f"{locust['requests_per_s']:.0f} | {locust['p50_ms']:.0f} | {locust['p95_ms']:.0f} | "
+        f"{locust['p99_ms']:.0f} | {locust['failures']} | (locust) |", "",
+        f"Service throughput / in-process: {summary['service_vs_in_process_throughput']:.0%}; "
+        f"latency a lone request adds at p50: {summary['added_latency_p50_ms']:.2f} ms.", ""])
+    (args.out / "summary.md").write_text(text)
+    print(text)
+    return 0 if locust["failures"] == 0 and locust["exit_code"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

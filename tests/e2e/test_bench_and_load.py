@@ -1,0 +1,53 @@
+"""`distilserve bench --quick` and the load-test command, at a tiny scale: their outputs
+are complete and well-formed (numbers are for the committed full run, not for tests)."""
+
+from __future__ import annotations
+
+import json
+
+from loadtests import run as loadrun
+from models import export
+from server.cli import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_quick_writes_results_report_and_charts(tmp_path):
+    assert main(["bench", "--quick", "--output", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    rows = results["results"]
+    assert results["machine"]["gemm_gflop_per_s"] > 0
+    assert {r["family"] for r in rows} == {"bert", "distilbert", "minialbert", "falbert", "cmow"}
+    assert {r["loop"] for r in rows if r["family"] == "minialbert"} == {"unroll", "keep"}
+    for r in rows:
+        assert "error" not in r, r
+        assert r["sentences_per_s"] > 0 and r["peak_rss_mb"] > 0 and r["parameters"] > 0
+        assert r["flops_per_sentence"] > 0 and 0 < r["efficiency"]
+        assert r["latency_ms_p50"] <= r["latency_ms_p95"]
+    report = (tmp_path / "REPORT.md").read_text()
+    assert "## The papers' claims, measured" in report and "minialbert tiny" in report
+    for chart in ("throughput.png", "memory.png", "params.png"):
+        assert (tmp_path / chart).read_bytes()[:8] == PNG
+    # resumable: a second run measures nothing again
+    before = (tmp_path / "results.jsonl").read_text()
+    assert main(["bench", "--quick", "--output", str(tmp_path)]) == 0
+    assert (tmp_path / "results.jsonl").read_text() == before
+
+
+def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
+    repo = tmp_path / "repo"
+    for task in ("embed", "classify", "ner"):
+        export.export(tiny_checkpoints["cmow", task], repo / f"cmow-{task}", "onnx")
+    out = tmp_path / "reports"
+    code = loadrun.main(["--model-repository", str(repo), "--out", str(out), "--users", "2",
+                         "--seconds", "3", "--clients", "4", "--light-seconds", "2"])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["in_process"]["batched_sentences_per_s"] > 0
+    assert summary["4_clients"]["requests"] > 0
+    assert set(summary["4_clients"]["statuses"]) == {"200"}  # JSON keys
+    locust = summary["locust"]
+    assert locust["failures"] == 0 and locust["requests"] > 0
+    assert set(locust["by_route"]) == {"/v1/embed", "/v1/classify", "/v1/ner"}
+    for name in ("locust_stats.csv", "locust.html", "summary.md"):
+        assert (out / name).stat().st_size > 0
