@@ -61,6 +61,9 @@ PRESETS = {
     "albert-base": dict(),
     "lr-albert": dict(num_hidden_layers=6),
     "falbert": dict(num_hidden_layers=6, connection_schedule=[4, 4, 3, 3, 2, 2]),
+    # 384 wide with 12 heads, so that each reuse aligns with a MiniLM layer (distill)
+    "student-384": dict(hidden_size=384, intermediate_size=1536, num_hidden_layers=6,
+                        connection_schedule=[4, 4, 3, 3, 2, 2]),
     "tiny": dict(embedding_size=16, hidden_size=32, num_hidden_layers=4,
                  num_attention_heads=4, intermediate_size=64,
                  connection_schedule=[4, 4, 3, 2], max_position_embeddings=128),
@@ -103,8 +106,9 @@ class FAlbert(RecursiveEncoder):
         x = self.albert.embeddings(input_ids, token_type_ids)  # [B, T, E]
         return self.albert.encoder.embedding_hidden_mapping_in(x)
 
-    def iterate(self, x: torch.Tensor, bias: torch.Tensor, i: int) -> torch.Tensor:
-        """O_{i-1} [B, T, D] -> O_i [B, T, D], FFN cut to reuse i's width."""
+    def iterate(self, x: torch.Tensor, bias: torch.Tensor,
+                i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """O_{i-1} [B, T, D] -> (O_i [B, T, D], attention), FFN cut to reuse i's width."""
         layer = self.albert.encoder.albert_layer_groups[0].albert_layers[0]
         return layer(x, bias, self.ffn_widths[i])
 

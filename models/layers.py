@@ -79,9 +79,13 @@ class SelfAttention(nn.Module):
         context = (p @ v).transpose(1, 2).reshape(b, t, d)  # [B, T, D]
         return context, p
 
+    def attend(self, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (LayerNorm(x + dense(context)) [B, T, D], probabilities [B, H, T, T])."""
+        context, p = self.probs(x, bias)
+        return self.LayerNorm(x + self.dense(context)), p
+
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        context, _ = self.probs(x, bias)
-        return self.LayerNorm(x + self.dense(context))
+        return self.attend(x, bias)[0]
 
 
 class AlbertLayer(nn.Module):
@@ -107,8 +111,11 @@ class AlbertLayer(nn.Module):
         h = F.linear(h, self.ffn_output.weight[:, :ffn_width], self.ffn_output.bias)  # [B,T,D]
         return self.full_layer_layer_norm(x + h)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, ffn_width: int) -> torch.Tensor:
-        return self.mlp(self.attention(x, bias), ffn_width)
+    def forward(self, x: torch.Tensor, bias: torch.Tensor,
+                ffn_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (output [B, T, D], attention probabilities [B, H, T, T])."""
+        a, p = self.attention.attend(x, bias)
+        return self.mlp(a, ffn_width), p
 
 
 class LayerGroup(nn.Module):
@@ -129,7 +136,8 @@ class SharedLayerEncoder(nn.Module):
 
 class RecursiveEncoder(nn.Module):
     """What MiniALBERT and F-ALBERT share: embed, apply one layer L times, task output.
-    Subclasses define ``embed``, ``iterate`` (reuse i) and ``output``; ``run`` takes the
+    Subclasses define ``embed``, ``iterate`` (reuse i: the new hidden states and that
+    reuse's attention probabilities) and ``output``; ``run`` takes the
     depth as an argument so that exports can keep it a loop with a run-time trip count.
     ``num_iterations`` (set by the subclass) is the configured depth."""
 
@@ -138,8 +146,20 @@ class RecursiveEncoder(nn.Module):
         x = self.embed(input_ids, token_type_ids)  # [B, T, D]
         bias = attention_bias(attention_mask)  # [B, 1, 1, T]
         for i in range(num_iterations):
-            x = self.iterate(x, bias, i)
+            x, _ = self.iterate(x, bias, i)
         return self.output(x, attention_mask)
+
+    @torch.jit.unused
+    def iterations(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   token_type_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(hidden [B, T, D], attention [B, H, T, T]) after every reuse, for distillation."""
+        x = self.embed(input_ids, token_type_ids)
+        bias = attention_bias(attention_mask)
+        out = []
+        for i in range(self.num_iterations):
+            x, probs = self.iterate(x, bias, i)
+            out.append((x, probs))
+        return out
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor) -> torch.Tensor:

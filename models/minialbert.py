@@ -49,6 +49,8 @@ PRESETS = {
     "minialbert-312": dict(embedding_size=312),
     "minialbert-768": dict(embedding_size=768),
     "minialbert-768-noadapter": dict(embedding_size=768, use_adapter=False),
+    # 384 wide with 12 heads, so that each iteration aligns with a MiniLM layer (distill)
+    "student-384": dict(embedding_size=128, hidden_size=384, intermediate_size=1536),
     "tiny": dict(embedding_size=16, hidden_size=32, num_hidden_layers=3,
                  num_attention_heads=4, intermediate_size=64, reduction_factor=4,
                  max_position_embeddings=128),
@@ -131,12 +133,13 @@ class MiniAlbert(RecursiveEncoder):
         """ids [B, T] -> x_0 [B, T, D]."""
         return self.albert.projector(self.albert.albert.embeddings(input_ids, token_type_ids))
 
-    def iterate(self, x: torch.Tensor, bias: torch.Tensor, i: int) -> torch.Tensor:
-        """O_{i-1} [B, T, D] -> O_i [B, T, D]."""
+    def iterate(self, x: torch.Tensor, bias: torch.Tensor,
+                i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """O_{i-1} [B, T, D] -> (O_i [B, T, D], attention [B, H, T, T])."""
         layer = self.albert.albert.encoder.albert_layer_groups[0].albert_layers[0]
-        x = layer.attention(self.albert.att_adapters(x, i), bias)
+        x, probs = layer.attention.attend(self.albert.att_adapters(x, i), bias)
         x = self.albert.mlp_adapters(x, i)
-        return layer.mlp(x, layer.ffn.out_features)
+        return layer.mlp(x, layer.ffn.out_features), probs
 
     def output(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Final hidden [B, T, D] -> the task's output."""

