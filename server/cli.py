@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
 from models import checkpoint
+
+
+@contextlib.contextmanager
+def status(label: str):
+    """A live status line on stderr; yields a progress(step) function that also logs."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status(label) as line:
+        def progress(step: str) -> None:
+            line.update(step)
+            console.log(step)
+
+        yield progress
 
 
 def cmd_new(args: argparse.Namespace) -> int:
@@ -26,16 +41,9 @@ def cmd_new(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from models import export
 
-    console = Console(stderr=True)
-    with console.status("exporting") as status:
-        def progress(step: str) -> None:
-            status.update(step)
-            console.log(step)
-
+    with status("exporting") as progress:
         try:
             manifest = export.export(args.checkpoint, args.output, args.format, args.loop,
                                      args.quantize, args.task, args.max_length, progress)
@@ -76,8 +84,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from bench import harness
 
     opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
@@ -90,12 +96,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.models:
         wanted = {m.strip() for m in args.models.split(",")}
         opts.rows = [r for r in opts.rows if r.name in wanted or r.preset in wanted]
-    console = Console(stderr=True)
-    with console.status("bench") as status:
-        def progress(step: str) -> None:
-            status.update(step)
-            console.log(step)
-
+    with status("bench") as progress:
         results = harness.run(opts, progress)
     failed = [r["key"] for r in results if "error" in r]
     print(f"{len(results)} measurements in {opts.output} (REPORT.md, results.json, charts)"
@@ -104,21 +105,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from models import distill, export
 
     opts = distill.Options(family=args.family, output=args.output, preset=args.preset,
                            steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                            lr=args.lr, teacher=args.teacher)
-    console = Console(stderr=True)
-    with console.status("distilling") as status:
-        def progress(step: str) -> None:
-            status.update(step)
-            if not step.startswith(("distill step", "lr step", "ip step")) or \
-                    step.split("/")[0].endswith("0"):
-                console.log(step)
-
+    with status("distilling") as progress:
         record = distill.distill(opts, progress)
         fid = record["fidelity"]
         print(f"{args.family} student ({record['parameters'] / 1e6:.1f}M parameters) in "
