@@ -32,11 +32,14 @@ def _get(results, model, backend, loop="unroll"):
     return None
 
 
-def write(folder: Path, results: list[dict], gemm: float) -> None:
+def write(folder: Path, results: list[dict], gemm: float, rates: dict | None = None) -> None:
     backends = list(dict.fromkeys(r["backend"] for r in results))
     lines = ["# distilserve bench", "",
              f"Machine: {__import__('os').cpu_count()} cores, fp32 GEMM "
-             f"{gemm / 1e9:.0f} GFLOP/s measured in this run. Batches of "
+             f"{gemm / 1e9:.0f} GFLOP/s measured in this run (the best of: " +
+             ", ".join(f"{k} {v / 1e9:.0f}" for k, v in (rates or {}).items()) +
+             "); efficiency is achieved FLOP/s (counted FLOPs x sentences/s) over it. "
+             "Batches of "
              f"{results[0]['batch_size'] if results else '?'} x "
              f"{results[0]['length'] if results else '?'} random token ids, median of "
              "repeats (min-max in brackets), each model in its own process. Fresh weights "
