@@ -26,6 +26,7 @@ class Row:
     family: str
     preset: str
     overrides: tuple = ()  # config changes on top of the preset, as (key, value) pairs
+    source: str = ""  # an existing checkpoint (a distilled student) instead of a preset
 
 
 PAPER_ROWS = [
@@ -122,7 +123,8 @@ def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
     folder = opts.output / "artifacts" / _key(row, backend, loop).replace("/", "_")
     manifest = folder / "manifest.json"
     if not manifest.exists():
-        source = opts.output / "artifacts" / f"{row.family}-{row.preset}-{row.overrides}"
+        source = Path(row.source) if row.source else (
+            opts.output / "artifacts" / f"{row.family}-{row.preset}-{row.overrides}")
         if not (source / "config.json").exists():
             checkpoint.save(checkpoint.new(row.family, row.preset, "embed",
                                            overrides=dict(row.overrides)), source)
@@ -133,6 +135,16 @@ def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
     return {"backend": m["backend"], "folder": str(folder), "artifact": m["artifact"],
             "num_iterations": m["num_iterations"], "parameters": m["parameters"],
             "parity": m["parity"]["max_abs_diff"], "quantization": m["quantization"]}
+
+
+def student_rows(folder: Path) -> list[Row]:
+    """One row per distilled student under ``folder`` (see ``distilserve distill``)."""
+    rows = []
+    for path in sorted(p.parent for p in folder.glob("*/distillation.json")):
+        record = json.loads((path / "distillation.json").read_text())
+        rows.append(Row(f"{record['family']} student", record["family"], record["preset"],
+                        source=str(path.resolve())))
+    return rows
 
 
 def _key(row: Row, backend: str, loop: str) -> str:
@@ -180,6 +192,9 @@ def run(opts: Options, progress=print) -> list[dict]:
             result = json.loads(out.stdout.strip().splitlines()[-1])
             achieved = result["sentences_per_s"] * flops
             result.update(gflop_per_s=achieved / 1e9, efficiency=achieved / gemm)
+        if row.source:
+            distilled = json.loads((Path(row.source) / "distillation.json").read_text())
+            result["fidelity"] = distilled["fidelity"]
         record = {"key": key, "model": row.name, "family": row.family, "preset": row.preset,
                   "overrides": dict(row.overrides), "backend": backend,
                   "loop": loop if row.family in RECURSIVE else None,

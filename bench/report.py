@@ -69,6 +69,21 @@ def write(folder: Path, results: list[dict], gemm: float, rates: dict | None = N
             f"{r['latency_ms_p50']:.1f} / {r['latency_ms_p95']:.1f} | {r['peak_rss_mb']:.0f} | "
             f"{r['efficiency']:.0%}{' (int8 vs fp32 peak)' if r['backend'] == 'onnx-int8' else ''} |")
     lines += ["", "![memory](memory.png)", "", "![throughput vs parameters](params.png)", ""]
+    students = [r for r in results if "fidelity" in r and "error" not in r]
+    if students:
+        lines += ["## Distilled students: speed against fidelity to MiniLM", "",
+                  "Students distilled from all-MiniLM-L6-v2 by `distilserve distill` "
+                  "(models/distill.py); fidelity on held-out docstring sentences: Spearman "
+                  "correlation of pairwise cosine similarities with the teacher's, and "
+                  "top-10 neighbour overlap.", "",
+                  "| student | backend | params (M) | sentences/s | Spearman | top-10 overlap |",
+                  "|---|---|---|---|---|---|"]
+        for r in students:
+            f = r["fidelity"]
+            lines.append(f"| {r['model']} | {r['backend']} | {r['parameters'] / 1e6:.1f} | "
+                         f"{r['sentences_per_s']:.1f} | {f['spearman']:.3f} | "
+                         f"{f['top10_overlap']:.3f} |")
+        lines += ["", "![throughput vs fidelity](fidelity.png)", ""]
     (folder / "REPORT.md").write_text("\n".join(lines))
     charts(folder, results)
 
@@ -99,6 +114,20 @@ def charts(folder: Path, results: list[dict]) -> None:
         ax.set_title(f"{label} per model and backend (loop unrolled)")
         fig.tight_layout()
         fig.savefig(folder / f"{name}.png", dpi=100)
+        plt.close(fig)
+    students = [r for r in ok if "fidelity" in r]
+    if students:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for r in students:
+            ax.scatter(r["fidelity"]["spearman"], r["sentences_per_s"])
+            ax.annotate(f"{r['model']} ({r['backend']})",
+                        (r["fidelity"]["spearman"], r["sentences_per_s"]), fontsize=8)
+        ax.set_xlabel("fidelity to MiniLM (Spearman of pairwise similarities)")
+        ax.set_ylabel("sentences/s")
+        ax.set_yscale("log")
+        ax.set_title("distilled students: speed against fidelity")
+        fig.tight_layout()
+        fig.savefig(folder / "fidelity.png", dpi=100)
         plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 5))
     for b in backends:

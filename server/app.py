@@ -36,21 +36,25 @@ class Service:
 
 async def load_repository(service: Service, repository: Path) -> None:
     """Loads and warms every model folder; a folder that fails is logged and left out."""
+    if not repository.is_dir():
+        log.error("model repository %s is not a folder: serving nothing, never ready",
+                  repository)
+        return
     folders = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         log.error("model repository %s holds no model folders", repository)
     for folder in folders:
+        engine = None
         try:
             engine = await asyncio.to_thread(load_engine, folder.name, folder, service.settings,
                                              service.metrics)
             await engine.start(service.settings.warmup)
-        except ModelLoadError as e:
-            service.failures[folder.name] = str(e)
-            log.error("model %s not served: %s", folder.name, e)
-            continue
-        except Exception as e:  # a model that loads but cannot run
-            service.failures[folder.name] = f"{type(e).__name__}: {e}"
-            log.error("model %s not served: %s: %s", folder.name, type(e).__name__, e)
+        except Exception as e:  # a broken folder, or a model that loads but cannot run
+            reason = str(e) if isinstance(e, ModelLoadError) else f"{type(e).__name__}: {e}"
+            service.failures[folder.name] = reason
+            log.error("model %s not served: %s", folder.name, reason)
+            if engine is not None:
+                await engine.stop()
             continue
         service.engines[folder.name] = engine
         log.info("serving %s (%s, %s, %s)", folder.name, engine.task, engine.family,

@@ -73,6 +73,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
                                    ("host", args.host), ("port", args.port)) if v is not None}
     settings = Settings(**overrides)
     repository = settings.model_repository
+    if repository is not None and not repository.is_dir():
+        print(f"distilserve serve: model repository {repository} is not a folder",
+              file=sys.stderr)
+        return 2
     if repository is None:
         from server.default import ensure_default_repository
 
@@ -93,6 +97,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         opts.batch_size, opts.length, opts.repeats, opts.latency_runs = 8, 16, 2, 5
     if args.backends:
         opts.backends = tuple(args.backends.split(","))
+    if args.students:
+        opts.rows += harness.student_rows(args.students)
     if args.models:
         wanted = {m.strip() for m in args.models.split(",")}
         opts.rows = [r for r in opts.rows if r.name in wanted or r.preset in wanted]
@@ -181,6 +187,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, default=0, help="0: all cores")
     bench.add_argument("--backends", help="comma-separated: torch,torchscript,onnx,onnx-int8")
     bench.add_argument("--models", help="comma-separated model names or presets")
+    bench.add_argument("--students", type=Path,
+                       help="also measure the distilled students in this folder")
     bench.set_defaults(func=cmd_bench)
     return p
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +78,9 @@ class Engine:
         self.word_aware = bool(getattr(getattr(self.tokenizer, "_tokenizer", None) and
                                        self.tokenizer._tokenizer.model,
                                        "continuing_subword_prefix", None))
+        # transformers re-configures the Rust tokenizer's truncation on each call; two
+        # threads doing so at once fail ("Already borrowed"), so calls take turns
+        self.tokenizer_lock = threading.Lock()
         self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}")
         self.metrics = metrics
         self.batcher = Batcher(
@@ -113,12 +117,9 @@ class Engine:
         kwargs = dict(truncation=truncate, max_length=self.max_length if truncate else None,
                       return_offsets_mapping=self.task == "ner",
                       return_special_tokens_mask=self.task == "ner")
-        encodings = []
-        for text in texts:
-            if isinstance(text, tuple):
-                encodings.append(self.tokenizer(text[0], text[1], **kwargs))
-            else:
-                encodings.append(self.tokenizer(text, **kwargs))
+        with self.tokenizer_lock:
+            encodings = [self.tokenizer(text[0], text[1], **kwargs) if isinstance(text, tuple)
+                         else self.tokenizer(text, **kwargs) for text in texts]
         for i, enc in enumerate(encodings):
             if len(enc["input_ids"]) > self.max_length:
                 raise InputTooLong(f"input {i} has {len(enc['input_ids'])} tokens, more than "

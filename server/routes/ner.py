@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Depends, Request, Response
 
 from server.routes.common import choose, require_key, run
@@ -15,6 +17,7 @@ async def ner(body: NerRequest, request: Request, response: Response):
     engine = choose(request, body.model, "ner")
     texts = body.texts
     result = await run(request, response, engine, texts, body.truncate)
-    return NerResponse(model=engine.name, results=[
-        engine.entities(text, output, body.aggregation_strategy)
-        for text, output in zip(texts, result.outputs)])
+    results = await asyncio.to_thread(  # postprocessing off the event loop
+        lambda: [engine.entities(text, output, body.aggregation_strategy)
+                 for text, output in zip(texts, result.outputs)])
+    return NerResponse(model=engine.name, results=results)
