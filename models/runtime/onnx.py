@@ -19,6 +19,9 @@ class OnnxBackend(Backend):
         options.intra_op_num_threads = threads  # 0: onnxruntime's choice (all cores)
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # errors only
+        # idle pool threads sleep instead of spinning: on a few cores a spinning pool takes
+        # the CPU that HTTP handling and tokenisation need between batches
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), options,
                                             providers=["CPUExecutionProvider"])
         self.input_names = [i.name for i in self.session.get_inputs()]
