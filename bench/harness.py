@@ -205,8 +205,7 @@ def run(opts: Options, progress=print) -> list[dict]:
         done[key] = record
         with log.open("a") as f:
             f.write(json.dumps(record) + "\n")
-    keys = [_key(r, b, lp) for r, b, lp in jobs]  # this run's, then earlier runs' (resumed)
-    results = [done[k] for k in keys if k in done] + [r for k, r in done.items() if k not in keys]
+    results = list(done.values())  # in the order measured, earlier (resumed) runs included
     for r in results:  # efficiency against this run's GEMM figure (a resumed run re-measures)
         if "gflop_per_s" in r:
             r.update(gemm_gflop_per_s=gemm / 1e9, efficiency=r["gflop_per_s"] * 1e9 / gemm)

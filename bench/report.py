@@ -95,7 +95,8 @@ def charts(folder: Path, results: list[dict]) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    ok = [r for r in results if "error" not in r and r["loop"] in (None, "unroll")]
+    measured = [r for r in results if "error" not in r and r["loop"] in (None, "unroll")]
+    ok = [r for r in measured if "fidelity" not in r]  # the papers' rows; students below
     models = list(dict.fromkeys(r["model"] for r in ok))
     backends = list(dict.fromkeys(r["backend"] for r in ok))
     for name, key, label in (("throughput", "sentences_per_s", "sentences/s"),
@@ -115,7 +116,7 @@ def charts(folder: Path, results: list[dict]) -> None:
         fig.tight_layout()
         fig.savefig(folder / f"{name}.png", dpi=100)
         plt.close(fig)
-    students = [r for r in ok if "fidelity" in r]
+    students = [r for r in measured if "fidelity" in r]
     if students:
         fig, ax = plt.subplots(figsize=(8, 5))
         for r in students:

@@ -30,7 +30,6 @@ def _body(key: str, **extra):
 
 class EmbedUser(FastHttpUser):
     wait_time = between(0, 0.01)
-    weight = 3
 
     @task
     def embed(self):

@@ -39,7 +39,7 @@ def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
     for task in ("embed", "classify", "ner"):
         export.export(tiny_checkpoints["cmow", task], repo / f"cmow-{task}", "onnx")
     out = tmp_path / "reports"
-    code = loadrun.main(["--model-repository", str(repo), "--out", str(out), "--users", "2",
+    code = loadrun.main(["--model-repository", str(repo), "--out", str(out), "--users", "3",
                          "--seconds", "3", "--clients", "4", "--light-seconds", "2"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())

@@ -1,4 +1,4 @@
-"""SIGTERM: the service stops taking new work, lets in-flight requests finish, exits 0."""
+"""SIGTERM: the service stops taking new work, lets in-flight requests finish, exits."""
 
 from __future__ import annotations
 
@@ -43,7 +43,9 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_checkpoints, tmp_pa
         server.send_signal(signal.SIGTERM)
         in_flight.join(30)
         assert answers and answers[0].status_code == 200
-        assert server.wait(30) == 0
+        # uvicorn re-raises the signal once shut down, so the exit status says SIGTERM
+        assert server.wait(30) in (0, -signal.SIGTERM)
+        assert b"Finished server process" in server.stdout.read()
         try:
             late = httpx.post(url + "/v1/embed", json={"inputs": "too late"}, timeout=2)
             assert late.status_code == 503
