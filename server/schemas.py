@@ -17,7 +17,7 @@ class _Request(BaseModel):
 
     @property
     def texts(self) -> list:
-        value = getattr(self, "inputs", None) or getattr(self, "input", None)
+        value = self.inputs if hasattr(self, "inputs") else self.input
         items = [value] if isinstance(value, str) else value
         return [x if isinstance(x, str) else (x[0], x[1]) for x in items]
 

@@ -218,6 +218,13 @@ def test_bad_requests_get_the_documented_error(url, route, body, status, words):
     assert set(err) == {"type", "message"} and words in err["message"]
 
 
+def test_empty_strings_are_texts_too(url):
+    for route, body in (("/v1/embed", {"model": "minilm", "inputs": ""}),
+                        ("/v1/embeddings", {"model": "minilm", "input": ""}),
+                        ("/v1/ner", {"model": "bert-ner-onnx", "inputs": [""]})):
+        assert post(url, route, body).status_code == 200, route
+
+
 def test_truncate_true_accepts_the_same_long_text(url):
     res = post(url, "/v1/embed", {"model": "minilm", "inputs": "word " * 400})
     assert res.status_code == 200 and res.json()["usage"]["prompt_tokens"] == 256
