@@ -209,7 +209,6 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
         elif fmt == "torchscript":
             to_torchscript(model, folder / artifact, loop)
     depth = getattr(model, "num_iterations", None)
-    backend_kind = fmt
     served = artifact or "checkpoint"
 
     progress("checking parity against PyTorch")
@@ -239,10 +238,11 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
         fp32_nodes = quantize_int8(folder / artifact, folder / "model.int8.onnx")
         int8 = open_backend("onnx", folder, "model.int8.onnx", num_iterations=depth)
         real = batches[-1]
+        quantized = int8.run(real)
         quantization = {"method": "onnxruntime quantize_dynamic, QInt8, per_channel",
                         "kept_fp32": fp32_nodes,
-                        "max_abs_diff_vs_fp32": float(np.abs(int8.run(real) - references[-1]).max()),
-                        **agreement(ckpt.task, references[-1], int8.run(real),
+                        "max_abs_diff_vs_fp32": float(np.abs(quantized - references[-1]).max()),
+                        **agreement(ckpt.task, references[-1], quantized,
                                     real["attention_mask"])}
         served = "model.int8.onnx"
 
@@ -253,7 +253,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
         "max_length": max_length,
         "pooling": POOLING.get(ckpt.family, "mean") if ckpt.task == "embed" else None,
         "dimensions": int(references[0].shape[-1]) if ckpt.task == "embed" else None,
-        "backend": backend_kind,
+        "backend": fmt,
         "loop": loop if ckpt.family in RECURSIVE else None,
         "num_iterations": depth,
         "artifact": served,
