@@ -183,7 +183,6 @@ def new_student(family: str, preset: str, teacher: Teacher, seed: int) -> Checkp
         state = {k: v for k, v in teacher.hf.state_dict().items()
                  if not k.startswith("encoder.layer.") or int(k.split(".")[2]) < layers}
         model.model.load_state_dict(state, strict=False)
-        model.model.config._attn_implementation = "eager"
         return Checkpoint(model, "bert", "embed", [], model.model.config.to_dict(),
                           teacher.ckpt.tokenizer_dir)
     return checkpoint.new(family, preset, "embed", seed=seed)
@@ -311,15 +310,11 @@ def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:
     if opts.family == "falbert":  # LR-ALBERT first, then the shrinking FFN from it
         lr_dir = opts.output / "lr-albert"
         half = opts.steps // 2
-        if not (lr_dir / "config.json").exists():
-            lr_opts = Options(**{**opts.__dict__, "output": lr_dir})
-            lr = checkpoint.new("falbert", preset, "embed", seed=opts.seed,
-                                overrides={"connection_schedule": []})
-            if (lr_dir / STATE).exists():
-                lr = checkpoint.load(lr_dir)
-            history += _train(lr_opts, lr, teacher, tokenizer, train, 0, half, "lr", progress)
-            checkpoint.save(lr, lr_dir)
-        lr = checkpoint.load(lr_dir)
+        # resumes from its own saves, and takes no step once the stage is complete
+        lr = checkpoint.load(lr_dir) if (lr_dir / STATE).exists() else checkpoint.new(
+            "falbert", preset, "embed", seed=opts.seed, overrides={"connection_schedule": []})
+        history += _train(Options(**{**opts.__dict__, "output": lr_dir}), lr, teacher,
+                          tokenizer, train, 0, half, "lr", progress)
         if not resuming:  # the IP-ALBERT starts from the LR-ALBERT's weights
             student.model.load_state_dict(lr.model.state_dict())
         history += _train(opts, student, teacher, tokenizer, train, half, opts.steps, "ip",

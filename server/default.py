@@ -52,7 +52,6 @@ def build(folder: Path, seed: int = 0) -> dict:
                  "MiniLM fine-tuned on templates filled by Faker (models/synthetic.py)")):
             started = time.perf_counter()
             ckpt, scores = train(seed=seed, progress=lambda s, n=name: say(f"{n}: {s}"))
-            ckpt.extra = {}
             source = checkpoint.save(ckpt, work / name)
             export.export(source, folder / name, "onnx", max_length=256,
                           progress=lambda s, n=name: say(f"{n}: {s}"))
