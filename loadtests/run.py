@@ -56,36 +56,40 @@ def start_server(repository: Path, port: int, log: Path) -> subprocess.Popen:
     raise RuntimeError(f"the service did not become ready; see {log}")
 
 
-def in_process(folder: Path, seconds: float) -> dict:
-    """The same model without the service: batched throughput (32 sentences a batch) and
-    the latency of one sentence (tokenise, run, normalise)."""
-    from transformers import AutoTokenizer
+class InProcess:
+    """The same model without the service (the ceiling): batched throughput (32 sentences
+    a batch) and the latency of one sentence (tokenise, run, normalise)."""
 
-    from models.runtime import open_backend
-    from server.batching import Item, pad
+    def __init__(self, folder: Path):
+        from transformers import AutoTokenizer
 
-    manifest = json.loads((folder / "manifest.json").read_text())
-    backend = open_backend(manifest["backend"], folder, manifest["artifact"], 0,
-                           manifest.get("num_iterations"))
-    tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
-    sentences = (samples.SENTENCES * 2)[:32]
+        from models.runtime import open_backend
 
-    def encode(texts):
-        return pad([Item(e, [0] * len(e), None) for e in tokenizer(texts)["input_ids"]])
+        manifest = json.loads((folder / "manifest.json").read_text())
+        self.backend = open_backend(manifest["backend"], folder, manifest["artifact"], 0,
+                                    manifest.get("num_iterations"))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
+        self.run(samples.SENTENCES[:32])
 
-    backend.run(encode(sentences))
-    done, started = 0, time.perf_counter()
-    while time.perf_counter() - started < seconds:
-        backend.run(encode(sentences))
-        done += len(sentences)
-    rate = done / (time.perf_counter() - started)
-    latencies = []
-    for i in range(200):
-        t = time.perf_counter()
-        out = backend.run(encode([samples.SENTENCES[i % len(samples.SENTENCES)]]))
-        out / np.linalg.norm(out, axis=-1, keepdims=True)
-        latencies.append((time.perf_counter() - t) * 1000)
-    return {"batched_sentences_per_s": rate, "single_p50_ms": statistics.median(latencies)}
+    def run(self, texts: list[str]) -> np.ndarray:
+        from server.batching import pad
+
+        out = self.backend.run(pad(self.tokenizer(texts).encodings))
+        return out / np.linalg.norm(out, axis=-1, keepdims=True)
+
+    def measure(self, seconds: float) -> dict:
+        sentences = (samples.SENTENCES * 2)[:32]
+        done, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            self.run(sentences)
+            done += len(sentences)
+        rate = done / (time.perf_counter() - started)
+        latencies = []
+        for i in range(200):
+            t = time.perf_counter()
+            self.run([samples.SENTENCES[i % len(samples.SENTENCES)]])
+            latencies.append((time.perf_counter() - t) * 1000)
+        return {"batched_sentences_per_s": rate, "single_p50_ms": statistics.median(latencies)}
 
 
 def run_locust(url: str, out: Path, users: int, seconds: int, env: dict) -> dict:
@@ -117,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=int, default=15, help="locust run time")
     p.add_argument("--clients", type=int, default=32, help="light-client connections")
     p.add_argument("--light-seconds", type=float, default=10.0)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="in-process / lone client / many clients, repeated")
     args = p.parse_args(argv)
 
     repository = args.model_repository
@@ -135,10 +141,19 @@ def main(argv: list[str] | None = None) -> int:
         for m in served:
             by_task.setdefault(m["task"], m["id"])
         embed = by_task["embed"]
-        ceiling = in_process(repository / embed, args.light_seconds / 2)
+        # side by side, in rounds: this machine's speed drifts by 10-20% from minute to
+        # minute, so each round compares the service with the ceiling measured just before
+        ceiling_model = InProcess(repository / embed)
         payloads = [{"model": embed, "inputs": s} for s in samples.SENTENCES]
-        lone = lightload.run(url, "/v1/embed", payloads, 1, args.light_seconds / 2)
-        many = lightload.run(url, "/v1/embed", payloads, args.clients, args.light_seconds)
+        rounds = []
+        for _ in range(args.rounds):
+            rounds.append({
+                "in_process": ceiling_model.measure(args.light_seconds / 2),
+                "lone_client": lightload.run(url, "/v1/embed", payloads, 1,
+                                             args.light_seconds / 2),
+                "many_clients": lightload.run(url, "/v1/embed", payloads, args.clients,
+                                              args.light_seconds)})
+        del ceiling_model
         env = {"DISTILSERVE_LOAD_EMBED": embed,
                "DISTILSERVE_LOAD_CLASSIFY": by_task.get("classify", ""),
                "DISTILSERVE_LOAD_NER": by_task.get("ner", "")}
@@ -146,33 +161,40 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.terminate()
         server.wait(30)
+    ratios = [r["many_clients"]["requests_per_s"] / r["in_process"]["batched_sentences_per_s"]
+              for r in rounds]
+    added = [r["lone_client"]["p50_ms"] - r["in_process"]["single_p50_ms"] for r in rounds]
     summary = {
-        "model": embed, "in_process": ceiling, "lone_client": lone,
-        f"{args.clients}_clients": many, "locust": locust,
-        "service_vs_in_process_throughput": many["requests_per_s"]
-        / ceiling["batched_sentences_per_s"],
-        "added_latency_p50_ms": lone["p50_ms"] - ceiling["single_p50_ms"],
+        "model": embed, "clients": args.clients, "rounds": rounds, "locust": locust,
+        "service_vs_in_process_throughput": statistics.median(ratios),
+        "added_latency_p50_ms": statistics.median(added),
     }
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    rows = []
+    for i, r in enumerate(rounds, 1):
+        ceiling, lone, many = r["in_process"], r["lone_client"], r["many_clients"]
+        rows += [
+            f"| {i} | in-process, batches of 32 | {ceiling['batched_sentences_per_s']:.0f} | "
+            f"{ceiling['single_p50_ms']:.2f} (one sentence) | | | | |",
+            *(f"| {i} | service, {label} | {m['requests_per_s']:.0f} | {m['p50_ms']:.2f} | "
+              f"{m['p95_ms']:.2f} | {m['p99_ms']:.2f} | "
+              f"{sum(v for k, v in m['statuses'].items() if k != 200)} | "
+              f"{m['client_cpu_share']:.0%} |"
+              for label, m in (("1 client", lone),
+                               (f"{args.clients} clients x 1 sentence", many)))]
     text = "\n".join([
         f"# Load test of {embed} ({url}, {time.strftime('%Y-%m-%d %H:%M')})", "",
-        "| measurement | requests/s | p50 ms | p95 ms | p99 ms | failures | load-generator CPU |",
-        "|---|---|---|---|---|---|---|",
-        f"| in-process, batches of 32 | {ceiling['batched_sentences_per_s']:.0f} | "
-        f"{ceiling['single_p50_ms']:.2f} (one sentence) | | | | |",
-        f"| service, 1 client | {lone['requests_per_s']:.0f} | {lone['p50_ms']:.2f} | "
-        f"{lone['p95_ms']:.2f} | {lone['p99_ms']:.2f} | "
-        f"{sum(v for k, v in lone['statuses'].items() if k != 200)} | "
-        f"{lone['client_cpu_share']:.0%} |",
-        f"| service, {args.clients} clients x 1 sentence | {many['requests_per_s']:.0f} | "
-        f"{many['p50_ms']:.2f} | {many['p95_ms']:.2f} | {many['p99_ms']:.2f} | "
-        f"{sum(v for k, v in many['statuses'].items() if k != 200)} | "
-        f"{many['client_cpu_share']:.0%} |",
-        f"| locust, {locust['users']} users, embed/classify/ner | "
+        "| round | measurement | requests/s | p50 ms | p95 ms | p99 ms | failures | "
+        "load-generator CPU |",
+        "|---|---|---|---|---|---|---|---|", *rows,
+        f"| | locust, {locust['users']} users, embed/classify/ner | "
         f"{locust['requests_per_s']:.0f} | {locust['p50_ms']:.0f} | {locust['p95_ms']:.0f} | "
         f"{locust['p99_ms']:.0f} | {locust['failures']} | (locust) |", "",
-        f"Service throughput / in-process: {summary['service_vs_in_process_throughput']:.0%}; "
-        f"latency a lone request adds at p50: {summary['added_latency_p50_ms']:.2f} ms.", ""])
+        "Service throughput with many clients / in-process, per round: "
+        f"{', '.join(f'{x:.0%}' for x in ratios)} (median "
+        f"{summary['service_vs_in_process_throughput']:.0%}); latency a lone request adds "
+        f"at p50: {', '.join(f'{x:.2f}' for x in added)} ms (median "
+        f"{summary['added_latency_p50_ms']:.2f} ms).", ""])
     (args.out / "summary.md").write_text(text)
     print(text)
     return 0 if locust["failures"] == 0 and locust["exit_code"] == 0 else 1

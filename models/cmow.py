@@ -19,6 +19,11 @@ are tree reductions with a step count fixed by ``max_position_embeddings`` (not 
 example), so a traced or exported graph is right at every length. Matrix products are
 associative, so the tree equals the sequential product (``sequential_product``).
 
+A distilled student (``models/distill.py``) keeps the learned map from its pooled
+encoding to the teacher's width, ``projection`` (``projection_size`` > 0): its embeddings
+are then ``projection(pooled)`` [B, 384], in the teacher's space; the reference code has
+no such layer.
+
 Key names are the reference seq2mat code's: ``transformer.embeddings.matrix_embedding.
 embedding.weight``, ``transformer.embeddings.backward_matrix_embedding.embedding.weight``,
 ``transformer.embeddings.vector_embedding.weight`` (each [vocab, 400]).
@@ -42,6 +47,7 @@ class CmowConfig:
     mode: str = "hybrid"
     max_position_embeddings: int = 512  # longest sequence; sets the tree's step count
     initializer_range: float = 0.1  # matrices start at I + N(0, range^2)
+    projection_size: int = 0  # > 0: embeddings are the pooled encoding mapped to this width
     model_type: str = "seq2mat"
 
     def __post_init__(self):
@@ -143,6 +149,8 @@ class Cmow(nn.Module):
         self.task = task
         self.steps = math.ceil(math.log2(config.max_position_embeddings))
         self.transformer = _Transformer(config)
+        self.projection = (nn.Linear(config.pooled_size, config.projection_size)
+                           if config.projection_size else nn.Identity())
         features = {"embed": 0, "classify": 3 * config.pooled_size, "ner": config.token_size}
         self.classifier = (nn.Linear(features[task], num_labels) if task != "embed"
                            else nn.Identity())
@@ -170,7 +178,7 @@ class Cmow(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor) -> torch.Tensor:
         if self.task == "embed":
-            return self.encode(input_ids, attention_mask)  # [B, 1200]
+            return self.projection(self.encode(input_ids, attention_mask))  # [B, 1200 or P]
         if self.task == "classify":  # DiffCat of the two segments (b is empty for one text)
             first = attention_mask * (token_type_ids == 0).to(attention_mask.dtype)
             a = self.encode(input_ids, first)

@@ -4,16 +4,19 @@ run one batch at a time on the model's own inference thread.
 
 While a batch runs, new inputs queue up; the next batch takes them all at once. So a lone
 request never waits for company (unless ``max_wait`` asks it to), and many clients get
-large batches.
+large batches. The model's thread also tokenises, all the texts that arrived since the
+last batch in one call, and starts the next batch as soon as one ends: the event loop only
+queues inputs and hands out results.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -22,32 +25,41 @@ class QueueFull(Exception):
     """The model's queue cannot take the request's inputs now."""
 
 
+class InputTooLong(Exception):
+    """An input over the model's max_length tokens, with truncate false."""
+
+
 @dataclass
 class Item:
-    """One input: its token ids and types, and the future its result goes to."""
+    """One input: its text (or pair), then its encoding (``.ids``, ``.type_ids``), and the
+    future its result goes to."""
 
-    ids: list[int]
-    type_ids: list[int]
-    future: asyncio.Future
+    text: str | tuple[str, str]
+    truncate: bool
+    future: asyncio.Future | None
+    index: int = 0  # its position in the request
+    encoding: Any = None
+    error: Exception | None = None
     enqueued: float = field(default_factory=time.perf_counter)
     queued_s: float = 0.0
     inference_s: float = 0.0
 
     @property
     def length(self) -> int:
-        return len(self.ids)
+        return len(self.encoding.ids)
 
 
-def pad(items: list[Item]) -> dict[str, np.ndarray]:
-    """Right-pads a batch: int64 [B, T] arrays, T the longest input."""
-    width = max(item.length for item in items)
-    ids = np.zeros((len(items), width), dtype=np.int64)
+def pad(encodings: list) -> dict[str, np.ndarray]:
+    """Right-pads encodings (``.ids``, ``.type_ids``): int64 [B, T] arrays, T the longest."""
+    width = max(len(e.ids) for e in encodings)
+    ids = np.zeros((len(encodings), width), dtype=np.int64)
     types = np.zeros_like(ids)
     mask = np.zeros_like(ids)
-    for row, item in enumerate(items):
-        ids[row, : item.length] = item.ids
-        types[row, : item.length] = item.type_ids
-        mask[row, : item.length] = 1
+    for row, e in enumerate(encodings):
+        n = len(e.ids)
+        ids[row, :n] = e.ids
+        types[row, :n] = e.type_ids
+        mask[row, :n] = 1
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
@@ -68,67 +80,123 @@ def take_batch(pending: list[Item], max_size: int, max_tokens: int) -> list[Item
 
 
 class Batcher:
-    def __init__(self, run: Callable[[dict[str, np.ndarray]], np.ndarray], executor: Executor,
+    """Batches run on the model's own thread, which tokenises (``encode(texts, truncate)``
+    -> encodings) and runs (``run(arrays)`` -> [B, ...] outputs) one batch after another
+    without waiting for the event loop; the loop only queues inputs and is handed each
+    batch's results."""
+
+    def __init__(self, encode: Callable[[list, bool], list],
+                 run: Callable[[dict[str, np.ndarray]], np.ndarray], max_length: int,
                  max_size: int, max_tokens: int, max_queue: int, max_wait_s: float = 0.0,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
-                 on_depth: Callable[[int], None] = lambda depth: None):
-        self.run, self.executor = run, executor
-        self.max_size, self.max_tokens = max_size, max_tokens
+                 on_depth: Callable[[int], None] = lambda depth: None, name: str = "model"):
+        self.encode, self.run, self.name = encode, run, name
+        self.max_length, self.max_size, self.max_tokens = max_length, max_size, max_tokens
         self.max_queue, self.max_wait_s = max_queue, max_wait_s
         self.on_batch, self.on_depth = on_batch, on_depth
-        self.pending: list[Item] = []
-        self.wake = asyncio.Event()
-        self.task: asyncio.Task | None = None
+        self.pending: list[Item] = []  # shared with the thread: under self.changed
+        self.changed = threading.Condition()
+        self.stopping = False
+        self.thread: threading.Thread | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self._loop())
+        self.loop = asyncio.get_running_loop()
+        self.thread = threading.Thread(target=self._work, name=f"infer-{self.name}",
+                                       daemon=True)
+        self.thread.start()
 
     async def stop(self) -> None:
         """Finishes what is queued, then stops."""
-        while self.pending:
-            await asyncio.sleep(0.01)
-        if self.task:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+        with self.changed:
+            self.stopping = True
+            self.changed.notify()
+        if self.thread is not None:
+            await asyncio.to_thread(self.thread.join)
 
-    def submit(self, inputs: list[tuple[list[int], list[int]]]) -> list[Item]:
-        """Queues a request's inputs together, or raises QueueFull for all of them."""
-        if len(self.pending) + len(inputs) > self.max_queue:
-            raise QueueFull(f"{len(self.pending)} inputs queued, limit {self.max_queue}")
+    def submit(self, texts: list, truncate: bool) -> list[Item]:
+        """Queues a request's texts together, or raises QueueFull for all of them."""
         loop = asyncio.get_running_loop()
-        items = [Item(ids, types, loop.create_future()) for ids, types in inputs]
-        self.pending.extend(items)
-        self.on_depth(len(self.pending))
-        self.wake.set()
+        items = [Item(text, truncate, loop.create_future(), i) for i, text in enumerate(texts)]
+        with self.changed:
+            if len(self.pending) + len(items) > self.max_queue:
+                raise QueueFull(f"{len(self.pending)} inputs queued, limit {self.max_queue}")
+            self.pending.extend(items)
+            depth = len(self.pending)
+            self.changed.notify()
+        self.on_depth(depth)
         return items
 
-    async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
+    # on the model's thread --------------------------------------------------------------
+    def _work(self) -> None:
         while True:
-            await self.wake.wait()
-            if self.max_wait_s and len(self.pending) < self.max_size:
-                await asyncio.sleep(self.max_wait_s)
-            # inputs whose client has gone are dropped before inference
-            self.pending = [it for it in self.pending if not it.future.done()]
-            if not self.pending:
-                self.wake.clear()
-                self.on_depth(0)
-                continue
-            batch = take_batch(self.pending, self.max_size, self.max_tokens)
-            taken = {id(it) for it in batch}
-            self.pending = [it for it in self.pending if id(it) not in taken]
-            self.on_depth(len(self.pending))
-            started = time.perf_counter()
-            try:
-                outputs = await loop.run_in_executor(self.executor, self.run, pad(batch))
-            except Exception as e:  # a model failure fails its batch, not the service
-                for item in batch:
-                    if not item.future.done():
-                        item.future.set_exception(e)
-                continue
+            with self.changed:
+                while not self.pending and not self.stopping:
+                    self.changed.wait()
+                if not self.pending:  # stopping, and nothing left
+                    return
+                waiting = len(self.pending)
+            if self.max_wait_s and waiting < self.max_size:
+                time.sleep(self.max_wait_s)
+            with self.changed:  # inputs whose client has gone are dropped before inference
+                self.pending = [it for it in self.pending if not it.future.done()]
+                pending = list(self.pending)
+            batch, outputs, started = self._step(pending) if pending else ([], None, 0.0)
             finished = time.perf_counter()
-            self.on_batch(len(batch), finished - started)
-            for row, item in enumerate(batch):
-                item.queued_s, item.inference_s = started - item.enqueued, finished - started
+            with self.changed:
+                taken = {id(it) for it in batch}
+                failed = [it for it in pending if it.error is not None]
+                self.pending = [it for it in self.pending
+                                if id(it) not in taken and it.error is None]
+                depth = len(self.pending)
+            self.loop.call_soon_threadsafe(self._deliver, batch, outputs, failed, started,
+                                           finished, depth)
+
+    def _step(self, pending: list[Item]) -> tuple[list[Item], Any, float]:
+        """Tokenises what is new, chooses a batch, runs it."""
+        for truncate in (True, False):
+            fresh = [it for it in pending if it.encoding is None and it.truncate is truncate]
+            if not fresh:
+                continue
+            try:
+                encodings = self.encode([it.text for it in fresh], truncate)
+            except Exception as e:  # fails these inputs, not the queue
+                for item in fresh:
+                    item.error = e
+                continue
+            for item, enc in zip(fresh, encodings):
+                item.encoding = enc
+                if len(enc.ids) > self.max_length:
+                    item.error = InputTooLong(
+                        f"input {item.index} has {len(enc.ids)} tokens, more than the "
+                        f"model's max_length {self.max_length}; send truncate: true or a "
+                        "shorter text")
+        ready = [it for it in pending if it.error is None]
+        if not ready:
+            return [], None, 0.0
+        batch = take_batch(ready, self.max_size, self.max_tokens)
+        started = time.perf_counter()
+        try:
+            outputs = self.run(pad([it.encoding for it in batch]))
+        except Exception as e:  # a model failure fails its batch, not the service
+            outputs = e
+        return batch, outputs, started
+
+    # back on the event loop -------------------------------------------------------------
+    def _deliver(self, batch: list[Item], outputs: Any, failed: list[Item], started: float,
+                 finished: float, depth: int) -> None:
+        self.on_depth(depth)
+        for item in failed:
+            if not item.future.done():
+                item.future.set_exception(item.error)
+        if isinstance(outputs, Exception):
+            for item in batch:
                 if not item.future.done():
-                    item.future.set_result(outputs[row])
+                    item.future.set_exception(outputs)
+            return
+        if batch:
+            self.on_batch(len(batch), finished - started)
+        for row, item in enumerate(batch):
+            item.queued_s, item.inference_s = started - item.enqueued, finished - started
+            if not item.future.done():
+                item.future.set_result(outputs[row])

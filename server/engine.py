@@ -1,4 +1,5 @@
-"""One served model: tokenise -> batching queue -> runtime backend -> postprocess.
+"""One served model: batching queue -> tokenise and run on the model's inference thread
+(server/batching.py) -> postprocess.
 
 Nothing here knows about HTTP: errors are ``ApiError``-free exceptions that the routes
 translate (``InputTooLong``, ``QueueFull``).
@@ -8,28 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Encoding, Tokenizer
 from transformers import AutoTokenizer
 
 from models.checkpoint import CheckpointError, read_json
 from models.runtime import open_backend
 from server import postprocess
-from server.batching import Batcher, Item, QueueFull
+from server.batching import Batcher, InputTooLong, QueueFull
 from server.metrics import Metrics
 from server.settings import Settings
 
 __all__ = ["Engine", "InputTooLong", "ModelLoadError", "QueueFull", "load_engine"]
 
 REQUIRED = ("task", "family", "backend", "max_length")
-
-
-class InputTooLong(Exception):
-    """An input over the model's max_length tokens, with truncate false."""
 
 
 class ModelLoadError(Exception):
@@ -72,22 +68,32 @@ class Engine:
         try:
             self.backend = open_backend(manifest["backend"], folder, manifest.get("artifact"),
                                         threads, manifest.get("num_iterations"))
-            self.tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
+            tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
         except Exception as e:
             raise ModelLoadError(f"{folder}: {type(e).__name__}: {e}") from None
-        self.word_aware = bool(getattr(getattr(self.tokenizer, "_tokenizer", None) and
-                                       self.tokenizer._tokenizer.model,
-                                       "continuing_subword_prefix", None))
-        # transformers re-configures the Rust tokenizer's truncation on each call; two
-        # threads doing so at once fail ("Already borrowed"), so calls take turns
-        self.tokenizer_lock = threading.Lock()
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"infer-{name}")
+        if not tokenizer.is_fast:
+            raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
+                                 "tokenizer); re-export it with distilserve export")
+        self.unk_id = tokenizer.unk_token_id
+        # the Rust tokenizer itself, set up once per truncation mode: calls then only read
+        # it, so requests tokenise concurrently, a whole request in one call
+        rust = tokenizer.backend_tokenizer
+        self.word_aware = bool(getattr(rust.model, "continuing_subword_prefix", None))
+        self.tokenizers = {}
+        for truncate in (True, False):
+            t = Tokenizer.from_str(rust.to_str())
+            t.no_padding()
+            if truncate:  # transformers' default: longest_first for pairs
+                t.enable_truncation(self.max_length)
+            else:
+                t.no_truncation()
+            self.tokenizers[truncate] = t
         self.metrics = metrics
         self.batcher = Batcher(
-            self.backend.run, self.executor, settings.max_batch_size,
+            self.tokenize, self.backend.run, self.max_length, settings.max_batch_size,
             settings.max_batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
             on_batch=lambda size, s: metrics.observe_batch(name, size, s),
-            on_depth=lambda depth: metrics.queue_depth.labels(name).set(depth))
+            on_depth=lambda depth: metrics.queue_depth.labels(name).set(depth), name=name)
 
     def describe(self) -> dict:
         info = {"id": self.name, "object": "model", "owned_by": "distilserve",
@@ -109,54 +115,38 @@ class Engine:
 
     async def stop(self) -> None:
         await self.batcher.stop()
-        self.executor.shutdown(wait=True)
 
-    # tokenise -----------------------------------------------------------------------
-    def tokenize(self, texts: list, truncate: bool) -> list:
-        """Texts (or pairs) -> transformers encodings, in the request's order."""
-        kwargs = dict(truncation=truncate, max_length=self.max_length if truncate else None,
-                      return_offsets_mapping=self.task == "ner",
-                      return_special_tokens_mask=self.task == "ner")
-        with self.tokenizer_lock:
-            encodings = [self.tokenizer(text[0], text[1], **kwargs) if isinstance(text, tuple)
-                         else self.tokenizer(text, **kwargs) for text in texts]
-        for i, enc in enumerate(encodings):
-            if len(enc["input_ids"]) > self.max_length:
-                raise InputTooLong(f"input {i} has {len(enc['input_ids'])} tokens, more than "
-                                   f"{self.name}'s max_length {self.max_length}; send "
-                                   f"truncate: true or a shorter text")
-        return encodings
+    # tokenise (on the inference thread, a batch's new texts at once) -------------------
+    def tokenize(self, texts: list, truncate: bool) -> list[Encoding]:
+        """Texts (or pairs) -> the Rust tokenizer's encodings, in order."""
+        return self.tokenizers[truncate].encode_batch(texts)
 
     # run ----------------------------------------------------------------------------
     async def run(self, texts: list, truncate: bool) -> Result:
-        encodings = await asyncio.to_thread(self.tokenize, texts, truncate)
-        inputs = [(e["input_ids"], e.get("token_type_ids") or [0] * len(e["input_ids"]))
-                  for e in encodings]
         try:
-            items: list[Item] = self.batcher.submit(inputs)
+            items = self.batcher.submit(texts, truncate)
         except QueueFull:
-            self.metrics.rejected.labels(self.name).inc(len(inputs))
+            self.metrics.rejected.labels(self.name).inc(len(texts))
             raise
         try:
             raw = await asyncio.gather(*(item.future for item in items))
-        except asyncio.CancelledError:  # the client went away: drop what is queued
+        except BaseException:  # an input too long, or the client went away: drop the rest
             for item in items:
                 item.future.cancel()
             raise
-        outputs = [r[: len(e["input_ids"])] if self.task == "ner" else r
-                   for r, e in zip(raw, encodings)]
+        encodings = [item.encoding for item in items]
+        outputs = [r[: len(e.ids)] if self.task == "ner" else r for r, e in zip(raw, encodings)]
         if self.task == "ner":
             outputs = list(zip(outputs, encodings))
-        return Result(outputs, sum(len(e["input_ids"]) for e in encodings),
+        return Result(outputs, sum(len(e.ids) for e in encodings),
                       max(it.queued_s for it in items), max(it.inference_s for it in items))
 
     # postprocess ----------------------------------------------------------------------
     def entities(self, text: str, output, strategy: str) -> list[dict]:
         logits, enc = output
         info = postprocess.TokenInfo(
-            ids=enc["input_ids"], tokens=self.tokenizer.convert_ids_to_tokens(enc["input_ids"]),
-            offsets=enc["offset_mapping"], special=enc["special_tokens_mask"],
-            unk_id=self.tokenizer.unk_token_id, word_aware=self.word_aware)
+            ids=enc.ids, tokens=enc.tokens, offsets=enc.offsets, special=enc.special_tokens_mask,
+            unk_id=self.unk_id, word_aware=self.word_aware)
         return postprocess.entities(text, info, np.asarray(logits), self.labels, strategy)
 
 

@@ -45,7 +45,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
-        kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        kind = {404: "not_found", 405: "method_not_allowed",
+                413: "payload_too_large"}.get(exc.status_code, "http_error")
         return JSONResponse(body(kind, str(exc.detail)), exc.status_code,
                             headers=getattr(exc, "headers", None))
 

@@ -35,3 +35,5 @@ class Settings(BaseSettings):
     # runtime
     threads: int = Field(0, ge=0, description="intra-op threads per model (0: all cores)")
     warmup: bool = True
+    access_log: bool = Field(False, description="log every request (uvicorn's access log; "
+                             "costs throughput under load)")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from server import postprocess
-from server.routes.common import choose, require_key, run
+from server.routes.common import choose, run
 from server.schemas import ClassifyRequest, ClassifyResponse
 
-router = APIRouter(dependencies=[Depends(require_key)], tags=["classification"])
+router = APIRouter(tags=["classification"])
 
 
 @router.post("/v1/classify", response_model=ClassifyResponse)

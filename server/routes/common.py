@@ -1,10 +1,9 @@
-"""What the routes share: the API key check, choosing the model, limits, and running a
+"""What the routes share: choosing the model, limits, and running a
 request on an engine until it finishes or its client goes away."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 
 from fastapi import Request, Response
 
@@ -14,19 +13,6 @@ from server.errors import ApiError
 
 def service(request: Request):
     return request.app.state.service
-
-
-async def require_key(request: Request) -> None:
-    """401 unless ``Authorization: Bearer KEY`` matches DISTILSERVE_API_KEY (when set)."""
-    key = service(request).settings.api_key
-    if key is None:
-        return
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                             key.get_secret_value().encode()):
-        raise ApiError(401, "unauthorized", "missing or wrong API key: send "
-                       "'Authorization: Bearer KEY'", {"WWW-Authenticate": "Bearer"})
 
 
 def choose(request: Request, name: str | None, task: str) -> Engine:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from server import postprocess
-from server.routes.common import choose, require_key, run
+from server.routes.common import choose, run
 from server.schemas import (
     EmbeddingItem,
     EmbeddingsRequest,
@@ -15,7 +15,7 @@ from server.schemas import (
     Usage,
 )
 
-router = APIRouter(dependencies=[Depends(require_key)], tags=["embeddings"])
+router = APIRouter(tags=["embeddings"])
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse)

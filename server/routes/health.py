@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from server.errors import body
-from server.routes.common import require_key, service
+from server.routes.common import service
 
 router = APIRouter(tags=["health"])
 
@@ -26,6 +26,6 @@ async def ready(request: Request):
                              "models are still loading"), 503, headers={"Retry-After": "2"})
 
 
-@router.get("/metrics", dependencies=[Depends(require_key)])
+@router.get("/metrics")
 async def metrics(request: Request):
     return Response(service(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
-from server.routes.common import require_key, service
+from server.routes.common import service
 
-router = APIRouter(dependencies=[Depends(require_key)], tags=["models"])
+router = APIRouter(tags=["models"])
 
 
 @router.get("/v1/models")

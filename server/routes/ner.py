@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 
-from server.routes.common import choose, require_key, run
+from server.routes.common import choose, run
 from server.schemas import NerRequest, NerResponse
 
-router = APIRouter(dependencies=[Depends(require_key)], tags=["ner"])
+router = APIRouter(tags=["ner"])
 
 
 @router.post("/v1/ner", response_model=NerResponse)

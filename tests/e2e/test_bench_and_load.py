@@ -40,12 +40,16 @@ def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
         export.export(tiny_checkpoints["cmow", task], repo / f"cmow-{task}", "onnx")
     out = tmp_path / "reports"
     code = loadrun.main(["--model-repository", str(repo), "--out", str(out), "--users", "3",
-                         "--seconds", "3", "--clients", "4", "--light-seconds", "2"])
+                         "--seconds", "3", "--clients", "4", "--light-seconds", "2",
+                         "--rounds", "2"])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["in_process"]["batched_sentences_per_s"] > 0
-    assert summary["4_clients"]["requests"] > 0
-    assert set(summary["4_clients"]["statuses"]) == {"200"}  # JSON keys
+    assert len(summary["rounds"]) == 2
+    for r in summary["rounds"]:
+        assert r["in_process"]["batched_sentences_per_s"] > 0
+        assert r["many_clients"]["requests"] > 0 and r["many_clients"]["clients"] == 4
+        assert set(r["many_clients"]["statuses"]) == {"200"}  # JSON keys
+    assert summary["service_vs_in_process_throughput"] > 0
     locust = summary["locust"]
     assert locust["failures"] == 0 and locust["requests"] > 0
     assert set(locust["by_route"]) == {"/v1/embed", "/v1/classify", "/v1/ner"}

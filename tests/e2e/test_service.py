@@ -8,6 +8,7 @@ import base64
 import json
 import re
 import shutil
+import time
 
 import httpx
 import numpy as np
@@ -218,6 +219,20 @@ def test_bad_requests_get_the_documented_error(url, route, body, status, words):
     assert set(err) == {"type", "message"} and words in err["message"]
 
 
+def test_a_chunked_body_over_the_limit_gets_413(url):
+    def chunks():  # no Content-Length: the limit applies while the body is read
+        yield b'{"model": "minilm", "inputs": "'
+        for _ in range(300):
+            yield b"y" * 1000
+        yield b'"}'
+
+    res = httpx.post(url + "/v1/embed", content=chunks(),
+                     headers={"content-type": "application/json"})
+    assert res.status_code == 413, res.text
+    assert "over the limit of 200000" in res.json()["error"]["message"]
+    assert post(url, "/v1/embed", {"model": "minilm", "inputs": "fine"}).status_code == 200
+
+
 def test_empty_strings_are_texts_too(url):
     for route, body in (("/v1/embed", {"model": "minilm", "inputs": ""}),
                         ("/v1/embeddings", {"model": "minilm", "input": ""}),
@@ -264,3 +279,27 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         assert httpx.get(u + "/v1/models").status_code == 401
         assert httpx.get(u + "/health").status_code == 200
         assert httpx.get(u + "/ready").status_code == 200
+
+
+def test_inputs_of_a_client_that_went_away_are_not_run(repository, tmp_path):
+    small = tmp_path / "repo"
+    small.mkdir()
+    shutil.copytree(repository / "minilm", small / "minilm")
+    with running_server(small, max_batch_size=1) as u:
+        before = _forward_passes(u, "minilm")
+
+        async def scenario():
+            async with httpx.AsyncClient(timeout=120) as client:
+                busy = asyncio.ensure_future(client.post(u + "/v1/embed", json={
+                    "inputs": ["word " * 300] * 12}))  # 12 forward passes of 256 tokens
+                await asyncio.sleep(0.05)
+                for _ in range(6):  # queued behind them, then gone
+                    with pytest.raises(httpx.TimeoutException):
+                        await client.post(u + "/v1/embed", json={"inputs": ["a", "b"]},
+                                          timeout=0.02)
+                return await busy
+
+        assert asyncio.run(scenario()).status_code == 200
+        time.sleep(0.3)  # let the queue settle
+        assert _forward_passes(u, "minilm") - before == 12
+        assert httpx.post(u + "/v1/embed", json={"inputs": "still serving"}).status_code == 200

@@ -6,6 +6,8 @@ from __future__ import annotations
 import httpx
 import numpy as np
 import pytest
+import torch
+import torch.nn.functional as F
 
 from models import checkpoint, distill, export
 from tests.conftest import running_server
@@ -15,9 +17,12 @@ STUDENTS = {"minialbert": "tiny", "falbert": "tiny", "cmow": "tiny", "bert": Non
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-    """A tiny BERT teacher (2 layers, 4 heads, 32 wide), like the tiny students."""
+    """A tiny BERT teacher (2 layers, 4 heads, 32 wide), like the tiny students, with
+    weights large enough that its layers differ (at the usual 0.02 its attention is
+    uniform and a student copied from its first layer has nothing to learn)."""
     path = tmp_path_factory.mktemp("teacher")
-    return checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=1), path)
+    return checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=1,
+                                          overrides={"initializer_range": 0.3}), path)
 
 
 @pytest.mark.parametrize("family", list(STUDENTS))
@@ -56,3 +61,37 @@ def test_fidelity_of_identical_embeddings_is_perfect():
     scores = distill.fidelity(e, e.copy())
     assert scores["spearman"] > 0.999 and scores["top10_overlap"] == 1.0
     assert distill.fidelity(e, np.random.default_rng(1).normal(size=(30, 8)))["spearman"] < 0.5
+
+
+@pytest.mark.parametrize("family", ["minialbert", "falbert"])
+def test_recursive_students_start_from_the_teacher(teacher, family):
+    """The shared layer is the teacher's first layer, and the factorised embedding (rank
+    16 of 32) points where the teacher's embedding does; random weights do not."""
+    t = distill.Teacher(teacher)
+    student = distill.new_student(family, "tiny", t, seed=0).model
+    _, shared = distill.ALBERT_PARTS[family]
+    params = dict(student.named_parameters())
+    assert torch.equal(params[shared + ".attention.query.weight"],
+                       t.hf.encoder.layer[0].attention.self.query.weight)
+    ids = torch.randint(1000, 30000, (4, 12), generator=torch.Generator().manual_seed(0))
+    types = torch.zeros_like(ids)
+    target = t.hf.embeddings(input_ids=ids, token_type_ids=types)  # [B, T, D]
+
+    def agreement(model):
+        return F.cosine_similarity(model.embed(ids, types), target, dim=-1).mean()
+
+    assert agreement(student) > 0.5
+    assert agreement(checkpoint.new(family, "tiny", "embed", seed=0).model) < 0.2
+
+
+def test_falbert_resumes_each_stage_from_its_own_save(teacher, tmp_path):
+    opts = distill.Options(family="falbert", output=tmp_path / "s", preset="tiny", steps=4,
+                           batch_size=4, max_length=16, teacher=teacher, save_every=2,
+                           held_out=20, corpus_limit=2000)
+    distill.distill(opts, progress=lambda s: None)  # LR steps 1-2, IP steps 3-4
+    seen = []
+    opts.steps = 8  # LR goes on to step 4, then IP from the LR-ALBERT's step 4
+    distill.distill(opts, progress=seen.append)
+    lr = [s for s in seen if s.startswith("lr step")]
+    assert lr and all(s.startswith(("lr step 3/", "lr step 4/")) for s in lr), lr
+    assert any(s.startswith("ip step 8/8") for s in seen)

@@ -1,14 +1,18 @@
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from server.batching import Batcher, Item, QueueFull, pad, take_batch
+from server.batching import Batcher, InputTooLong, Item, QueueFull, pad, take_batch
+
+
+def _encoding(length):
+    return SimpleNamespace(ids=list(range(1, length + 1)), type_ids=[0] * length)
 
 
 def _item(length):
-    return Item(list(range(1, length + 1)), [0] * length, future=None)
+    return Item("text", True, future=None, encoding=_encoding(length))
 
 
 def test_take_batch_starts_with_the_oldest_and_groups_by_length():
@@ -24,29 +28,56 @@ def test_take_batch_respects_the_token_budget():
 
 
 def test_pad_right_pads_with_a_mask():
-    arrays = pad([_item(2), _item(4)])
+    arrays = pad([_encoding(2), _encoding(4)])
     assert arrays["input_ids"].tolist() == [[1, 2, 0, 0], [1, 2, 3, 4]]
     assert arrays["attention_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
 
 
-def test_batcher_merges_waiting_inputs_and_refuses_a_full_queue():
-    sizes = []
+def _batcher(calls, **kw):
+    """Texts are words; a text's encoding has one id per word (each the word's length)."""
+    def encode(texts, truncate):
+        calls.append(("encode", len(texts)))
+        return [SimpleNamespace(ids=[len(w) for w in t.split()],
+                                type_ids=[0] * len(t.split())) for t in texts]
 
     def run(arrays):
-        sizes.append(len(arrays["input_ids"]))
+        calls.append(("run", len(arrays["input_ids"])))
         return arrays["input_ids"].sum(1, keepdims=True).astype(np.float32)
 
+    return Batcher(encode, run, **{
+        "max_length": 8, "max_size": 16, "max_tokens": 1000, "max_queue": 20, **kw})
+
+
+def test_batcher_tokenises_and_merges_waiting_inputs_and_refuses_a_full_queue():
+    calls = []
+
     async def go():
-        b = Batcher(run, ThreadPoolExecutor(1), max_size=16, max_tokens=1000, max_queue=20,
-                    max_wait_s=0.01)
+        b = _batcher(calls, max_wait_s=0.01, max_length=16)
         b.start()
-        items = b.submit([([i, i], [0, 0]) for i in range(10)])
+        items = b.submit(["a " * i + "bb" for i in range(10)], truncate=True)
         with pytest.raises(QueueFull):
-            b.submit([([1], [0])] * 11)
+            b.submit(["x"] * 11, truncate=True)
         results = await asyncio.gather(*(it.future for it in items))
         await b.stop()
         return results
 
     results = asyncio.run(go())
-    assert [float(r[0]) for r in results] == [2.0 * i for i in range(10)]
-    assert sizes == [10]
+    assert [float(r[0]) for r in results] == [i + 2.0 for i in range(10)]
+    assert calls == [("encode", 10), ("run", 10)]  # one tokeniser call, one forward pass
+
+
+def test_an_input_over_max_length_fails_alone():
+    calls = []
+
+    async def go():
+        b = _batcher(calls)
+        b.start()
+        long, short = b.submit(["w " * 9, "w w"], truncate=False)
+        with pytest.raises(InputTooLong, match="input 0 has 9 tokens"):
+            await long.future
+        result = await short.future
+        await b.stop()
+        return result
+
+    assert float(asyncio.run(go())[0]) == 2.0
+    assert ("run", 1) in calls
