@@ -122,9 +122,11 @@ def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
 
     folder = opts.output / "artifacts" / _key(row, backend, loop).replace("/", "_")
     manifest = folder / "manifest.json"
-    if not manifest.exists():
-        source = Path(row.source) if row.source else (
-            opts.output / "artifacts" / f"{row.family}-{row.preset}-{row.overrides}")
+    source = Path(row.source) if row.source else (
+        opts.output / "artifacts" / f"{row.family}-{row.preset}-{row.overrides}")
+    stale = (row.source and manifest.exists()  # a student distilled again since its export
+             and (source / "config.json").stat().st_mtime > manifest.stat().st_mtime)
+    if not manifest.exists() or stale:
         if not (source / "config.json").exists():
             checkpoint.save(checkpoint.new(row.family, row.preset, "embed",
                                            overrides=dict(row.overrides)), source)

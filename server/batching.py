@@ -141,7 +141,13 @@ class Batcher:
             with self.changed:  # inputs whose client has gone are dropped before inference
                 self.pending = [it for it in self.pending if not it.future.done()]
                 pending = list(self.pending)
-            batch, outputs, started = self._step(pending) if pending else ([], None, 0.0)
+            batch, outputs, started = [], None, 0.0
+            try:
+                if pending:
+                    batch, outputs, started = self._step(pending)
+            except Exception as e:  # whatever goes wrong fails these inputs, never hangs them
+                for item in pending:
+                    item.error = item.error or e
             finished = time.perf_counter()
             with self.changed:
                 taken = {id(it) for it in batch}

@@ -75,8 +75,8 @@ class Engine:
             raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
                                  "tokenizer); re-export it with distilserve export")
         self.unk_id = tokenizer.unk_token_id
-        # the Rust tokenizer itself, set up once per truncation mode: calls then only read
-        # it, so requests tokenise concurrently, a whole request in one call
+        # the Rust tokenizer itself, set up once per truncation mode (transformers'
+        # wrapper re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer
         self.word_aware = bool(getattr(rust.model, "continuing_subword_prefix", None))
         self.tokenizers = {}

@@ -62,15 +62,16 @@ def test_default_serves_all_three_tasks_and_they_work(built):
         models = {m["id"]: m["task"] for m in httpx.get(url + "/v1/models").json()["data"]}
         assert models == {"all-minilm-l6-v2": "embed", "minilm-sentiment": "classify",
                           "minilm-ner": "ner"}
-        emb = httpx.post(url + "/v1/embeddings", json={"input": "hello"}).json()
+        emb = httpx.post(url + "/v1/embeddings", json={"input": "hello"}, timeout=60).json()
         assert len(emb["data"][0]["embedding"]) == 384
 
         res = httpx.post(url + "/v1/classify", json={"inputs": POSITIVE + NEGATIVE,
-                                                     "top_k": 1}).json()["results"]
+                                                     "top_k": 1}, timeout=60).json()["results"]
         labels = [r[0]["label"] for r in res]
         assert labels == ["positive"] * 5 + ["negative"] * 5
 
-        res = httpx.post(url + "/v1/ner", json={"inputs": [t for t, _ in NATURAL]}).json()
+        res = httpx.post(url + "/v1/ner", json={"inputs": [t for t, _ in NATURAL]},
+                         timeout=60).json()
         for (text, expected), found in zip(NATURAL, res["results"]):
             got = {(e["entity_group"], e["word"]) for e in found}
             assert expected <= got, (text, found)
