@@ -61,20 +61,23 @@ class InProcess:
     a batch) and the latency of one sentence (tokenise, run, normalise)."""
 
     def __init__(self, folder: Path):
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
         from models.runtime import open_backend
 
         manifest = json.loads((folder / "manifest.json").read_text())
         self.backend = open_backend(manifest["backend"], folder, manifest["artifact"], 0,
                                     manifest.get("num_iterations"))
-        self.tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
+        # the Rust tokenizer called directly, as the service does (no transformers wrapper)
+        self.tokenizer = Tokenizer.from_file(str(folder / "checkpoint" / "tokenizer.json"))
+        self.tokenizer.no_padding()
+        self.tokenizer.enable_truncation(manifest["max_length"])
         self.run(samples.SENTENCES[:32])
 
     def run(self, texts: list[str]) -> np.ndarray:
         from server.batching import pad
 
-        out = self.backend.run(pad(self.tokenizer(texts).encodings))
+        out = self.backend.run(pad(self.tokenizer.encode_batch(texts)))
         return out / np.linalg.norm(out, axis=-1, keepdims=True)
 
     def measure(self, seconds: float) -> dict:

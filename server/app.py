@@ -20,6 +20,7 @@ from server.engine import Engine, ModelLoadError, load_engine
 from server.metrics import Metrics
 from server.routes import classify, embed, health, ner
 from server.routes import models as models_route
+from server.routes.direct import DirectLane
 from server.settings import Settings
 
 log = logging.getLogger("distilserve")
@@ -174,6 +175,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None)
     errors.install(app)
 
     key = settings.api_key.get_secret_value() if settings.api_key else None
+    app.add_middleware(DirectLane)  # the embedding routes, answered without FastAPI's stack
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Record)  # outermost: counts the 401s and 413s too

@@ -1,4 +1,5 @@
-"""One error shape, {"error": {"type", "message"}}, and the handlers that produce it."""
+"""One error shape, {"error": {"type", "message"}}, and the handlers that produce it (the
+embedding routes' direct lane, server/routes/direct.py, renders the same responses)."""
 
 from __future__ import annotations
 
@@ -25,13 +26,24 @@ def _location(loc) -> str:
     return ".".join(parts) or "body"
 
 
+def api_error(exc: ApiError) -> JSONResponse:
+    return JSONResponse(body(exc.kind, exc.message), exc.status, headers=exc.headers)
+
+
+def http_error(exc: StarletteHTTPException) -> JSONResponse:
+    kind = {404: "not_found", 405: "method_not_allowed",
+            413: "payload_too_large"}.get(exc.status_code, "http_error")
+    return JSONResponse(body(kind, str(exc.detail)), exc.status_code,
+                        headers=getattr(exc, "headers", None))
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def api_error(request: Request, exc: ApiError):
-        return JSONResponse(body(exc.kind, exc.message), exc.status, headers=exc.headers)
+    async def on_api_error(request: Request, exc: ApiError):
+        return api_error(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, exc: RequestValidationError):
+    async def on_validation_error(request: Request, exc: RequestValidationError):
         problems = []
         for e in exc.errors():
             loc = e.get("loc", ())
@@ -44,12 +56,9 @@ def install(app: FastAPI) -> None:
         return JSONResponse(body("invalid_request", "; ".join(dict.fromkeys(problems))), 422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
-        kind = {404: "not_found", 405: "method_not_allowed",
-                413: "payload_too_large"}.get(exc.status_code, "http_error")
-        return JSONResponse(body(kind, str(exc.detail)), exc.status_code,
-                            headers=getattr(exc, "headers", None))
+    async def on_http_error(request: Request, exc: StarletteHTTPException):
+        return http_error(exc)
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception):
+    async def on_internal_error(request: Request, exc: Exception):
         return JSONResponse(body("internal_error", f"{type(exc).__name__}: {exc}"), 500)

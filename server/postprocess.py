@@ -27,15 +27,17 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def normalize(v: np.ndarray) -> np.ndarray:
-    return v / max(float(np.linalg.norm(v)), 1e-12)
+    """Unit length along the last axis: one vector, or the rows of [N, D]."""
+    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
 
 
-def embedding_payload(v: np.ndarray, encoding_format: str) -> list[float] | str:
-    """OpenAI's encodings: a float list, or base64 of little-endian float32 bytes."""
-    v = np.asarray(v, dtype="<f4")
+def embedding_payload(v: np.ndarray, encoding_format: str) -> np.ndarray | str:
+    """OpenAI's encodings: float32 numbers (the array, for a JSON list), or base64 of
+    little-endian float32 bytes."""
+    v = np.ascontiguousarray(v, dtype="<f4")
     if encoding_format == "base64":
         return base64.b64encode(v.tobytes()).decode("ascii")
-    return v.tolist()
+    return v
 
 
 def classification(logits: np.ndarray, labels: list[str], top_k: int | None) -> list[dict]:

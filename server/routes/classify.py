@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request
 
 from server import postprocess
-from server.routes.common import choose, run
+from server.routes.common import choose, reply, run
 from server.schemas import ClassifyRequest, ClassifyResponse
 
 router = APIRouter(tags=["classification"])
 
 
 @router.post("/v1/classify", response_model=ClassifyResponse)
-async def classify(body: ClassifyRequest, request: Request, response: Response):
+async def classify(body: ClassifyRequest, request: Request):
     engine = choose(request, body.model, "classify")
-    result = await run(request, response, engine, body.texts, body.truncate)
-    return ClassifyResponse(model=engine.name, results=[
+    result = await run(request, engine, body.texts, body.truncate)
+    return reply({"model": engine.name, "results": [
         postprocess.classification(logits, engine.labels, body.top_k)
-        for logits in result.outputs])
+        for logits in result.outputs]}, result)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 from fastapi import Request, Response
 
 from server.engine import Engine, InputTooLong, QueueFull, Result
@@ -57,26 +58,37 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def run(request: Request, response: Response, engine: Engine, texts: list,
-              truncate: bool) -> Result:
+async def run(request: Request, engine: Engine, texts: list, truncate: bool) -> Result:
     """Runs the texts on the engine; drops them from the queue if the client goes away."""
     check_limits(request, texts)
-    work = asyncio.ensure_future(engine.run(texts, truncate))
+    task = asyncio.current_task()
     watch = asyncio.ensure_future(_disconnected(request))
+    watch.add_done_callback(lambda w: w.cancelled() or task.cancel())
     try:
-        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watch.cancel()
-    if not work.done():
-        work.cancel()
-        raise ApiError(499, "client_closed", "the client closed the connection")
-    try:
-        result = work.result()
+        return await engine.run(texts, truncate)  # cancelled: its inputs leave the queue
+    except asyncio.CancelledError:
+        if not watch.done() or watch.cancelled():
+            raise  # not the client's doing
+        task.uncancel()
+        raise ApiError(499, "client_closed", "the client closed the connection") from None
     except InputTooLong as e:
         raise ApiError(413, "input_too_long", str(e)) from None
     except QueueFull as e:
         raise ApiError(429, "overloaded", f"model {engine.name!r} is busy ({e}); retry "
                        "after a moment", {"Retry-After": "1"}) from None
-    response.headers["x-queue-time-ms"] = f"{result.queued_s * 1000:.2f}"
-    response.headers["x-inference-time-ms"] = f"{result.inference_s * 1000:.2f}"
-    return result
+    finally:
+        watch.cancel()
+
+
+def reply(payload: dict, result: Result) -> Response:
+    """The JSON response, with the time its inputs spent queued and in inference. orjson
+    writes numpy arrays and scalars as they are: an embedding costs no Python floats, and
+    no second validation (the route's response_model documents the shape)."""
+    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
+                    media_type="application/json",
+                    headers={"x-queue-time-ms": f"{result.queued_s * 1000:.2f}",
+                             "x-inference-time-ms": f"{result.inference_s * 1000:.2f}"})
+
+
+def usage(result: Result) -> dict:
+    return {"prompt_tokens": result.tokens, "total_tokens": result.tokens}

@@ -2,36 +2,34 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+import numpy as np
+from fastapi import APIRouter, Request
 
 from server import postprocess
-from server.routes.common import choose, run
-from server.schemas import (
-    EmbeddingItem,
-    EmbeddingsRequest,
-    EmbeddingsResponse,
-    EmbedRequest,
-    EmbedResponse,
-    Usage,
-)
+from server.routes.common import choose, reply, run, usage
+from server.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest, EmbedResponse
 
 router = APIRouter(tags=["embeddings"])
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse)
-async def embeddings(body: EmbeddingsRequest, request: Request, response: Response):
+async def embeddings(body: EmbeddingsRequest, request: Request):
     engine = choose(request, body.model, "embed")
-    result = await run(request, response, engine, body.texts, truncate=True)
-    data = [EmbeddingItem(index=i, embedding=postprocess.embedding_payload(
-        postprocess.normalize(v), body.encoding_format)) for i, v in enumerate(result.outputs)]
-    return EmbeddingsResponse(data=data, model=engine.name,
-                              usage=Usage(prompt_tokens=result.tokens, total_tokens=result.tokens))
+    result = await run(request, engine, body.texts, truncate=True)
+    vectors = postprocess.normalize(np.stack(result.outputs))  # [N, D]
+    data = [{"object": "embedding", "index": i,
+             "embedding": postprocess.embedding_payload(v, body.encoding_format)}
+            for i, v in enumerate(vectors)]
+    return reply({"object": "list", "data": data, "model": engine.name,
+                  "usage": usage(result)}, result)
 
 
 @router.post("/v1/embed", response_model=EmbedResponse)
-async def embed(body: EmbedRequest, request: Request, response: Response):
+async def embed(body: EmbedRequest, request: Request):
     engine = choose(request, body.model, "embed")
-    result = await run(request, response, engine, body.texts, body.truncate)
-    vectors = [postprocess.normalize(v) if body.normalize else v for v in result.outputs]
-    return EmbedResponse(model=engine.name, embeddings=[v.tolist() for v in vectors],
-                         usage=Usage(prompt_tokens=result.tokens, total_tokens=result.tokens))
+    result = await run(request, engine, body.texts, body.truncate)
+    vectors = np.stack(result.outputs)  # [N, D]
+    if body.normalize:
+        vectors = postprocess.normalize(vectors)
+    return reply({"model": engine.name, "embeddings": vectors, "usage": usage(result)},
+                 result)

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Request
 
-from server.routes.common import choose, run
+from server.routes.common import choose, reply, run
 from server.schemas import NerRequest, NerResponse
 
 router = APIRouter(tags=["ner"])
 
 
 @router.post("/v1/ner", response_model=NerResponse)
-async def ner(body: NerRequest, request: Request, response: Response):
+async def ner(body: NerRequest, request: Request):
     engine = choose(request, body.model, "ner")
     texts = body.texts
-    result = await run(request, response, engine, texts, body.truncate)
+    result = await run(request, engine, texts, body.truncate)
     results = await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [engine.entities(text, output, body.aggregation_strategy)
                  for text, output in zip(texts, result.outputs)])
-    return NerResponse(model=engine.name, results=results)
+    return reply({"model": engine.name, "results": results}, result)

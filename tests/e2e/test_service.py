@@ -219,6 +219,31 @@ def test_bad_requests_get_the_documented_error(url, route, body, status, words):
     assert set(err) == {"type", "message"} and words in err["message"]
 
 
+def test_the_embedding_lane_answers_as_fastapi_does(url):
+    # /v1/embed is answered by server/routes/direct.py, /v1/ner by FastAPI: the same
+    # mistake gets the same error from both
+    for body, status in (({"inputs": 5}, 422), ({"model": "nope", "inputs": "x"}, 404),
+                         ({"inputs": "x" * 2001}, 413)):
+        lane, fastapi = (post(url, route, {"model": model, **body}) for route, model in
+                         (("/v1/embed", "minilm"), ("/v1/ner", "bert-ner-onnx")))
+        assert lane.status_code == fastapi.status_code == status
+        assert lane.json() == fastapi.json()
+    # a body that is not JSON is left to FastAPI, which refuses it as before
+    res = httpx.post(url + "/v1/embed", content=b'{"inputs": "x"}',
+                     headers={"content-type": "text/plain"})
+    assert res.status_code == 422 and res.json()["error"]["type"] == "invalid_request"
+    assert httpx.get(url + "/v1/embed").status_code == 405
+
+
+def test_openapi_documents_every_route(url):
+    schema = httpx.get(url + "/openapi.json").json()
+    for route in ("/v1/embeddings", "/v1/embed", "/v1/classify", "/v1/ner"):
+        post_op = schema["paths"][route]["post"]
+        assert "requestBody" in post_op and "200" in post_op["responses"], route
+    assert "EmbedResponse" in schema["components"]["schemas"]
+    assert httpx.get(url + "/docs").status_code == 200
+
+
 def test_a_chunked_body_over_the_limit_gets_413(url):
     def chunks():  # no Content-Length: the limit applies while the body is read
         yield b'{"model": "minilm", "inputs": "'

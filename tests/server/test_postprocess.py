@@ -22,7 +22,15 @@ def test_base64_is_little_endian_float32():
     v = np.array([1.5, -2.0, 0.25])
     raw = base64.b64decode(postprocess.embedding_payload(v, "base64"))
     assert np.frombuffer(raw, "<f4").tolist() == [1.5, -2.0, 0.25]
-    assert postprocess.embedding_payload(v, "float") == [1.5, -2.0, 0.25]
+    floats = postprocess.embedding_payload(v, "float")
+    assert floats.dtype == np.float32 and floats.tolist() == [1.5, -2.0, 0.25]
+
+
+def test_normalize_rows_each_to_unit_length_and_leaves_zeros():
+    rows = np.array([[3.0, 4.0], [0.0, 0.0], [0.0, -2.0]], dtype=np.float32)
+    out = postprocess.normalize(rows)
+    assert np.allclose(out, [[0.6, 0.8], [0.0, 0.0], [0.0, -1.0]])
+    assert np.allclose(postprocess.normalize(rows[0]), [0.6, 0.8])
 
 
 def _logits(tags):
