@@ -61,11 +61,16 @@ async def _disconnected(request: Request) -> None:
 async def run(request: Request, engine: Engine, texts: list, truncate: bool) -> Result:
     """Runs the texts on the engine; drops them from the queue if the client goes away."""
     check_limits(request, texts)
-    task = asyncio.current_task()
+    task, running = asyncio.current_task(), True
+
+    def client_gone(watch: asyncio.Task) -> None:
+        if running and not watch.cancelled():
+            task.cancel()  # engine.run below is cancelled: its inputs leave the queue
+
     watch = asyncio.ensure_future(_disconnected(request))
-    watch.add_done_callback(lambda w: w.cancelled() or task.cancel())
+    watch.add_done_callback(client_gone)
     try:
-        return await engine.run(texts, truncate)  # cancelled: its inputs leave the queue
+        return await engine.run(texts, truncate)
     except asyncio.CancelledError:
         if not watch.done() or watch.cancelled():
             raise  # not the client's doing
@@ -77,6 +82,7 @@ async def run(request: Request, engine: Engine, texts: list, truncate: bool) -> 
         raise ApiError(429, "overloaded", f"model {engine.name!r} is busy ({e}); retry "
                        "after a moment", {"Retry-After": "1"}) from None
     finally:
+        running = False  # a disconnect noticed from now on cancels nothing
         watch.cancel()
 
 
