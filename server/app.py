@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
 
 from server import errors
 from server.engine import Engine, ModelLoadError, load_engine
@@ -84,8 +85,8 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope.get("headers") or {}).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
+        length = Headers(scope=scope).get("content-length", "")
+        if length.isdecimal() and int(length) > self.limit:
             response = JSONResponse(errors.body("payload_too_large",
                                                 self._message(str(int(length)))), 413)
             return await response(scope, receive, send)
@@ -115,9 +116,9 @@ class ApiKey:
     async def __call__(self, scope, receive, send):
         if self.key is None or scope["type"] != "http" or scope["path"] in self.PUBLIC:
             return await self.app(scope, receive, send)
-        header = dict(scope.get("headers") or {}).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self.key):
+        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+                token.strip().encode("latin-1"), self.key):
             response = JSONResponse(
                 errors.body("unauthorized", "missing or wrong API key: send "
                             "'Authorization: Bearer KEY'"), 401,
@@ -175,7 +176,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None)
     errors.install(app)
 
     key = settings.api_key.get_secret_value() if settings.api_key else None
-    app.add_middleware(DirectLane)  # the embedding routes, answered without FastAPI's stack
+    app.add_middleware(DirectLane)  # the inference routes, answered without FastAPI's stack
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Record)  # outermost: counts the 401s and 413s too

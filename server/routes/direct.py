@@ -1,14 +1,15 @@
-"""POST /v1/embed and /v1/embeddings without FastAPI's per-request machinery.
+"""The inference routes (POST /v1/embeddings, /v1/embed, /v1/classify, /v1/ner) without
+FastAPI's per-request machinery.
 
-Embedding requests come hundreds a second, often one short text each. FastAPI's routing,
-dependency solving and exception middleware took 0.12 ms of event-loop time per request,
-40% of the loop's time under load; on 2 cores that time is taken from the model. This ASGI
-middleware answers the two embedding routes itself, with the same pydantic request
-models, the same route functions (server/routes/embed.py) and the same error responses
+Requests come hundreds a second, often one short text each. FastAPI's routing, dependency
+solving and exception middleware took 0.12 ms of event-loop time per request, 40% of the
+loop's time under load (measured on /v1/embed); on 2 cores that time is taken from the
+model. This ASGI middleware answers the inference routes itself, with the same pydantic
+request models, the same route functions and the same error responses
 (server/errors.py), inside the app's own middlewares (API key, body limit, metrics).
-FastAPI still documents both routes (/docs) and serves every other route. A request the
-lane does not take (another method, a body that is not JSON) and a body that does not
-validate go on to FastAPI, so that every client error is FastAPI's own.
+FastAPI still documents them (/docs) and serves every other route. A request the lane
+does not take (another method, a body that is not JSON) and a body that does not validate
+go on to FastAPI, so that every client error is FastAPI's own.
 """
 
 from __future__ import annotations
@@ -16,24 +17,25 @@ from __future__ import annotations
 import json
 
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from server import errors
-from server.routes import embed
-from server.schemas import EmbeddingsRequest, EmbedRequest
+from server.routes import classify, embed, ner
+from server.schemas import ClassifyRequest, EmbeddingsRequest, EmbedRequest, NerRequest
 
-ROUTES = {"/v1/embed": (EmbedRequest, embed.embed),
-          "/v1/embeddings": (EmbeddingsRequest, embed.embeddings)}
+# path -> (request model, route function(body, request))
+ROUTES = {"/v1/embeddings": (EmbeddingsRequest, embed.embeddings),
+          "/v1/embed": (EmbedRequest, embed.embed),
+          "/v1/classify": (ClassifyRequest, classify.classify),
+          "/v1/ner": (NerRequest, ner.ner)}
 
 
 def _json_body(scope) -> bool:
     """Content-Type application/json or any +json type: a body FastAPI reads as JSON."""
-    for name, value in scope["headers"]:
-        if name == b"content-type":
-            kind = value.partition(b";")[0].strip().lower()
-            return kind == b"application/json" or kind.endswith(b"+json")
-    return False
+    kind = Headers(scope=scope).get("content-type", "").partition(";")[0].strip().lower()
+    return kind == "application/json" or kind.endswith("+json")
 
 
 def _replay(body: bytes, receive):
@@ -54,7 +56,8 @@ class DirectLane:
     def __init__(self, app):
         self.app = app
         # FastAPI's own route objects, which the metrics read the route's label from
-        self.routes = {r.path: r for r in embed.router.routes if r.path in ROUTES}
+        self.routes = {r.path: r for router in (embed.router, classify.router, ner.router)
+                       for r in router.routes}
 
     async def __call__(self, scope, receive, send):
         lane = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
