@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 
-from pydantic import ValidationError
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -72,7 +71,7 @@ class DirectLane:
             return await errors.http_error(e)(scope, receive, send)
         try:
             body = model.model_validate(json.loads(raw))
-        except (ValueError, ValidationError):  # malformed or invalid: FastAPI says why
+        except Exception:  # malformed, invalid, nested too deep...: FastAPI says why
             return await self.app(scope, _replay(raw, receive), send)
         try:
             response = await endpoint(body, request)

@@ -187,6 +187,7 @@ def test_concurrent_requests_are_batched_and_unchanged(url):
 
 BAD = [
     ("/v1/embed", b'{"inputs": ', 422, "malformed JSON"),
+    ("/v1/embed", b"[" * 50_000 + b"]" * 50_000, 400, "error parsing the body"),
     ("/v1/embed", {"inputs": 5}, 422, "inputs"),
     ("/v1/embed", {"model": "minilm", "inputs": []}, 422, "at least 1"),
     ("/v1/embeddings", {"model": "minilm", "input": "x", "encoding_format": "int8"}, 422,
