@@ -164,13 +164,10 @@ class Batcher:
             fresh = [it for it in pending if it.encoding is None and it.truncate is truncate]
             if not fresh:
                 continue
-            try:
-                encodings = self.encode([it.text for it in fresh], truncate)
-            except Exception as e:  # fails these inputs, not the queue
-                for item in fresh:
-                    item.error = e
-                continue
-            for item, enc in zip(fresh, encodings):
+            for item, enc in zip(fresh, self._encode_each(fresh, truncate)):
+                if isinstance(enc, Exception):
+                    item.error = enc
+                    continue
                 item.encoding = enc
                 if len(enc.ids) > self.max_length:
                     item.error = InputTooLong(
@@ -187,6 +184,22 @@ class Batcher:
         except Exception as e:  # a model failure fails its batch, not the service
             outputs = e
         return batch, outputs, started
+
+    def _encode_each(self, items: list[Item], truncate: bool) -> list:
+        """Their encodings, in one call; if that call fails, one call each, so that a text
+        the tokenizer refuses fails alone (its exception in its place), not its cohort."""
+        texts = [it.text for it in items]
+        try:
+            return self.encode(texts, truncate)
+        except Exception:
+            pass
+        out = []
+        for text in texts:
+            try:
+                out.append(self.encode([text], truncate)[0])
+            except Exception as e:
+                out.append(e)
+        return out
 
     # back on the event loop -------------------------------------------------------------
     def _deliver(self, batch: list[Item], outputs: Any, failed: list[Item], started: float,

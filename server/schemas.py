@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 Strategy = Literal["none", "simple", "first", "average", "max"]
 Texts = str | Annotated[list[str], Field(min_length=1)]
@@ -20,6 +21,20 @@ class _Request(BaseModel):
         value = self.inputs if hasattr(self, "inputs") else self.input
         items = [value] if isinstance(value, str) else value
         return [x if isinstance(x, str) else (x[0], x[1]) for x in items]
+
+    @model_validator(mode="after")
+    def _unicode(self):
+        """JSON's \\uXXXX escapes can spell lone surrogates, which are no text at all (the
+        tokenizer cannot take them)."""
+        for i, text in enumerate(self.texts):
+            for part in (text,) if isinstance(text, str) else text:
+                try:
+                    part.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise PydanticCustomError(
+                        "invalid_text", "input {i} is not valid Unicode: a lone surrogate "
+                        "at character {at}", {"i": i, "at": e.start}) from None
+        return self
 
 
 class EmbeddingsRequest(_Request):

@@ -81,3 +81,27 @@ def test_an_input_over_max_length_fails_alone():
 
     assert float(asyncio.run(go())[0]) == 2.0
     assert ("run", 1) in calls
+
+
+def test_a_text_the_tokenizer_refuses_fails_alone():
+    calls = []
+
+    async def go():
+        b = _batcher(calls)
+        encode = b.encode
+
+        def picky(texts, truncate):  # refuses any call holding "bad"
+            if "bad" in texts:
+                raise TypeError("cannot encode")
+            return encode(texts, truncate)
+
+        b.encode = picky
+        b.start()
+        good, bad, other = b.submit(["a b", "bad", "c d e"], truncate=True)
+        with pytest.raises(TypeError, match="cannot encode"):
+            await bad.future
+        results = await asyncio.gather(good.future, other.future)
+        await b.stop()
+        return results
+
+    assert [float(r[0]) for r in asyncio.run(go())] == [2.0, 3.0]
