@@ -86,6 +86,12 @@ def _faker(seed: int):
 
     fake = Faker(["en_US", "en_GB", "de_DE", "fr_FR", "es_ES", "it_IT"])
     fake.seed_instance(seed)
+    # it_IT builds its list of cities from a set, whose order follows the process's string
+    # hashing (random per process): sorted, the same seed gives the same data in every run
+    for factory in fake.factories:
+        for provider in factory.providers:
+            if isinstance(getattr(provider, "cities", None), list):
+                provider.cities = sorted(provider.cities)
     return fake
 
 
