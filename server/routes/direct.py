@@ -8,8 +8,9 @@ model. This ASGI middleware answers the inference routes itself, with the same p
 request models, the same route functions and the same error responses
 (server/errors.py), inside the app's own middlewares (API key, body limit, metrics).
 FastAPI still documents them (/docs) and serves every other route. A request the lane
-does not take (another method, a body that is not JSON) and a body that does not validate
-go on to FastAPI, so that every client error is FastAPI's own.
+does not take (another method, a body that is not JSON) and a body that does not parse or
+validate go on to FastAPI, so that those errors are FastAPI's own; the errors the route
+functions raise get the response FastAPI's handler gives them (errors.api_error).
 """
 
 from __future__ import annotations
