@@ -16,6 +16,7 @@ functions raise get the response FastAPI's handler gives them (errors.api_error)
 from __future__ import annotations
 
 import json
+from typing import get_type_hints
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -23,13 +24,8 @@ from starlette.requests import Request
 
 from server import errors
 from server.routes import classify, embed, ner
-from server.schemas import ClassifyRequest, EmbeddingsRequest, EmbedRequest, NerRequest
 
-# path -> (request model, route function(body, request))
-ROUTES = {"/v1/embeddings": (EmbeddingsRequest, embed.embeddings),
-          "/v1/embed": (EmbedRequest, embed.embed),
-          "/v1/classify": (ClassifyRequest, classify.classify),
-          "/v1/ner": (NerRequest, ner.ner)}
+ROUTERS = (embed.router, classify.router, ner.router)  # every route: f(body, request)
 
 
 def _json_body(scope) -> bool:
@@ -55,16 +51,16 @@ def _replay(body: bytes, receive):
 class DirectLane:
     def __init__(self, app):
         self.app = app
-        # FastAPI's own route objects, which the metrics read the route's label from
-        self.routes = {r.path: r for router in (embed.router, classify.router, ner.router)
-                       for r in router.routes}
+        # path -> FastAPI's route (the metrics read its label from it) and its body's model
+        self.routes = {r.path: (r, get_type_hints(r.endpoint)["body"])
+                       for router in ROUTERS for r in router.routes}
 
     async def __call__(self, scope, receive, send):
-        lane = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
+        lane = self.routes.get(scope["path"]) if scope["type"] == "http" else None
         if lane is None or scope["method"] != "POST" or not _json_body(scope):
             return await self.app(scope, receive, send)
-        model, endpoint = lane
-        scope["route"] = self.routes[scope["path"]]
+        route, model = lane
+        scope["route"] = route
         request = Request(scope, receive)
         try:
             raw = await request.body()
@@ -75,7 +71,7 @@ class DirectLane:
         except Exception:  # malformed, invalid, nested too deep...: FastAPI says why
             return await self.app(scope, _replay(raw, receive), send)
         try:
-            response = await endpoint(body, request)
+            response = await route.endpoint(body, request)
         except errors.ApiError as e:
             response = errors.api_error(e)
         await response(scope, receive, send)
