@@ -59,6 +59,8 @@ class Options:
     repeats: int = 3
     latency_runs: int = 20
     threads: int = 0
+    device: str = "cpu"  # cpu or cuda[:N]: on a GPU, the torch and torchscript backends
+    dtype: str = "fp32"
     backends: tuple = BACKENDS
     rows: list = dataclasses.field(default_factory=lambda: list(PAPER_ROWS))
 
@@ -104,6 +106,27 @@ def gemm_rates(threads: int, runs: int = 5) -> dict[str, float]:
     return rates
 
 
+def gpu_gemm_rates(device: str, dtype: str, runs: int = 10) -> dict[str, float]:
+    """The GPU's matmul rate in FLOP/s at the compute dtype (square 8192 and the FFN shape)."""
+    import torch
+
+    from models.runtime.torch_device import TORCH_DTYPES
+
+    rates = {}
+    for name, (m, k, n) in {"square 8192": (8192, 8192, 8192),
+                            "ffn 16384x768x3072": (16384, 768, 3072)}.items():
+        a = torch.randn(m, k, device=device, dtype=TORCH_DTYPES[dtype])
+        b = torch.randn(k, n, device=device, dtype=TORCH_DTYPES[dtype])
+        a @ b
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(runs):
+            a @ b
+        torch.cuda.synchronize()
+        rates[f"torch {dtype} {name}"] = 2 * m * k * n * runs / (time.perf_counter() - t)
+    return rates
+
+
 def flops_per_sentence(model, length: int) -> int:
     """Counted, not estimated: every matmul of one forward pass over one sentence
     (recursion and attention included), via torch's FlopCounterMode."""
@@ -136,7 +159,20 @@ def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
     m = json.loads(manifest.read_text())
     return {"backend": m["backend"], "folder": str(folder), "artifact": m["artifact"],
             "num_iterations": m["num_iterations"], "parameters": m["parameters"],
+            "dtypes": export.allowed_dtypes(m),
             "parity": m["parity"]["max_abs_diff"], "quantization": m["quantization"]}
+
+
+def _versions(device: str) -> dict[str, str]:
+    """What the report was measured with."""
+    import platform
+
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    if device != "cpu":
+        out.update(gpu=torch.cuda.get_device_name(), cuda=str(torch.version.cuda))
+    return out
 
 
 def student_rows(folder: Path) -> list[Row]:
@@ -149,8 +185,9 @@ def student_rows(folder: Path) -> list[Row]:
     return rows
 
 
-def _key(row: Row, backend: str, loop: str) -> str:
-    return f"{row.name}|{backend}|{loop}"
+def _key(row: Row, backend: str, loop: str, opts: Options | None = None) -> str:
+    where = f"|{opts.device}|{opts.dtype}" if opts and opts.device != "cpu" else ""
+    return f"{row.name}|{backend}|{loop}{where}"
 
 
 def _loops(row: Row, backend: str) -> tuple:
@@ -170,12 +207,16 @@ def run(opts: Options, progress=print) -> list[dict]:
                 r = json.loads(line)
                 done[r["key"]] = r
     threads = opts.threads or os.cpu_count() or 1
-    progress(f"measuring the fp32 GEMM rate ({threads} threads)")
-    rates = gemm_rates(threads)
+    if opts.device == "cpu":
+        progress(f"measuring the fp32 GEMM rate ({threads} threads)")
+        rates = gemm_rates(threads)
+    else:
+        progress(f"measuring the {opts.dtype} GEMM rate on {opts.device}")
+        rates = gpu_gemm_rates(opts.device, opts.dtype)
     gemm = max(rates.values())
     jobs = [(row, b, loop) for row in opts.rows for b in opts.backends for loop in _loops(row, b)]
     for n, (row, backend, loop) in enumerate(jobs, 1):
-        key = _key(row, backend, loop)
+        key = _key(row, backend, loop, opts)
         if key in done:
             continue
         progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}: preparing")
@@ -185,7 +226,8 @@ def run(opts: Options, progress=print) -> list[dict]:
         del model
         progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}: measuring")
         spec.update(batch_size=opts.batch_size, length=opts.length, batches=opts.batches,
-                    repeats=opts.repeats, latency_runs=opts.latency_runs, threads=threads)
+                    repeats=opts.repeats, latency_runs=opts.latency_runs, threads=threads,
+                    device=opts.device, dtype=opts.dtype)
         out = subprocess.run([sys.executable, "-m", "bench.worker", json.dumps(spec)],
                              capture_output=True, text=True, cwd=Path(__file__).parent.parent)
         if out.returncode != 0:
@@ -199,6 +241,8 @@ def run(opts: Options, progress=print) -> list[dict]:
             result["fidelity"] = distilled["fidelity"]
         record = {"key": key, "model": row.name, "family": row.family, "preset": row.preset,
                   "overrides": dict(row.overrides), "backend": backend,
+                  "device": opts.device, "dtype": opts.dtype,
+                  "column": backend if opts.device == "cpu" else f"{backend} {opts.dtype}",
                   "loop": loop if row.family in RECURSIVE else None,
                   "parameters": spec["parameters"], "flops_per_sentence": flops,
                   "gemm_gflop_per_s": gemm / 1e9, "batch_size": opts.batch_size,
@@ -212,12 +256,13 @@ def run(opts: Options, progress=print) -> list[dict]:
         if "gflop_per_s" in r:
             r.update(gemm_gflop_per_s=gemm / 1e9, efficiency=r["gflop_per_s"] * 1e9 / gemm)
     (opts.output / "results.json").write_text(json.dumps(
-        {"machine": {"cores": os.cpu_count(), "gemm_gflop_per_s": gemm / 1e9,
+        {"machine": {"cores": os.cpu_count(), "device": opts.device, "dtype": opts.dtype,
+                     "gemm_gflop_per_s": gemm / 1e9,
                      "gemm_gflop_per_s_by_library": {k: v / 1e9 for k, v in rates.items()}},
          "settings": {"batch_size": opts.batch_size, "length": opts.length,
                       "batches": opts.batches, "repeats": opts.repeats},
          "results": results}, indent=2) + "\n")
     from bench import report
 
-    report.write(opts.output, results, gemm, rates)
+    report.write(opts.output, results, gemm, rates, _versions(opts.device))
     return results

@@ -21,29 +21,55 @@ CLAIMS = [
     ("MiniALBERT-768 vs DistilBERT", "MiniALBERT-768", "DistilBERT", "memory", 1.0,
      "MiniALBERT paper"),
 ]
-QUANTITY = {"speed": "sentences_per_s", "memory": "peak_rss_mb"}
 
 
-def _get(results, model, backend, loop="unroll"):
+def column(r: dict) -> str:
+    """The report's column: the backend, with the dtype on a GPU ("torch fp16")."""
+    return r.get("column", r["backend"])
+
+
+def quantity(r: dict, what: str) -> float:
+    """Speed is sentences/s; memory is peak GPU memory on a GPU, peak RSS on the CPU."""
+    if what == "speed":
+        return r["sentences_per_s"]
+    return r["peak_gpu_mb"] if "peak_gpu_mb" in r else r["peak_rss_mb"]
+
+
+def _get(results, model, col, loop="unroll"):
     for r in results:
-        if r["model"] == model and r["backend"] == backend and (r["loop"] in (None, loop)) \
+        if r["model"] == model and column(r) == col and (r["loop"] in (None, loop)) \
                 and "error" not in r:
             return r
     return None
 
 
-def write(folder: Path, results: list[dict], gemm: float, rates: dict | None = None) -> None:
-    backends = list(dict.fromkeys(r["backend"] for r in results))
+def _machine(results: list[dict], gemm: float, rates: dict | None,
+             versions: dict | None) -> str:
+    on_gpu = [r for r in results if r.get("device", "cpu") != "cpu"]
+    where = (f"{(versions or {}).get('gpu', 'a GPU')} (CUDA {(versions or {}).get('cuda')}), "
+             f"GEMM at the compute dtype {gemm / 1e12:.0f} TFLOP/s" if on_gpu else
+             f"{__import__('os').cpu_count()} cores, fp32 GEMM {gemm / 1e9:.0f} GFLOP/s")
+    used = ", ".join(f"{k} {v}" for k, v in (versions or {}).items() if k not in ("gpu", "cuda"))
+    return (f"Machine: {where} measured in this run (" +
+            ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (rates or {}).items()) +
+            f"); {used}. Memory is " +
+            ("peak GPU memory (torch.cuda.max_memory_allocated)" if on_gpu else
+             "peak RSS of the measuring process") + ".")
+
+
+def write(folder: Path, results: list[dict], gemm: float, rates: dict | None = None,
+          versions: dict | None = None) -> None:
+    backends = list(dict.fromkeys(column(r) for r in results))
+    quick = results and all(r.get("preset") == "tiny" for r in results)
+    sizes = ("the tiny test presets (--quick: a check that the harness works, not the "
+             "papers' sizes)" if quick else "the papers' sizes")
     lines = ["# distilserve bench", "",
-             f"Machine: {__import__('os').cpu_count()} cores, fp32 GEMM "
-             f"{gemm / 1e9:.0f} GFLOP/s measured in this run (the best of: " +
-             ", ".join(f"{k} {v / 1e9:.0f}" for k, v in (rates or {}).items()) +
-             "); efficiency is achieved FLOP/s (counted FLOPs x sentences/s) over it. "
-             "Batches of "
+             _machine(results, gemm, rates, versions) + " Efficiency is achieved FLOP/s "
+             "(counted FLOPs x sentences/s) over the GEMM rate. Batches of "
              f"{results[0]['batch_size'] if results else '?'} x "
              f"{results[0]['length'] if results else '?'} random token ids, median of "
              "repeats (min-max in brackets), each model in its own process. Fresh weights "
-             "at the papers' sizes (speed does not depend on weight values).", "",
+             f"at {sizes} (speed does not depend on weight values).", "",
              "![throughput](throughput.png)", "", "## The papers' claims, measured", "",
              "| claim | paper | " + " | ".join(backends) + " | source |",
              "|---|---|" + "---|" * len(backends) + "---|"]
@@ -51,22 +77,23 @@ def write(folder: Path, results: list[dict], gemm: float, rates: dict | None = N
         cells = []
         for b in backends:
             a, d = _get(results, num, b), _get(results, den, b)
-            cells.append(f"{a[QUANTITY[qty]] / d[QUANTITY[qty]]:.2f}" if a and d else "-")
+            cells.append(f"{quantity(a, qty) / quantity(d, qty):.2f}" if a and d else "-")
         lines.append(f"| {what} ({qty}) | {paper:.2f} | " + " | ".join(cells) + f" | {source} |")
     lines += ["", "## All measurements", "",
               "| model | backend | loop | params (M) | GFLOP/sent. | sentences/s | "
-              "batch-1 p50/p95 ms | peak RSS MB | efficiency |",
+              "batch-1 p50/p95 ms | peak memory MB | efficiency |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['model']} | {r['backend']} | {r['loop'] or ''} | | | "
+            lines.append(f"| {r['model']} | {column(r)} | {r['loop'] or ''} | | | "
                          f"failed: {r['error']} | | | |")
             continue
         lines.append(
-            f"| {r['model']} | {r['backend']} | {r['loop'] or ''} | {r['parameters'] / 1e6:.1f} "
+            f"| {r['model']} | {column(r)} | {r['loop'] or ''} | {r['parameters'] / 1e6:.1f} "
             f"| {r['flops_per_sentence'] / 1e9:.3f} | {r['sentences_per_s']:.1f} "
             f"({r['sentences_per_s_min']:.0f}-{r['sentences_per_s_max']:.0f}) | "
-            f"{r['latency_ms_p50']:.1f} / {r['latency_ms_p95']:.1f} | {r['peak_rss_mb']:.0f} | "
+            f"{r['latency_ms_p50']:.1f} / {r['latency_ms_p95']:.1f} | "
+            f"{quantity(r, 'memory'):.0f} | "
             f"{r['efficiency']:.0%}{' (int8 vs fp32 peak)' if r['backend'] == 'onnx-int8' else ''} |")
     lines += ["", "![memory](memory.png)", "", "![throughput vs parameters](params.png)", ""]
     students = [r for r in results if "fidelity" in r and "error" not in r]
@@ -107,13 +134,13 @@ def charts(folder: Path, results: list[dict]) -> None:
     measured = [r for r in results if "error" not in r and r["loop"] in (None, "unroll")]
     ok = [r for r in measured if "fidelity" not in r]  # the papers' rows; students below
     models = list(dict.fromkeys(r["model"] for r in ok))
-    backends = list(dict.fromkeys(r["backend"] for r in ok))
-    for name, key, label in (("throughput", "sentences_per_s", "sentences/s"),
-                             ("memory", "peak_rss_mb", "peak RSS (MB)")):
+    backends = list(dict.fromkeys(column(r) for r in ok))
+    for name, key, label in (("throughput", "speed", "sentences/s"),
+                             ("memory", "memory", "peak memory (MB)")):
         fig, ax = plt.subplots(figsize=(12, 5))
         width = 0.8 / max(len(backends), 1)
         for i, b in enumerate(backends):
-            values = [next((r[key] for r in ok if r["model"] == m and r["backend"] == b), 0)
+            values = [next((quantity(r, key) for r in ok if r["model"] == m and column(r) == b), 0)
                       for m in models]
             ax.bar(np.arange(len(models)) + i * width, values, width, label=b)
         ax.set_xticks(np.arange(len(models)) + width * (len(backends) - 1) / 2)
@@ -142,11 +169,11 @@ def charts(folder: Path, results: list[dict]) -> None:
         plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 5))
     for b in backends:
-        rows = [r for r in ok if r["backend"] == b]
+        rows = [r for r in ok if column(r) == b]
         ax.scatter([r["parameters"] / 1e6 for r in rows], [r["sentences_per_s"] for r in rows],
                    label=b)
     for r in ok:
-        if r["backend"] == backends[0]:
+        if column(r) == backends[0]:
             ax.annotate(r["model"], (r["parameters"] / 1e6, r["sentences_per_s"]), fontsize=7)
     ax.set_xlabel("parameters (M)")
     ax.set_ylabel("sentences/s")

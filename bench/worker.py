@@ -29,8 +29,10 @@ def measure(spec: dict) -> dict:
     from models.runtime import open_backend
 
     started = time.perf_counter()
+    device, dtype = spec.get("device", "cpu"), spec.get("dtype", "fp32")
     backend = open_backend(spec["backend"], spec["folder"], spec["artifact"], spec["threads"],
-                           spec.get("num_iterations"))
+                           spec.get("num_iterations"), device, dtype,
+                           spec.get("dtypes", ("fp32",)))
     load_s = time.perf_counter() - started
     rng = np.random.default_rng(0)
 
@@ -55,7 +57,14 @@ def measure(spec: dict) -> dict:
         t = time.perf_counter()
         backend.run(one)
         latencies.append((time.perf_counter() - t) * 1000)
+    gpu = {}
+    if backend.device.startswith("cuda"):  # every run ends in a copy to the host: synchronised
+        import torch
+
+        gpu = {"peak_gpu_mb": torch.cuda.max_memory_allocated() / 2 ** 20,
+               "gpu": torch.cuda.get_device_name()}
     return {
+        **gpu,
         "sentences_per_s": statistics.median(rates),
         "sentences_per_s_min": min(rates), "sentences_per_s_max": max(rates),
         "latency_ms_p50": float(np.percentile(latencies, 50)),

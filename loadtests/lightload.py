@@ -45,8 +45,43 @@ async def _client(host: str, port: int, path: str, bodies: list[bytes], until: f
         writer.close()
 
 
-def run(url: str, path: str, payloads: list[dict], clients: int, seconds: float) -> dict:
-    """``clients`` concurrent connections for ``seconds``; returns the figures."""
+def run(url: str, path: str, payloads: list[dict], clients: int, seconds: float,
+        processes: int = 1) -> dict:
+    """``clients`` concurrent connections for ``seconds``; returns the figures. With
+    ``processes`` > 1 the clients are spread over that many processes (one asyncio loop
+    tops out near one core: many clients against a fast service need several)."""
+    if processes > 1:
+        return _spread(url, path, payloads, clients, seconds, processes)
+    return _summary(clients, *_drive(url, path, payloads, clients, seconds))
+
+
+def _spread(url, path, payloads, clients, seconds, processes) -> dict:
+    import multiprocessing
+
+    shares = [clients // processes + (i < clients % processes) for i in range(processes)]
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        parts = pool.starmap(_drive, [(url, path, payloads, n, seconds) for n in shares if n])
+    latencies = [x for part in parts for x in part[0]]
+    statuses: dict[int, int] = {}
+    for part in parts:
+        for k, v in part[1].items():
+            statuses[k] = statuses.get(k, 0) + v
+    return _summary(clients, latencies, statuses, max(p[2] for p in parts),
+                    sum(p[3] for p in parts))
+
+
+def _summary(clients: int, latencies: list[float], statuses: dict, wall: float,
+             cpu: float) -> dict:
+    ms = np.array(latencies) * 1000
+    return {"clients": clients, "seconds": round(wall, 2), "requests": len(latencies),
+            "requests_per_s": len(latencies) / wall, "statuses": statuses,
+            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
+            "p99_ms": float(np.percentile(ms, 99)), "client_cpu_share": cpu / wall}
+
+
+def _drive(url: str, path: str, payloads: list[dict], clients: int,
+           seconds: float) -> tuple[list[float], dict, float, float]:
+    """Runs the clients in this process: (latencies in s, statuses, wall s, CPU s)."""
     host, port = url.removeprefix("http://").split(":")
     bodies = [json.dumps(p).encode() for p in payloads]
     latencies: list[float] = []
@@ -59,9 +94,4 @@ def run(url: str, path: str, payloads: list[dict], clients: int, seconds: float)
 
     cpu, wall = _cpu_s(), time.perf_counter()
     asyncio.run(main())
-    wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
-    ms = np.array(latencies) * 1000
-    return {"clients": clients, "seconds": round(wall, 2), "requests": len(latencies),
-            "requests_per_s": len(latencies) / wall, "statuses": statuses,
-            "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "p99_ms": float(np.percentile(ms, 99)), "client_cpu_share": cpu / wall}
+    return latencies, statuses, time.perf_counter() - wall, _cpu_s() - cpu

@@ -57,17 +57,19 @@ def start_server(repository: Path, port: int, log: Path) -> subprocess.Popen:
 
 
 class InProcess:
-    """The same model without the service (the ceiling): batched throughput (32 sentences
-    a batch) and the latency of one sentence (tokenise, run, normalise)."""
+    """The same model without the service (the ceiling): batched throughput (``batch``
+    sentences a batch) and the latency of one sentence (tokenise, run, normalise)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, device: str = "cpu", dtype: str = "fp32",
+                 batch: int = 32):
         from tokenizers import Tokenizer
 
         from models.runtime import open_backend
 
         manifest = json.loads((folder / "manifest.json").read_text())
+        self.batch = batch
         self.backend = open_backend(manifest["backend"], folder, manifest["artifact"], 0,
-                                    manifest.get("num_iterations"))
+                                    manifest.get("num_iterations"), device, dtype)
         # the Rust tokenizer called directly, as the service does (no transformers wrapper)
         self.tokenizer = Tokenizer.from_file(str(folder / "checkpoint" / "tokenizer.json"))
         self.tokenizer.no_padding()
@@ -81,7 +83,7 @@ class InProcess:
         return out / np.linalg.norm(out, axis=-1, keepdims=True)
 
     def measure(self, seconds: float) -> dict:
-        sentences = (samples.SENTENCES * 2)[:32]
+        sentences = (samples.SENTENCES * (1 + self.batch // len(samples.SENTENCES)))[:self.batch]
         done, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds:
             self.run(sentences)

@@ -30,6 +30,8 @@ CUSTOM = {
     "cmow": (cmow.CmowConfig, cmow.Cmow, cmow.PRESETS),
 }
 FAMILIES = ("bert", "distilbert", "minialbert", "falbert", "cmow")
+# the compute dtypes each family runs in (a model may lose one at export: see export.py)
+DTYPES = {family: ("fp32", "fp16", "bf16") for family in FAMILIES} | {"cmow": cmow.DTYPES}
 MODEL_TYPE_FAMILY = {"bert": "bert", "mobilebert": "bert", "albert": "bert",
                      "distilbert": "distilbert", "minialbert": "minialbert",
                      "falbert": "falbert", "seq2mat": "cmow"}

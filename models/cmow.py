@@ -38,6 +38,11 @@ import torch
 from torch import nn
 
 
+# The compute dtypes CMOW runs in: its matrix products grow with length (norm ~1e3 at 60
+# tokens, ~1e16 at 250), past fp16's largest number (65504); bf16 has fp32's range.
+DTYPES = ("fp32", "bf16")
+
+
 @dataclass
 class CmowConfig:
     vocab_size: int = 30522
@@ -70,11 +75,12 @@ PRESETS = {
 }
 
 
-def tree_product(x: torch.Tensor, steps: int) -> torch.Tensor:
+def tree_product(x: torch.Tensor, steps: int, eye: torch.Tensor) -> torch.Tensor:
     """x_1 @ x_2 @ ... @ x_n in ``steps`` rounds of pairwise products: [B, n, d, d] ->
     [B, d, d]. Each round appends an identity (an odd tail pairs with it) and multiplies
-    neighbours; n <= 2**steps. The round count does not depend on n."""
-    identity = torch.zeros_like(x[:, :1]) + torch.eye(x.shape[-1], dtype=x.dtype)  # [B,1,d,d]
+    neighbours; n <= 2**steps. The round count does not depend on n. ``eye`` is the d x d
+    identity on x's device and dtype."""
+    identity = torch.zeros_like(x[:, :1]) + eye  # [B, 1, d, d]
     for _ in range(steps):
         x = torch.cat([x, identity], 1)  # [B, n+1, d, d]
         pairs = x.shape[1] // 2  # ceil(n / 2)
@@ -82,9 +88,9 @@ def tree_product(x: torch.Tensor, steps: int) -> torch.Tensor:
     return x[:, 0]
 
 
-def prefix_products(x: torch.Tensor, steps: int) -> torch.Tensor:
+def prefix_products(x: torch.Tensor, steps: int, eye: torch.Tensor) -> torch.Tensor:
     """P_t = x_1 @ ... @ x_t for every t (a Hillis-Steele scan): [B, n, d, d] -> same."""
-    identity = torch.zeros_like(x[:, :1]) + torch.eye(x.shape[-1], dtype=x.dtype)  # [B,1,d,d]
+    identity = torch.zeros_like(x[:, :1]) + eye  # [B, 1, d, d]
     n = x.shape[1]
     shift = 1
     for _ in range(steps):
@@ -109,6 +115,9 @@ class MatrixEmbedding(nn.Module):
         super().__init__()
         self.d = d
         self.embedding = nn.Embedding(vocab_size, d * d)
+        # the identity, moved and cast with the model (not in checkpoints); torch.eye in
+        # forward would be traced with the device it was traced on
+        self.register_buffer("eye", torch.eye(d), persistent=False)
         with torch.no_grad():  # identity + noise, so long products neither vanish nor explode
             self.embedding.weight.normal_(0.0, std).add_(torch.eye(d).flatten())
 
@@ -116,9 +125,8 @@ class MatrixEmbedding(nn.Module):
         """ids [B, T], mask [B, T] -> [B, T, d, d], the identity where mask is 0."""
         b, t = input_ids.shape
         m = self.embedding(input_ids).view(b, t, self.d, self.d)
-        identity = torch.eye(self.d, dtype=m.dtype)
         keep = mask.to(m.dtype)[:, :, None, None]
-        return m * keep + identity * (1.0 - keep)
+        return m * keep + self.eye * (1.0 - keep)
 
 
 class _Embeddings(nn.Module):
@@ -158,19 +166,22 @@ class Cmow(nn.Module):
     def encode(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The pooled encoding of the tokens where mask is 1: [B, T] -> [B, 1200]."""
         e = self.transformer.embeddings
-        mask_f = mask.to(torch.float32)
-        cbow = (e.vector_embedding(input_ids) * mask_f[:, :, None]).sum(1)  # [B, 400]
-        fw = tree_product(e.matrix_embedding(input_ids, mask), self.steps)  # [B, d, d]
-        bw = tree_product(e.backward_matrix_embedding(input_ids, mask).flip(1), self.steps)
+        vectors = e.vector_embedding(input_ids)  # [B, T, 400]
+        cbow = (vectors * mask.to(vectors.dtype)[:, :, None]).sum(1)  # [B, 400]
+        eye = e.matrix_embedding.eye
+        fw = tree_product(e.matrix_embedding(input_ids, mask), self.steps, eye)  # [B, d, d]
+        bw = tree_product(e.backward_matrix_embedding(input_ids, mask).flip(1), self.steps, eye)
         return torch.cat([cbow, fw.flatten(1), bw.flatten(1)], 1)
 
     def encode_tokens(self, input_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Per-token encodings, prefix forward and suffix backward: [B, T] -> [B, T, 1600]."""
         e = self.transformer.embeddings
-        vectors = e.vector_embedding(input_ids) * mask.to(torch.float32)[:, :, None]  # [B,T,400]
-        fw = prefix_products(e.matrix_embedding(input_ids, mask), self.steps)  # [B, T, d, d]
+        vectors = e.vector_embedding(input_ids)
+        vectors = vectors * mask.to(vectors.dtype)[:, :, None]  # [B, T, 400]
+        eye = e.matrix_embedding.eye
+        fw = prefix_products(e.matrix_embedding(input_ids, mask), self.steps, eye)  # [B,T,d,d]
         bw = prefix_products(e.backward_matrix_embedding(input_ids, mask).flip(1),
-                             self.steps).flip(1)  # Y_n ... Y_t at t
+                             self.steps, eye).flip(1)  # Y_n ... Y_t at t
         cbow_fw = vectors.cumsum(1)
         cbow_bw = vectors.flip(1).cumsum(1).flip(1)
         return torch.cat([cbow_fw, fw.flatten(2), cbow_bw, bw.flatten(2)], 2)

@@ -20,6 +20,7 @@ after the parity check passed: a failed export leaves nothing servable behind.
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import tempfile
@@ -41,6 +42,9 @@ FORMATS = ("onnx", "torchscript", "torch")
 # largest difference allowed, relative to the output's largest magnitude when that is
 # over 1 (CMOW's matrix products reach 1e3-1e16 on long inputs; fp32 keeps ~7 digits)
 TOLERANCE = 1e-4
+# fp16 / bf16 against fp32 (PyTorch, the same inputs): embeddings' cosine at least this;
+# classification and NER labels equal on the sample sentences
+DTYPE_MIN_COSINE = 0.999
 ARTIFACT = {"onnx": "model.onnx", "torchscript": "model.ts", "torch": None}
 POOLING = {"cmow": "cmow"}  # everything else: mean over real tokens
 
@@ -153,6 +157,51 @@ def agreement(task: str, reference: np.ndarray, other: np.ndarray, mask: np.ndar
     return {"argmax_agreement": float(same.mean())}
 
 
+def dtype_parity(model: nn.Module, task: str, dtypes, batches: list[dict[str, np.ndarray]],
+                 references: list[np.ndarray]) -> dict[str, dict]:
+    """How each half-precision dtype the family runs in compares with fp32, in PyTorch on
+    the CPU (torch runs fp16 and bf16 there), at the parity batches. Embeddings: the
+    lowest cosine over every batch; classify / ner: argmax agreement on the sample
+    sentences (the last batch; NER on its real tokens). A dtype that fails is recorded,
+    and the service will not run the model in it."""
+    from models.runtime.torch_device import TORCH_DTYPES
+
+    out = {}
+    for name in dtypes:
+        if name == "fp32":
+            continue
+        half = copy.deepcopy(model).to(TORCH_DTYPES[name])
+        with torch.no_grad():
+            got = [half(*(torch.from_numpy(b[k]) for k in INPUT_NAMES)).float().numpy()
+                   for b in batches]
+        del half
+        if task == "embed":
+            cos = min(agreement(task, r, g, b["attention_mask"])["min_cosine"]
+                      for r, g, b in zip(references, got, batches))
+            result = {"min_cosine": cos, "passed": bool(cos >= DTYPE_MIN_COSINE),
+                      "tolerance": f"min cosine vs fp32 >= {DTYPE_MIN_COSINE}"}
+        else:
+            same = agreement(task, references[-1], got[-1],
+                             batches[-1]["attention_mask"])["argmax_agreement"]
+            result = {"argmax_agreement": same, "passed": same == 1.0,
+                      "tolerance": "labels equal to fp32's on the sample sentences"}
+        scale = max(1.0, max(float(np.abs(r).max()) for r in references))
+        result["max_scaled_diff"] = max(float(np.abs(g - r).max())
+                                        for r, g in zip(references, got)) / scale
+        out[name] = result
+    return out
+
+
+def allowed_dtypes(manifest: dict) -> list[str]:
+    """The dtypes a model folder may run in: its family's, less any its export found too
+    far from fp32 (manifests written before dtypes were checked: the family's)."""
+    family = checkpoint.DTYPES.get(manifest["family"], ("fp32",))
+    checked = manifest.get("dtypes")
+    if not isinstance(checked, dict):
+        return list(family)
+    return [d for d in family if d == "fp32" or (checked.get(d) or {}).get("passed")]
+
+
 def _versions() -> dict[str, str]:
     import onnxruntime
     import transformers
@@ -237,6 +286,10 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
                           f"({worst_scaled:.3g} of the output's scale; tolerance "
                           f"{TOLERANCE}); nothing was written")
 
+    progress("checking fp16 and bf16 against fp32")
+    dtypes = {"fp32": {"passed": True}, **dtype_parity(
+        model, ckpt.task, checkpoint.DTYPES[ckpt.family], batches, references)}
+
     quantization = None
     if quantize:
         progress("quantizing to int8")
@@ -264,6 +317,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
         "artifact": served,
         "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
         "parity": parity,
+        "dtypes": dtypes,
         "quantization": quantization,
         "parameters": ckpt.num_parameters(),
         "export_seconds": round(time.perf_counter() - started, 2),

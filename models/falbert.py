@@ -106,11 +106,12 @@ class FAlbert(RecursiveEncoder):
         x = self.albert.embeddings(input_ids, token_type_ids)  # [B, T, E]
         return self.albert.encoder.embedding_hidden_mapping_in(x)
 
-    def iterate(self, x: torch.Tensor, bias: torch.Tensor,
-                i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """O_{i-1} [B, T, D] -> (O_i [B, T, D], attention), FFN cut to reuse i's width."""
+    def iterate(self, x: torch.Tensor, bias: torch.Tensor, i: int,
+                with_probs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """O_{i-1} [B, T, D] -> (O_i [B, T, D], attention or empty), FFN cut to reuse i's
+        width."""
         layer = self.albert.encoder.albert_layer_groups[0].albert_layers[0]
-        return layer(x, bias, self.ffn_widths[i])
+        return layer(x, bias, self.ffn_widths[i], with_probs)
 
     def output(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.task == "embed":

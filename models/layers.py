@@ -30,10 +30,23 @@ def activation(x: torch.Tensor, kind: str) -> torch.Tensor:
     raise ValueError("unsupported activation " + kind)
 
 
-def attention_bias(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] 1/0 mask -> [B, 1, 1, T] additive bias for the attention scores: -1e9 at
-    padding, so that exp() underflows to 0 there while no row becomes all -inf."""
-    return (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * -1e9
+def lowest(dtype: torch.dtype) -> float:
+    """The dtype's most negative finite value (``torch.finfo(dtype).min``, which
+    TorchScript cannot call)."""
+    if dtype == torch.float16:
+        return -65504.0
+    if dtype == torch.bfloat16:
+        return -3.3895313892515355e38
+    if dtype == torch.float64:
+        return -1.7976931348623157e308
+    return -3.4028234663852886e38
+
+
+def attention_bias(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, T] 1/0 mask -> [B, 1, 1, T] additive bias in the compute dtype: the dtype's
+    lowest value at padding (as transformers does), so that softmax gives it 0 weight."""
+    keep = attention_mask[:, None, None, :]
+    return torch.zeros_like(keep, dtype=dtype).masked_fill(keep == 0, lowest(dtype))
 
 
 class Embeddings(nn.Module):
@@ -48,9 +61,10 @@ class Embeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(embedding_size, eps=layer_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # [T]
+        # positions 0 .. T-1 are the table's first T rows (no arange: a traced graph
+        # would keep the device it was traced on)
         x = (self.word_embeddings(input_ids)  # [B, T, E]
-             + self.position_embeddings(positions)[None]  # [1, T, E]
+             + self.position_embeddings.weight[: input_ids.shape[1]][None]  # [1, T, E]
              + self.token_type_embeddings(token_type_ids))  # [B, T, E]
         return self.LayerNorm(x)
 
@@ -68,20 +82,25 @@ class SelfAttention(nn.Module):
         self.dense = nn.Linear(hidden_size, hidden_size)
         self.LayerNorm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
-    def probs(self, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (context [B, T, D], attention probabilities [B, H, T, T])."""
+    def attend(self, x: torch.Tensor, bias: torch.Tensor,
+               with_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (LayerNorm(x + dense(context)) [B, T, D], attention probabilities
+        [B, H, T, T] if ``with_probs`` (distillation) else an empty tensor).
+
+        Without the probabilities, attention is ``scaled_dot_product_attention``, so that
+        fused kernels (flash, memory-efficient) apply on the GPU and the CPU."""
         b, t, d = x.shape
         q = self.query(x).view(b, t, self.num_heads, self.head_size).transpose(1, 2)  # [B,H,T,d]
         k = self.key(x).view(b, t, self.num_heads, self.head_size).transpose(1, 2)
         v = self.value(x).view(b, t, self.num_heads, self.head_size).transpose(1, 2)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size) + bias  # [B, H, T, T]
-        p = scores.softmax(-1)
-        context = (p @ v).transpose(1, 2).reshape(b, t, d)  # [B, T, D]
-        return context, p
-
-    def attend(self, x: torch.Tensor, bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (LayerNorm(x + dense(context)) [B, T, D], probabilities [B, H, T, T])."""
-        context, p = self.probs(x, bias)
+        if with_probs:
+            scores = q @ k.transpose(-1, -2) / math.sqrt(self.head_size) + bias  # [B,H,T,T]
+            p = scores.softmax(-1)
+            context = p @ v  # [B, H, T, d]
+        else:
+            p = torch.empty(0, dtype=x.dtype, device=x.device)
+            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)  # [B, H, T, d]
+        context = context.transpose(1, 2).reshape(b, t, d)  # [B, T, D]
         return self.LayerNorm(x + self.dense(context)), p
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -111,10 +130,10 @@ class AlbertLayer(nn.Module):
         h = F.linear(h, self.ffn_output.weight[:, :ffn_width], self.ffn_output.bias)  # [B,T,D]
         return self.full_layer_layer_norm(x + h)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor,
-                ffn_width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (output [B, T, D], attention probabilities [B, H, T, T])."""
-        a, p = self.attention.attend(x, bias)
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, ffn_width: int,
+                with_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (output [B, T, D], attention probabilities [B, H, T, T] or empty)."""
+        a, p = self.attention.attend(x, bias, with_probs)
         return self.mlp(a, ffn_width), p
 
 
@@ -136,17 +155,17 @@ class SharedLayerEncoder(nn.Module):
 
 class RecursiveEncoder(nn.Module):
     """What MiniALBERT and F-ALBERT share: embed, apply one layer L times, task output.
-    Subclasses define ``embed``, ``iterate`` (reuse i: the new hidden states and that
-    reuse's attention probabilities) and ``output``; ``run`` takes the
+    Subclasses define ``embed``, ``iterate`` (reuse i: the new hidden states and, when
+    asked, that reuse's attention probabilities) and ``output``; ``run`` takes the
     depth as an argument so that exports can keep it a loop with a run-time trip count.
     ``num_iterations`` (set by the subclass) is the configured depth."""
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             token_type_ids: torch.Tensor, num_iterations: int) -> torch.Tensor:
         x = self.embed(input_ids, token_type_ids)  # [B, T, D]
-        bias = attention_bias(attention_mask)  # [B, 1, 1, T]
+        bias = attention_bias(attention_mask, x.dtype)  # [B, 1, 1, T]
         for i in range(num_iterations):
-            x, _ = self.iterate(x, bias, i)
+            x, _ = self.iterate(x, bias, i, False)
         return self.output(x, attention_mask)
 
     @torch.jit.unused
@@ -154,10 +173,10 @@ class RecursiveEncoder(nn.Module):
                    token_type_ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(hidden [B, T, D], attention [B, H, T, T]) after every reuse, for distillation."""
         x = self.embed(input_ids, token_type_ids)
-        bias = attention_bias(attention_mask)
+        bias = attention_bias(attention_mask, x.dtype)
         out = []
         for i in range(self.num_iterations):
-            x, probs = self.iterate(x, bias, i)
+            x, probs = self.iterate(x, bias, i, True)
             out.append((x, probs))
         return out
 

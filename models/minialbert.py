@@ -133,11 +133,11 @@ class MiniAlbert(RecursiveEncoder):
         """ids [B, T] -> x_0 [B, T, D]."""
         return self.albert.projector(self.albert.albert.embeddings(input_ids, token_type_ids))
 
-    def iterate(self, x: torch.Tensor, bias: torch.Tensor,
-                i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """O_{i-1} [B, T, D] -> (O_i [B, T, D], attention [B, H, T, T])."""
+    def iterate(self, x: torch.Tensor, bias: torch.Tensor, i: int,
+                with_probs: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """O_{i-1} [B, T, D] -> (O_i [B, T, D], attention [B, H, T, T] or empty)."""
         layer = self.albert.albert.encoder.albert_layer_groups[0].albert_layers[0]
-        x, probs = layer.attention.attend(self.albert.att_adapters(x, i), bias)
+        x, probs = layer.attention.attend(self.albert.att_adapters(x, i), bias, with_probs)
         x = self.albert.mlp_adapters(x, i)
         return layer.mlp(x, layer.ffn.out_features), probs
 

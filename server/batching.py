@@ -40,6 +40,7 @@ class Item:
     index: int = 0  # its position in the request
     encoding: Any = None
     error: Exception | None = None
+    launched: bool = False  # in a batch that is running
     enqueued: float = field(default_factory=time.perf_counter)
     queued_s: float = 0.0
     inference_s: float = 0.0
@@ -83,14 +84,19 @@ class Batcher:
     """Batches run on the model's own thread, which tokenises (``encode(texts, truncate)``
     -> encodings) and runs (``run(arrays)`` -> [B, ...] outputs) one batch after another
     without waiting for the event loop; the loop only queues inputs and is handed each
-    batch's results."""
+    batch's results.
+
+    With ``collect`` (a GPU), ``run`` only starts a batch on the device and ``collect(what
+    run returned)`` waits for its outputs: the thread then tokenises and starts the next
+    batch while the device runs the last one, and collects that one afterwards."""
 
     def __init__(self, encode: Callable[[list, bool], list],
-                 run: Callable[[dict[str, np.ndarray]], np.ndarray], max_length: int,
+                 run: Callable[[dict[str, np.ndarray]], Any], max_length: int,
                  max_size: int, max_tokens: int, max_queue: int, max_wait_s: float = 0.0,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
-                 on_depth: Callable[[int], None] = lambda depth: None, name: str = "model"):
-        self.encode, self.run, self.name = encode, run, name
+                 on_depth: Callable[[int], None] = lambda depth: None, name: str = "model",
+                 collect: Callable[[Any], np.ndarray] | None = None):
+        self.encode, self.run, self.collect, self.name = encode, run, collect, name
         self.max_length, self.max_size, self.max_tokens = max_length, max_size, max_tokens
         self.max_queue, self.max_wait_s = max_queue, max_wait_s
         self.on_batch, self.on_depth = on_batch, on_depth
@@ -129,37 +135,42 @@ class Batcher:
 
     # on the model's thread --------------------------------------------------------------
     def _work(self) -> None:
+        launched = None  # with overlap: the batch on the device, collected after the next
         while True:
             with self.changed:
-                while not self.pending and not self.stopping:
+                while launched is None and not self._fresh() and not self.stopping:
                     self.changed.wait()
-                if not self.pending:  # stopping, and nothing left
+                if launched is None and not self._fresh():  # stopping, and nothing left
                     return
-                waiting = len(self.pending)
-            if self.max_wait_s and waiting < self.max_size:
+                waiting = len(self._fresh())
+            if self.max_wait_s and launched is None and waiting < self.max_size:
                 time.sleep(self.max_wait_s)
             with self.changed:  # inputs whose client has gone are dropped before inference
-                self.pending = [it for it in self.pending if not it.future.done()]
-                pending = list(self.pending)
-            batch, outputs, started = [], None, 0.0
-            try:
-                if pending:
-                    batch, outputs, started = self._step(pending)
-            except Exception as e:  # whatever goes wrong fails these inputs, never hangs them
-                for item in pending:
-                    item.error = item.error or e
-            finished = time.perf_counter()
-            with self.changed:
-                taken = {id(it) for it in batch}
-                failed = [it for it in pending if it.error is not None]
-                self.pending = [it for it in self.pending
-                                if id(it) not in taken and it.error is None]
-                depth = len(self.pending)
-            self.loop.call_soon_threadsafe(self._deliver, batch, outputs, failed, started,
-                                           finished, depth)
+                self.pending = [it for it in self.pending if it.launched or not it.future.done()]
+                fresh = self._fresh()
+            step = None
+            if fresh:
+                try:
+                    step = self._launch(fresh)
+                except Exception as e:  # whatever goes wrong fails these inputs, never hangs them
+                    for item in fresh:
+                        item.error = item.error or e
+            if launched is not None:  # the device ran it while this thread prepared the next
+                self._finish(*launched)
+            launched = None
+            if step is not None and self.collect is not None:
+                launched = step
+            elif step is not None:
+                self._finish(*step)
+            elif fresh:
+                self._finish([], None, 0.0)  # hands out the failures
 
-    def _step(self, pending: list[Item]) -> tuple[list[Item], Any, float]:
-        """Tokenises what is new, chooses a batch, runs it."""
+    def _fresh(self) -> list[Item]:
+        return [it for it in self.pending if not it.launched]
+
+    def _launch(self, pending: list[Item]) -> tuple[list[Item], Any, float] | None:
+        """Tokenises what is new, chooses a batch, starts it: (batch, what ``run``
+        returned, when it started); None when no input is ready."""
         for truncate in (True, False):
             fresh = [it for it in pending if it.encoding is None and it.truncate is truncate]
             if not fresh:
@@ -176,14 +187,34 @@ class Batcher:
                         "shorter text")
         ready = [it for it in pending if it.error is None]
         if not ready:
-            return [], None, 0.0
+            return None
         batch = take_batch(ready, self.max_size, self.max_tokens)
+        for item in batch:
+            item.launched = True
         started = time.perf_counter()
         try:
             outputs = self.run(pad([it.encoding for it in batch]))
         except Exception as e:  # a model failure fails its batch, not the service
             outputs = e
         return batch, outputs, started
+
+    def _finish(self, batch: list[Item], outputs: Any, started: float) -> None:
+        """Collects a launched batch (with overlap), takes it and every failed input off
+        the queue, and hands their results to the event loop."""
+        if self.collect is not None and batch and not isinstance(outputs, Exception):
+            try:
+                outputs = self.collect(outputs)
+            except Exception as e:
+                outputs = e
+        finished = time.perf_counter()
+        with self.changed:
+            taken = {id(it) for it in batch}
+            failed = [it for it in self.pending if it.error is not None and id(it) not in taken]
+            self.pending = [it for it in self.pending
+                            if id(it) not in taken and it.error is None]
+            depth = len(self.pending)
+        self.loop.call_soon_threadsafe(self._deliver, batch, outputs, failed, started,
+                                       finished, depth)
 
     def _encode_each(self, items: list[Item], truncate: bool) -> list:
         """Their encodings, in one call; if that call fails, one call each, so that a text

@@ -70,9 +70,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from server.app import create_app
     from server.settings import Settings
 
+    from pydantic import ValidationError
+
     overrides = {k: v for k, v in (("model_repository", args.model_repository),
-                                   ("host", args.host), ("port", args.port)) if v is not None}
-    settings = Settings(**overrides)
+                                   ("host", args.host), ("port", args.port),
+                                   ("device", args.device), ("dtype", args.dtype))
+                 if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as e:
+        first = e.errors()[0]
+        print(f"distilserve serve: {first['loc'][0]}: {first['msg']}", file=sys.stderr)
+        return 2
+    if settings.device.startswith("cuda"):
+        from models.runtime.base import BackendError
+        from models.runtime.torch_device import resolve_device
+
+        try:
+            resolve_device(settings.device)
+        except BackendError as e:
+            print(f"distilserve serve: every model: {e}", file=sys.stderr)
+            return 2
     repository = settings.model_repository
     if repository is not None and not repository.is_dir():
         print(f"distilserve serve: model repository {repository} is not a folder",
@@ -92,9 +110,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from bench import harness
 
     opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
-                           batches=args.batches, repeats=args.repeats, threads=args.threads)
+                           batches=args.batches, repeats=args.repeats, threads=args.threads,
+                           device=args.device, dtype=args.dtype)
+    if args.device != "cpu":  # ONNX Runtime on a GPU needs onnxruntime-gpu (the gpu extra)
+        opts.backends = ("torch", "torchscript")
     if args.quick:
-        opts.rows, opts.backends = list(harness.QUICK_ROWS), ("onnx",)
+        opts.rows = list(harness.QUICK_ROWS)
+        opts.backends = ("onnx",) if args.device == "cpu" else ("torch",)
         opts.batch_size, opts.length, opts.repeats, opts.latency_runs = 8, 16, 2, 5
     if args.backends:
         opts.backends = tuple(args.backends.split(","))
@@ -166,6 +188,10 @@ def parser() -> argparse.ArgumentParser:
                        "default: the embedded default, built on first run")
     serve.add_argument("--host", help="DISTILSERVE_HOST (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="DISTILSERVE_PORT (default 8000)")
+    serve.add_argument("--device", help="DISTILSERVE_DEVICE: cpu, cuda, cuda:N or auto "
+                       "(default: a GPU when one is visible)")
+    serve.add_argument("--dtype", help="DISTILSERVE_DTYPE: auto, fp32, fp16 or bf16 "
+                       "(default auto: fp32 on the CPU, fp16 or bf16 on a GPU)")
     serve.set_defaults(func=cmd_serve)
 
     dist = sub.add_parser("distill", help="distil the teacher into a student of a family")
@@ -190,6 +216,10 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--batches", type=int, default=1, help="batches per timed run")
     bench.add_argument("--repeats", type=int, default=3)
     bench.add_argument("--threads", type=int, default=0, help="0: all cores")
+    bench.add_argument("--device", default="cpu",
+                       help="cpu, or cuda[:N]: the torch and torchscript backends on a GPU")
+    bench.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"],
+                       help="compute dtype (fp16 and bf16 on a GPU)")
     bench.add_argument("--backends", help="comma-separated: torch,torchscript,onnx,onnx-int8")
     bench.add_argument("--models", help="comma-separated model names or presets")
     bench.add_argument("--students", type=Path,

@@ -17,7 +17,9 @@ from tokenizers import Encoding, Tokenizer
 from transformers import AutoTokenizer
 
 from models.checkpoint import CheckpointError, read_json
+from models.export import allowed_dtypes
 from models.runtime import open_backend
+from models.runtime.base import BackendError
 from server import postprocess
 from server.batching import Batcher, InputTooLong, QueueFull
 from server.metrics import Metrics
@@ -66,8 +68,13 @@ class Engine:
         self.max_length = int(manifest["max_length"])
         threads = settings.threads or os.cpu_count() or 1
         try:
-            self.backend = open_backend(manifest["backend"], folder, manifest.get("artifact"),
-                                        threads, manifest.get("num_iterations"))
+            self.backend = open_backend(
+                manifest["backend"], folder, manifest.get("artifact"), threads,
+                manifest.get("num_iterations"), manifest.get("device") or settings.device,
+                manifest.get("dtype") or settings.dtype, allowed_dtypes(manifest))
+        except BackendError as e:
+            raise ModelLoadError(f"{folder}: {e}") from None
+        try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
         except Exception as e:
             raise ModelLoadError(f"{folder}: {type(e).__name__}: {e}") from None
@@ -89,16 +96,21 @@ class Engine:
                 t.no_truncation()
             self.tokenizers[truncate] = t
         self.metrics = metrics
+        batch_size, batch_tokens = settings.batch_limits(self.backend.device)
+        overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         self.batcher = Batcher(
-            self.tokenize, self.backend.run, self.max_length, settings.max_batch_size,
-            settings.max_batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
+            self.tokenize, self.backend.launch if overlap else self.backend.run,
+            self.max_length, batch_size,
+            batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
             on_batch=lambda size, s: metrics.observe_batch(name, size, s),
-            on_depth=lambda depth: metrics.queue_depth.labels(name).set(depth), name=name)
+            on_depth=lambda depth: metrics.queue_depth.labels(name).set(depth), name=name,
+            collect=self.backend.collect if overlap else None)
 
     def describe(self) -> dict:
         info = {"id": self.name, "object": "model", "owned_by": "distilserve",
                 "task": self.task, "family": self.family, "backend": self.manifest["backend"],
-                "max_length": self.max_length}
+                "max_length": self.max_length, "device": self.backend.device,
+                "dtype": self.backend.dtype}
         for key in ("loop", "pooling", "dimensions", "parameters"):
             if self.manifest.get(key) is not None:
                 info[key] = self.manifest[key]

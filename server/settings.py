@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -25,15 +26,38 @@ class Settings(BaseSettings):
     max_input_chars: int = Field(20_000, ge=1, description="characters per input")
     max_body_bytes: int = Field(4_000_000, ge=1024, description="request body size")
 
-    # batching, per model
-    max_batch_size: int = Field(32, ge=1, description="inputs per forward pass")
-    max_batch_tokens: int = Field(16_384, ge=1, description="padded tokens per forward pass")
+    # batching, per model (unset: the CPU or GPU value, by where the model runs)
+    max_batch_size: int | None = Field(None, ge=1, description="inputs per forward pass "
+                                       "(default 32 on the CPU, 256 on a GPU)")
+    max_batch_tokens: int | None = Field(None, ge=1, description="padded tokens per forward "
+                                         "pass (default 16384 on the CPU, 65536 on a GPU)")
     max_wait_ms: float = Field(0.0, ge=0, description="how long a batch may wait for more "
                                "inputs while the model is idle")
     max_queue: int = Field(1024, ge=1, description="queued inputs per model before 429")
 
-    # runtime
+    # runtime (a model's manifest may name its own device and dtype)
+    device: str = Field("auto", description="cpu, cuda, cuda:N, or auto: a GPU when one is "
+                        "visible to the model's backend")
+    dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(
+        "auto", description="compute dtype; auto: fp32 on the CPU, fp16 or bf16 on a GPU as "
+        "the model allows")
     threads: int = Field(0, ge=0, description="intra-op threads per model (0: all cores)")
     warmup: bool = True
     access_log: bool = Field(False, description="log every request (uvicorn's access log; "
                              "costs throughput under load)")
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        from models.runtime.base import BackendError, check_device
+
+        try:
+            return check_device(value)
+        except BackendError as e:
+            raise ValueError(str(e)) from None
+
+    def batch_limits(self, device: str) -> tuple[int, int]:
+        """(inputs, padded tokens) per forward pass for a model on ``device``."""
+        gpu = not device.startswith("cpu")
+        return (self.max_batch_size or (256 if gpu else 32),
+                self.max_batch_tokens or (65_536 if gpu else 16_384))

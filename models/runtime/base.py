@@ -1,39 +1,90 @@
-"""The interface every runtime backend implements, and how a backend is chosen."""
+"""The interface every runtime backend implements, and how a backend is chosen.
+
+A backend runs one model on one device in one compute dtype: int64 arrays [B, T] in,
+the task's output as float32 out, whatever it computed in.
+"""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+DTYPES = ("fp32", "fp16", "bf16")
+DEVICES_HELP = "cpu, cuda, cuda:N or auto"
+
+
+class BackendError(Exception):
+    """A device or dtype that this backend cannot give; the message says why."""
 
 
 class Backend(ABC):
     """Runs one model: int64 arrays [B, T] by name (input_ids, attention_mask,
-    token_type_ids) in, the task's output array out."""
+    token_type_ids) in, the task's output array (float32) out."""
 
     name: str = ""
+    device: str = "cpu"  # where it runs: cpu, cuda:0, ...
+    dtype: str = "fp32"  # what it computes in
+    asynchronous: bool = False  # launch returns before the work is done (a GPU)
 
     @abstractmethod
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray: ...
 
+    def launch(self, inputs: dict[str, np.ndarray]) -> Any:
+        """Starts a batch; ``collect`` of what it returns gives the outputs. An
+        asynchronous backend returns at once, so the caller can prepare the next batch
+        while the device works."""
+        return self.run(inputs)
+
+    def collect(self, launched: Any) -> np.ndarray:
+        return launched
+
+
+def check_device(device: str) -> str:
+    """``device`` if it is one of cpu, cuda, cuda:N, auto; else BackendError."""
+    kind, _, index = device.partition(":")
+    if kind in ("cpu", "auto") and not index or kind == "cuda" and (not index or index.isdigit()):
+        return device
+    raise BackendError(f"unknown device {device!r} ({DEVICES_HELP})")
+
+
+def choose_dtype(requested: str, device: str, allowed: Sequence[str]) -> str:
+    """The compute dtype: ``auto`` is fp32 on the CPU and on a GPU the first of fp16,
+    bf16 that the model allows (fp32 if neither); an explicit dtype must be allowed."""
+    if requested == "auto":
+        if device == "cpu":
+            return "fp32"
+        return next((d for d in ("fp16", "bf16") if d in allowed), "fp32")
+    if requested not in DTYPES:
+        raise BackendError(f"unknown dtype {requested!r} (auto, {', '.join(DTYPES)})")
+    if requested not in allowed:
+        raise BackendError(f"dtype {requested} is not one this model runs in "
+                           f"({', '.join(allowed)})")
+    return requested
+
 
 def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: int = 0,
-                 num_iterations: int | None = None) -> Backend:
-    """``kind`` is the manifest's backend: onnx, torchscript or torch."""
+                 num_iterations: int | None = None, device: str = "cpu", dtype: str = "fp32",
+                 allowed: Sequence[str] = DTYPES) -> Backend:
+    """``kind`` is the manifest's backend: onnx, torchscript or torch. ``device`` and
+    ``dtype`` may be ``auto``; ``allowed`` are the dtypes the model may run in (its
+    family's, less those that failed the export's parity check)."""
     folder = Path(folder)
+    check_device(device)
     if kind == "onnx":
         from models.runtime.onnx import OnnxBackend
 
-        return OnnxBackend(folder / artifact, threads, num_iterations)
+        return OnnxBackend(folder / artifact, threads, num_iterations, device, dtype)
     if kind == "torchscript":
         from models.runtime.torchscript import TorchScriptBackend
 
-        return TorchScriptBackend(folder / artifact, threads)
+        return TorchScriptBackend(folder / artifact, threads, device, dtype, allowed)
     if kind == "torch":
         from models.runtime.torch import TorchBackend
 
-        return TorchBackend(folder / (artifact or "checkpoint"), threads)
+        return TorchBackend(folder / (artifact or "checkpoint"), threads, device, dtype, allowed)
     raise ValueError(f"unknown backend {kind!r} (onnx, torchscript, torch)")

@@ -1,4 +1,5 @@
-"""ONNX Runtime backend."""
+"""ONNX Runtime backend: the CPU, or a GPU through the CUDA execution provider when
+``onnxruntime-gpu`` is installed (the ``gpu`` extra). ONNX artifacts compute in fp32."""
 
 from __future__ import annotations
 
@@ -7,13 +8,24 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from models.runtime.base import Backend
+from models.runtime.base import Backend, BackendError, choose_dtype
 
 
 class OnnxBackend(Backend):
     name = "onnx"
 
-    def __init__(self, path: Path, threads: int = 0, num_iterations: int | None = None):
+    def __init__(self, path: Path, threads: int = 0, num_iterations: int | None = None,
+                 device: str = "cpu", dtype: str = "fp32"):
+        has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+        if device == "auto":
+            device = "cuda" if has_cuda else "cpu"
+        if device.startswith("cuda") and not has_cuda:
+            raise BackendError(f"device {device} asked for an ONNX model, but this "
+                               "onnxruntime has no CUDA execution provider: install "
+                               "onnxruntime-gpu (pip install 'distilserve[gpu]'), or export "
+                               "with --format torch")
+        self.device = device
+        self.dtype = choose_dtype(dtype, "cpu" if device == "cpu" else "cuda", ("fp32",))
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads  # 0: onnxruntime's choice (all cores)
@@ -22,8 +34,11 @@ class OnnxBackend(Backend):
         # idle pool threads sleep instead of spinning: on a few cores a spinning pool takes
         # the CPU that HTTP handling and tokenisation need between batches
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self.session = ort.InferenceSession(str(path), options,
-                                            providers=["CPUExecutionProvider"])
+        providers = ["CPUExecutionProvider"]
+        if device.startswith("cuda"):
+            index = int(device.partition(":")[2] or 0)
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": index}))
+        self.session = ort.InferenceSession(str(path), options, providers=providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.num_iterations = num_iterations
 

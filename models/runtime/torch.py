@@ -1,24 +1,19 @@
-"""PyTorch eager backend: the checkpoint itself, in-process."""
+"""PyTorch eager backend: the checkpoint itself, in-process, on any device and dtype."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-import torch
-
 from models import checkpoint
-from models.runtime.base import INPUT_NAMES, Backend
+from models.runtime.base import DTYPES
+from models.runtime.torch_device import TorchRuntime
 
 
-class TorchBackend(Backend):
+class TorchBackend(TorchRuntime):
     name = "torch"
 
-    def __init__(self, path: Path, threads: int = 0):
-        if threads:
-            torch.set_num_threads(threads)
-        self.model = checkpoint.load(path).model
-
-    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        with torch.inference_mode():
-            return self.model(*(torch.from_numpy(inputs[k]) for k in INPUT_NAMES)).numpy()
+    def __init__(self, path: Path, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
+                 allowed: Sequence[str] = DTYPES):
+        super().__init__(threads, device, dtype, allowed)
+        self.forward = checkpoint.load(path).model.to(self.place.device, self.place.dtype)

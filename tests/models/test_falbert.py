@@ -21,9 +21,9 @@ def _albert_pair(schedule=None):
 
 
 def _hidden(model, ids, mask, types):
-    x, bias = model.embed(ids, types), attention_bias(mask)
+    x, bias = model.embed(ids, types), attention_bias(mask, torch.float32)
     for i in range(model.num_iterations):
-        x, _ = model.iterate(x, bias, i)
+        x, _ = model.iterate(x, bias, i, False)
     return x
 
 

@@ -105,3 +105,36 @@ def test_a_text_the_tokenizer_refuses_fails_alone():
         return results
 
     assert [float(r[0]) for r in asyncio.run(go())] == [2.0, 3.0]
+
+
+def test_with_collect_the_next_batch_starts_before_the_last_is_collected():
+    """A GPU's batches overlap: the thread launches batch 2 while batch 1 runs and then
+    collects batch 1; every input still gets its own result, and failures still fail
+    alone."""
+    calls = []
+
+    def encode(texts, truncate):
+        return [SimpleNamespace(ids=[len(w) for w in t.split()], type_ids=[0] * len(t.split()))
+                for t in texts]
+
+    def launch(arrays):
+        calls.append(("launch", len(arrays["input_ids"])))
+        return arrays["input_ids"].sum(1, keepdims=True).astype(np.float32)
+
+    def collect(handle):
+        calls.append(("collect", len(handle)))
+        return handle
+
+    async def go():
+        b = Batcher(encode, launch, max_length=8, max_size=2, max_tokens=1000, max_queue=20,
+                    collect=collect)
+        b.start()
+        items = b.submit(["a", "a b", "a b c", "w " * 9, "a b c d"], truncate=False)
+        results = await asyncio.gather(*(it.future for it in items), return_exceptions=True)
+        await b.stop()
+        return results
+
+    results = asyncio.run(go())
+    assert [float(r[0]) for i, r in enumerate(results) if i != 3] == [1.0, 2.0, 3.0, 4.0]
+    assert isinstance(results[3], InputTooLong)
+    assert calls == [("launch", 2), ("launch", 2), ("collect", 2), ("collect", 2)]

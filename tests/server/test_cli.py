@@ -1,3 +1,5 @@
+import pytest
+
 from models import checkpoint
 from server.cli import main
 
@@ -26,3 +28,16 @@ def test_new_writes_a_loadable_checkpoint(tmp_path, capsys):
 def test_new_with_an_unknown_preset_fails_clearly(tmp_path, capsys):
     assert main(["new", "cmow", "--preset", "huge", "--output", str(tmp_path)]) == 1
     assert "unknown preset 'huge'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is visible")
+def test_serve_on_cuda_without_a_gpu_is_one_line_before_anything_loads(tmp_path, capsys):
+    assert main(["serve", "--model-repository", str(tmp_path), "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no GPU is visible" in err
+
+
+def test_serve_refuses_an_unknown_device_in_one_line(tmp_path, capsys):
+    assert main(["serve", "--model-repository", str(tmp_path), "--device", "tpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown device 'tpu'" in err

@@ -1,0 +1,117 @@
+"""distilserve beside a peer server (Infinity, TEI, ...) with the same client and
+sentences, one after the other: ``python -m loadtests.peer --model-repository REPO
+[--peer-url http://127.0.0.1:7997 --peer-model minilm] --out DIR``.
+
+Both are asked for OpenAI-shaped embeddings (distilserve at /v1/embeddings, the peer at
+``--peer-path``) by closed-loop raw-socket clients on 127.0.0.1: a lone client (latency),
+32, 128 and 512 clients sending one sentence each, and 4 clients sending 32 sentences
+each. The in-process ceiling (tokenise + forward + pool, batches of 256) is measured too.
+Writes ``peer.json`` and ``peer.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from loadtests import lightload
+from loadtests.run import HERE, InProcess, free_port, start_server
+from models import samples
+
+PHASES = [("1 client x 1 sentence", 1, 1), ("32 clients x 1", 32, 1),
+          ("128 clients x 1", 128, 1), ("512 clients x 1", 512, 1),
+          ("4 clients x 32 sentences", 4, 32)]
+
+
+def payloads(model: str, per_request: int) -> list[dict]:
+    texts = samples.SENTENCES
+    if per_request == 1:
+        return [{"model": model, "input": t} for t in texts]
+    return [{"model": model, "input": [texts[(i + j) % len(texts)] for j in range(per_request)]}
+            for i in range(len(texts))]
+
+
+def measure(url: str, path: str, model: str, seconds: float, processes: int) -> list[dict]:
+    rows = []
+    for label, clients, per_request in PHASES:
+        lightload.run(url, path, payloads(model, per_request), clients, 2, processes)  # warm
+        r = lightload.run(url, path, payloads(model, per_request), clients, seconds,
+                          processes)
+        r.update(phase=label, sentences_per_s=r["requests_per_s"] * per_request)
+        rows.append(r)
+        print(f"  {label}: {r['requests_per_s']:.0f} req/s, {r['sentences_per_s']:.0f} "
+              f"sentences/s, p50 {r['p50_ms']:.2f} ms, statuses {r['statuses']}", flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.peer", description=__doc__)
+    p.add_argument("--model-repository", type=Path, required=True)
+    p.add_argument("--model", help="the embedding model (default: the repository's first)")
+    p.add_argument("--peer-url", help="a peer already serving, e.g. http://127.0.0.1:7997")
+    p.add_argument("--peer-model", default="minilm")
+    p.add_argument("--peer-path", default="/embeddings")
+    p.add_argument("--peer-name", default="Infinity")
+    p.add_argument("--seconds", type=float, default=15.0, help="per phase")
+    p.add_argument("--processes", type=int, default=4, help="client processes")
+    p.add_argument("--out", type=Path, default=HERE / "reports")
+    args = p.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    model = args.model or sorted(d.name for d in args.model_repository.iterdir() if d.is_dir())[0]
+    folder = args.model_repository / model
+    device = os.environ.get("DISTILSERVE_DEVICE", "auto")
+    print("in-process ceiling", flush=True)
+    ceiling = InProcess(folder, device, os.environ.get("DISTILSERVE_DTYPE", "auto"), 256)
+    inproc = {**ceiling.measure(args.seconds / 2), "device": ceiling.backend.device,
+              "dtype": ceiling.backend.dtype}
+    del ceiling
+    print(f"  {inproc}", flush=True)
+    port = free_port()
+    server = start_server(args.model_repository, port, args.out / "service.log")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        described = next(m for m in httpx.get(url + "/v1/models").json()["data"]
+                         if m["id"] == model)
+        print(f"distilserve ({described['device']}, {described['dtype']})", flush=True)
+        ours = measure(url, "/v1/embeddings", model, args.seconds, args.processes)
+    finally:
+        server.terminate()
+        server.wait(30)
+    peer = []
+    if args.peer_url:
+        print(args.peer_name, flush=True)
+        peer = measure(args.peer_url, args.peer_path, args.peer_model, args.seconds,
+                       args.processes)
+    result = {"model": model, "served": described, "in_process": inproc, "distilserve": ours,
+              "peer": {"name": args.peer_name, "url": args.peer_url, "rows": peer},
+              "seconds_per_phase": args.seconds, "client_processes": args.processes}
+    (args.out / "peer.json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [f"# distilserve beside {args.peer_name} ({time.strftime('%Y-%m-%d %H:%M')})", "",
+             f"Model {model} ({described['family']}, {described['backend']} backend, "
+             f"{described['device']}, {described['dtype']}); in-process ceiling "
+             f"{inproc['batched_sentences_per_s']:.0f} sentences/s (batches of 256), one "
+             f"sentence {inproc['single_p50_ms']:.2f} ms. {args.seconds:.0f} s per phase, "
+             f"closed-loop raw-socket clients in {args.processes} processes on 127.0.0.1.", "",
+             f"| phase | distilserve req/s | sentences/s | p50 ms | p99 ms | "
+             f"{args.peer_name} req/s | sentences/s | p50 ms | p99 ms | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(ours):
+        q = peer[i] if peer else None
+        cells = (f"{q['requests_per_s']:.0f} | {q['sentences_per_s']:.0f} | "
+                 f"{q['p50_ms']:.2f} | {q['p99_ms']:.2f} | "
+                 f"{r['sentences_per_s'] / q['sentences_per_s']:.1f}x" if q else "| | | |")
+        lines.append(f"| {r['phase']} | {r['requests_per_s']:.0f} | {r['sentences_per_s']:.0f}"
+                     f" | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cells} |")
+    (args.out / "peer.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""What the two PyTorch backends share: placing a model on a device in a dtype, moving a
+batch there and its output back, without waiting for the GPU until the output is wanted."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from models.runtime.base import DTYPES, INPUT_NAMES, Backend, BackendError, choose_dtype
+
+TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def resolve_device(device: str) -> torch.device:
+    """cpu, cuda, cuda:N or auto (a GPU when one is visible) -> a torch device, or a
+    BackendError when a GPU is asked for and none is visible."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise BackendError(f"device {device} asked for, but no GPU is visible to "
+                               "PyTorch (torch.cuda.is_available() is False)")
+        d = torch.device(device)
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise BackendError(f"device {device} asked for, but only "
+                               f"{torch.cuda.device_count()} GPU(s) are visible")
+        return torch.device("cuda", d.index if d.index is not None else torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+class Placement:
+    """A device and dtype. On a GPU: inputs go through two pinned staging buffers, used in
+    turn (a batch is prepared while the one before it may still be copying), in one
+    non-blocking copy per batch; outputs come back by a non-blocking copy and an event,
+    so that nothing waits for the GPU until the outputs are wanted."""
+
+    def __init__(self, device: str, dtype: str, allowed: Sequence[str]):
+        self.device = resolve_device(device)
+        self.dtype_name = choose_dtype(dtype, self.device.type, allowed)
+        self.dtype = TORCH_DTYPES[self.dtype_name]
+        self.cuda = self.device.type == "cuda"
+        self.staging = [torch.empty(0, dtype=torch.int64)] * 2
+        self.turn = 0
+
+    def inputs(self, arrays: dict[str, np.ndarray]) -> list[torch.Tensor]:
+        """The three int64 [B, T] arrays as tensors on the device."""
+        if not self.cuda:
+            return [torch.from_numpy(arrays[k]) for k in INPUT_NAMES]
+        shape = arrays["input_ids"].shape
+        n = 3 * arrays["input_ids"].size
+        self.turn ^= 1
+        if self.staging[self.turn].numel() < n:  # grows to the largest batch, then stays
+            self.staging[self.turn] = torch.empty(
+                max(n, 2 * self.staging[self.turn].numel()), dtype=torch.int64).pin_memory()
+        host = self.staging[self.turn][:n].view(3, *shape)
+        np.stack([arrays[k] for k in INPUT_NAMES], out=host.numpy())
+        return list(host.to(self.device, non_blocking=True).unbind(0))
+
+    def launch(self, forward, arrays: dict[str, np.ndarray]):
+        """Runs ``forward`` on the batch; on a GPU returns before it is done."""
+        with torch.inference_mode():
+            out = forward(*self.inputs(arrays)).float()
+            if not self.cuda:
+                return out.numpy()
+            host = out.to("cpu", non_blocking=True)  # into pinned memory
+            done = torch.cuda.Event()
+            done.record()
+            return host, done
+
+    def collect(self, launched) -> np.ndarray:
+        """The outputs as float32 on the host (one synchronisation per batch)."""
+        if not self.cuda:
+            return launched
+        host, done = launched
+        done.synchronize()
+        return host.numpy()
+
+
+class TorchRuntime(Backend):
+    """A PyTorch module as a backend: subclasses set ``self.forward`` (on ``self.place``'s
+    device, in its dtype)."""
+
+    def __init__(self, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
+                 allowed: Sequence[str] = DTYPES):
+        if threads:
+            torch.set_num_threads(threads)
+        self.place = Placement(device, dtype, allowed)
+        self.device, self.dtype = str(self.place.device), self.place.dtype_name
+        self.asynchronous = self.place.cuda
+        self.forward = None
+
+    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.collect(self.launch(inputs))
+
+    def launch(self, inputs: dict[str, np.ndarray]):
+        return self.place.launch(self.forward, inputs)
+
+    def collect(self, launched) -> np.ndarray:
+        return self.place.collect(launched)

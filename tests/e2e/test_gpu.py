@@ -1,0 +1,38 @@
+"""The service on CUDA (marked gpu; skipped where no GPU is visible): every family served
+by the torch backend on the GPU in its auto dtype gives the CPU's embeddings."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from models import checkpoint, export
+from tests.conftest import FAMILIES, running_server
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")]
+
+TEXTS = ["The cat sat on the mat.", "GPUs multiply matrices quickly.", "short"]
+
+
+def test_every_family_on_cuda_matches_the_cpu(tiny_checkpoints, tmp_path):
+    for family in FAMILIES:
+        export.export(tiny_checkpoints[family, "embed"], tmp_path / family, "torch")
+    out = {}
+    for device in ("cpu", "cuda"):
+        with running_server(tmp_path, device=device) as url:
+            models = httpx.get(url + "/v1/models").json()["data"]
+            for m in models:
+                want = ("fp16" if "fp16" in checkpoint.DTYPES[m["family"]] else "bf16")
+                assert (m["device"], m["dtype"]) == (
+                    ("cpu", "fp32") if device == "cpu" else ("cuda:0", want))
+            for family in FAMILIES:
+                r = httpx.post(url + "/v1/embed", json={"model": family, "inputs": TEXTS},
+                               timeout=60)
+                assert r.status_code == 200, r.text
+                out[device, family] = np.array(r.json()["embeddings"])
+    for family in FAMILIES:
+        a, b = out["cpu", family], out["cuda", family]
+        assert (a * b).sum(-1).min() >= 0.999, family  # normalised: cosine

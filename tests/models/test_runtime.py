@@ -1,0 +1,128 @@
+"""The runtime backends' devices and dtypes: choosing them, refusing what cannot be had,
+and running the torch and TorchScript backends in fp16 and bf16 (on the CPU here; on CUDA
+in the tests marked gpu)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from models import export
+from models.runtime import open_backend
+from models.runtime.base import BackendError, check_device, choose_dtype
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
+
+
+def test_auto_dtype_is_fp32_on_the_cpu_and_half_on_a_gpu_as_the_model_allows():
+    assert choose_dtype("auto", "cpu", ("fp32", "fp16", "bf16")) == "fp32"
+    assert choose_dtype("auto", "cuda", ("fp32", "fp16", "bf16")) == "fp16"
+    assert choose_dtype("auto", "cuda", ("fp32", "bf16")) == "bf16"  # CMOW
+    assert choose_dtype("auto", "cuda", ("fp32",)) == "fp32"
+    with pytest.raises(BackendError, match="fp16 is not one this model runs in"):
+        choose_dtype("fp16", "cuda", ("fp32", "bf16"))
+    with pytest.raises(BackendError, match="unknown dtype"):
+        choose_dtype("fp8", "cuda", ("fp32",))
+
+
+@pytest.mark.parametrize("device", ["cpu", "auto", "cuda", "cuda:1"])
+def test_known_devices(device):
+    assert check_device(device) == device
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:x", "cpu:0", ""])
+def test_unknown_devices_are_refused(device):
+    with pytest.raises(BackendError, match="unknown device"):
+        check_device(device)
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_checkpoints, tmp_path_factory):
+    root = tmp_path_factory.mktemp("runtime")
+    out = {}
+    for fmt in ("torch", "torchscript", "onnx"):
+        out[fmt] = root / fmt
+        export.export(tiny_checkpoints["minialbert", "embed"], out[fmt], fmt)
+    return out
+
+
+def _inputs():
+    g = np.random.default_rng(0)
+    ids = g.integers(1000, 30000, (3, 12), dtype=np.int64)
+    mask = np.ones_like(ids)
+    mask[1, 5:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def _cosines(a, b):
+    a = a / np.linalg.norm(a, axis=-1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=-1, keepdims=True)
+    return (a * b).sum(-1)
+
+
+def _check_dtypes(exported, fmt, device):
+    inputs = _inputs()
+    manifest = __import__("json").loads((exported[fmt] / "manifest.json").read_text())
+    ref = open_backend(fmt, exported[fmt], manifest["artifact"], device=device).run(inputs)
+    for dtype in ("fp16", "bf16"):
+        backend = open_backend(fmt, exported[fmt], manifest["artifact"], device=device,
+                               dtype=dtype)
+        assert backend.dtype == dtype
+        got = backend.run(inputs)
+        assert got.dtype == np.float32 and got.shape == ref.shape
+        assert _cosines(ref, got).min() >= 0.999
+        assert not np.array_equal(ref, got)  # really computed in the half dtype
+
+
+@pytest.mark.parametrize("fmt", ["torch", "torchscript"])
+def test_torch_backends_run_in_half_precision_on_the_cpu(exported, fmt):
+    _check_dtypes(exported, fmt, "cpu")
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("fmt", ["torch", "torchscript"])
+def test_torch_backends_run_in_half_precision_on_cuda(exported, fmt):
+    _check_dtypes(exported, fmt, "cuda")
+    backend = open_backend(fmt, exported[fmt], "model.ts" if fmt == "torchscript" else None,
+                           device="auto", dtype="auto")
+    assert backend.device.startswith("cuda") and backend.dtype == "fp16"
+
+
+def test_onnx_artifacts_compute_in_fp32(exported):
+    backend = open_backend("onnx", exported["onnx"], "model.onnx", dtype="auto")
+    assert (backend.device, backend.dtype) == ("cpu", "fp32")
+    with pytest.raises(BackendError, match="fp16 is not one this model runs in"):
+        open_backend("onnx", exported["onnx"], "model.onnx", dtype="fp16")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+@pytest.mark.parametrize("fmt", ["torch", "torchscript", "onnx"])
+def test_cuda_without_a_gpu_is_a_clear_error(exported, fmt):
+    artifact = {"torch": None, "torchscript": "model.ts", "onnx": "model.onnx"}[fmt]
+    with pytest.raises(BackendError, match="no GPU is visible|no CUDA execution provider"):
+        open_backend(fmt, exported[fmt], artifact, device="cuda")
+    assert open_backend(fmt, exported[fmt], artifact, device="auto").device == "cpu"
+
+
+def test_export_records_how_each_dtype_compares_with_fp32(exported):
+    import json
+
+    dtypes = json.loads((exported["torch"] / "manifest.json").read_text())["dtypes"]
+    assert set(dtypes) == {"fp32", "fp16", "bf16"}
+    for name in ("fp16", "bf16"):
+        assert dtypes[name]["passed"] and 0.999 <= dtypes[name]["min_cosine"] <= 1.0 + 1e-6
+        assert "0.999" in dtypes[name]["tolerance"]
+
+
+@pytest.mark.parametrize("family", ["minialbert", "falbert", "cmow"])
+def test_traced_graphs_keep_no_device_so_they_run_on_a_gpu(family):
+    """A traced graph keeps every device it was given as a constant: torch.arange(...,
+    device=x.device) traced on the CPU would run on the CPU on a GPU machine too."""
+    from models import checkpoint
+
+    for task in ("embed", "classify", "ner"):
+        model = checkpoint.new(family, "tiny", task).model
+        traced = torch.jit.trace(model, export.example_inputs(), check_trace=False)
+        assert 'value="cpu"' not in str(traced.inlined_graph), (family, task)

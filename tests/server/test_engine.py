@@ -1,0 +1,81 @@
+"""The engine: where a model runs (device, dtype, batch limits) and what it reports."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from models import export
+from models.export import allowed_dtypes
+from server.engine import ModelLoadError, load_engine
+from server.metrics import Metrics
+from server.settings import Settings
+
+
+@pytest.fixture(scope="module")
+def torch_model(tiny_checkpoints, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("engine") / "falbert"
+    export.export(tiny_checkpoints["falbert", "embed"], folder, "torch")
+    return folder
+
+
+def test_allowed_dtypes_are_the_familys_less_those_that_failed_parity():
+    assert allowed_dtypes({"family": "bert"}) == ["fp32", "fp16", "bf16"]
+    assert allowed_dtypes({"family": "cmow"}) == ["fp32", "bf16"]
+    failed = {"fp32": {"passed": True}, "fp16": {"passed": False}, "bf16": {"passed": True}}
+    assert allowed_dtypes({"family": "bert", "dtypes": failed}) == ["fp32", "bf16"]
+
+
+def _run(engine, texts):
+    async def go():
+        await engine.start(warmup=False)
+        try:
+            return await engine.run(texts, truncate=True)
+        finally:
+            await engine.stop()
+    return asyncio.run(go())
+
+
+def test_a_model_runs_in_the_dtype_asked_for(torch_model):
+    texts = ["The cat sat on the mat.", "A longer sentence about something else entirely."]
+    fp32 = load_engine("m", torch_model, Settings(), Metrics())
+    bf16 = load_engine("m", torch_model, Settings(dtype="bf16"), Metrics())
+    assert (fp32.describe()["device"], fp32.describe()["dtype"]) == ("cpu", "fp32")
+    assert bf16.describe()["dtype"] == "bf16"
+    a, b = np.stack(_run(fp32, texts).outputs), np.stack(_run(bf16, texts).outputs)
+    assert a.dtype == b.dtype == np.float32 and not np.array_equal(a, b)
+    cos = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert cos.min() >= 0.999
+
+
+def test_a_dtype_that_failed_the_exports_parity_check_is_refused(torch_model, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(torch_model, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["dtypes"]["fp16"]["passed"] = False
+    manifest["dtype"] = "fp16"  # the model's own choice, over the service's
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelLoadError, match=r"model.*fp16 is not one this model runs in"):
+        load_engine("m", folder, Settings(), Metrics())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_cuda_without_a_gpu_names_the_model(torch_model):
+    with pytest.raises(ModelLoadError, match=r"falbert: device cuda asked for, but no GPU"):
+        load_engine("m", torch_model, Settings(device="cuda"), Metrics())
+
+
+def test_batch_limits_default_by_device():
+    assert Settings().batch_limits("cpu") == (32, 16_384)
+    assert Settings().batch_limits("cuda:0") == (256, 65_536)
+    assert Settings(max_batch_size=8, max_batch_tokens=100).batch_limits("cuda:0") == (8, 100)
+
+
+def test_settings_refuse_an_unknown_device():
+    with pytest.raises(ValueError, match="unknown device 'gpu'"):
+        Settings(device="gpu")
