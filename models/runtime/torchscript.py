@@ -1,5 +1,13 @@
 """TorchScript backend (traced: loop unrolled; scripted: loop kept), on any device and
-dtype (the module's parameters are cast; traced graphs keep their float32 mask casts)."""
+dtype.
+
+A scripted graph follows its inputs' dtypes. A traced graph has the dtype it was traced
+in written into it (mask casts, the mask's lowest value): run in fp16 or bf16 on a GPU it
+mixed fp32 masks into half-precision attention and gave NaN. So for fp16 / bf16 a traced
+artifact is traced again at load, from the model folder's checkpoint, on the device, in
+that dtype. Graphs run without the profiling executor's shape specialisation, which
+re-optimised at every new batch shape and stalled the service under load.
+"""
 
 from __future__ import annotations
 
@@ -19,4 +27,20 @@ class TorchScriptBackend(TorchRuntime):
                  allowed: Sequence[str] = DTYPES):
         super().__init__(threads, device, dtype, allowed)
         module = torch.jit.load(str(path), map_location=self.place.device)
-        self.forward = module.to(self.place.dtype).eval()
+        traced = "prim::Loop" not in str(module.inlined_graph)
+        if traced and self.dtype != "fp32":
+            module = self._trace_again(path.parent / "checkpoint")
+        self.module = module.to(self.place.dtype).eval()
+        self.forward = self._run
+
+    def _trace_again(self, folder: Path):
+        from models import checkpoint, export
+
+        model = checkpoint.load(folder).model.to(self.place.device, self.place.dtype)
+        example = tuple(t.to(self.place.device) for t in export.example_inputs())
+        with torch.no_grad():
+            return torch.jit.trace(model, example, check_trace=False)
+
+    def _run(self, *inputs: torch.Tensor) -> torch.Tensor:
+        with torch.jit.optimized_execution(False):
+            return self.module(*inputs)
