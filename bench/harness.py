@@ -155,7 +155,7 @@ def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
                                            overrides=dict(row.overrides)), source)
         fmt = {"onnx-int8": "onnx"}.get(backend, backend)
         export.export(source, folder, fmt, loop, "int8" if backend == "onnx-int8" else None,
-                      max_length=max(opts.length, 16))
+                      max_length=max(opts.length, 16), force=True)
     m = json.loads(manifest.read_text())
     return {"backend": m["backend"], "folder": str(folder), "artifact": m["artifact"],
             "num_iterations": m["num_iterations"], "parameters": m["parameters"],

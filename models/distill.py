@@ -98,8 +98,17 @@ def _mapping(student_layers: int, teacher_layers: int) -> list[int]:
     return [round((i + 1) * teacher_layers / student_layers) - 1 for i in range(student_layers)]
 
 
+def same_heads(student: torch.Tensor, teacher: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention maps [B, H, T, T] comparable head by head; with different head counts,
+    each side's map averaged over its heads ([B, 1, T, T]: still a distribution per row)."""
+    if student.shape[1] == teacher.shape[1]:
+        return student, teacher
+    return student.mean(1, keepdim=True), teacher.mean(1, keepdim=True)
+
+
 def attention_kl(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """KL(teacher || student) per query row, averaged over heads and real query tokens."""
+    student, teacher = same_heads(student, teacher)
     kl = (teacher * (teacher.clamp_min(1e-12).log() - student.clamp_min(1e-12).log())).sum(-1)
     rows = mask[:, None, :].to(kl.dtype).expand_as(kl)  # [B, H, T]
     return (kl * rows).sum() / rows.sum()
@@ -129,11 +138,22 @@ def relational(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor)
     return (((sims(student) - sims(teacher)) ** 2) * pair).sum() / pair.sum()
 
 
+def student_width(family: str, student: nn.Module) -> int:
+    if family == "bert":
+        return student.model.config.hidden_size
+    return student.config.hidden_size
+
+
 def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=None):
     """(batch, teacher outputs) -> (loss, parts) for the family's objective, and any extra
-    trainable module (CMOW's projections)."""
+    trainable module: CMOW's projections; for a student narrower (or wider) than the
+    teacher, TinyBERT's learned map from its hidden states to the teacher's width."""
     layers = teacher.hf.config.num_hidden_layers
     extra = None
+    compared_with_teacher = family != "cmow" and stage_teacher is None  # F-ALBERT's IP: LR
+    if compared_with_teacher and student_width(family, student) != teacher.hf.config.hidden_size:
+        extra = nn.Linear(student_width(family, student), teacher.hf.config.hidden_size)
+    proj = extra if extra is not None else nn.Identity()
     if family == "minialbert":
         g = _mapping(student.num_iterations, layers)
 
@@ -141,9 +161,9 @@ def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=N
             its = student.iterations(b["input_ids"], b["attention_mask"], b["token_type_ids"])
             att = sum(attention_kl(p, t["attention"][g[i]], b["attention_mask"])
                       for i, (_, p) in enumerate(its))
-            hid = sum(hidden_cosine(h, t["hidden"][g[i]], b["attention_mask"])
+            hid = sum(hidden_cosine(proj(h), t["hidden"][g[i]], b["attention_mask"])
                       for i, (h, _) in enumerate(its))
-            out = output_cosine(its[-1][0], t["last"], b["attention_mask"])
+            out = output_cosine(proj(its[-1][0]), t["last"], b["attention_mask"])
             return 3.0 * (att + hid) + 5.0 * out, {"att": att, "hid": hid, "out": out}
     elif family == "falbert":
         g = _mapping(student.num_iterations, layers)
@@ -152,13 +172,15 @@ def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=N
             its = student.iterations(b["input_ids"], b["attention_mask"], b["token_type_ids"])
             if stage_teacher is None:  # LR stage: from the teacher's layers
                 targets = [t["hidden"][g[i]] for i in range(len(its))]
-            else:  # IP stage: from the LR-ALBERT, reuse by reuse
+                last = proj(its[-1][0])
+            else:  # IP stage: from the LR-ALBERT (the student's width), reuse by reuse
                 with torch.no_grad():
                     targets = [h for h, _ in stage_teacher.iterations(
                         b["input_ids"], b["attention_mask"], b["token_type_ids"])]
-            rel = sum(relational(h, target, b["attention_mask"])
+                last = its[-1][0]
+            rel = sum(relational(h, target, b["attention_mask"])  # any widths
                       for (h, _), target in zip(its, targets))
-            out = output_cosine(its[-1][0], targets[-1], b["attention_mask"])
+            out = output_cosine(last, targets[-1], b["attention_mask"])
             return rel + out, {"relational": rel, "out": out}
     elif family == "bert":
         g = _mapping(student.model.config.num_hidden_layers, layers)
@@ -167,9 +189,11 @@ def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=N
             out = student.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
                                 token_type_ids=b["token_type_ids"], output_attentions=True)
             m = b["attention_mask"][:, None, :, None] * b["attention_mask"][:, None, None, :]
-            att = sum((((a - t["attention"][g[i]]) ** 2) * m).sum() / (m.sum() * a.shape[1])
-                      for i, a in enumerate(out.attentions))
-            sent = output_cosine(out.last_hidden_state, t["last"], b["attention_mask"])
+            att = 0.0
+            for i, a in enumerate(out.attentions):
+                a, target = same_heads(a, t["attention"][g[i]])
+                att = att + (((a - target) ** 2) * m).sum() / (m.sum() * a.shape[1])
+            sent = output_cosine(proj(out.last_hidden_state), t["last"], b["attention_mask"])
             return att + sent, {"att_mse": att, "out": sent}
     elif family == "cmow":
         # the sentence projection is the student's own (its embeddings are projected);
@@ -188,8 +212,26 @@ def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=N
 
 
 # -- students ---------------------------------------------------------------------------
+def check_preset(family: str, preset: str, teacher: Teacher, max_length: int) -> None:
+    """Refuses, before any training, a student that cannot learn from this teacher."""
+    if family == "bert" and preset == STUDENT_PRESET["bert"]:
+        return
+    config = checkpoint.new(family, preset, "embed").config  # ValueError-free: known preset
+    vocab, positions = config.get("vocab_size"), config.get("max_position_embeddings", 512)
+    if vocab != teacher.hf.config.vocab_size:
+        raise ValueError(f"{family} preset {preset!r} has a vocabulary of {vocab} tokens, "
+                         f"the teacher's tokenizer {teacher.hf.config.vocab_size}")
+    if positions < max_length:
+        raise ValueError(f"{family} preset {preset!r} takes at most {positions} tokens, "
+                         f"fewer than the {max_length} distillation trains on")
+
+
 def new_student(family: str, preset: str, teacher: Teacher, seed: int,
                 overrides: dict | None = None) -> Checkpoint:
+    if family == "bert" and preset != STUDENT_PRESET["bert"]:  # a named size, fresh weights
+        student = checkpoint.new("bert", preset, "embed", seed=seed, overrides=overrides)
+        init_bert_from_teacher(student, teacher)
+        return student
     if family == "bert":  # the teacher's config with half the layers, lower layers copied
         config = teacher.hf.config.to_dict()
         layers = config["num_hidden_layers"] // 2
@@ -210,6 +252,17 @@ def new_student(family: str, preset: str, teacher: Teacher, seed: int,
     if family == "cmow":
         init_cmow_from_teacher(student, teacher)
     return student
+
+
+@torch.no_grad()
+def init_bert_from_teacher(student: Checkpoint, teacher: Teacher) -> None:
+    """A BERT student of another size takes every teacher tensor of the same name and
+    shape (all of them for MiniLM's own size; the embeddings' LayerNorm for a narrower
+    one, say); the rest keeps its fresh weights."""
+    own = student.model.model.state_dict()
+    fitting = {k: v for k, v in teacher.hf.state_dict().items()
+               if k in own and own[k].shape == v.shape}
+    student.model.model.load_state_dict(fitting, strict=False)
 
 
 @torch.no_grad()
@@ -395,6 +448,7 @@ def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:
     train, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed)
     held = held[: opts.held_out]
     preset = opts.preset or STUDENT_PRESET[opts.family]
+    check_preset(opts.family, preset, teacher, opts.max_length)
     resuming = (opts.output / STATE).exists() and (opts.output / "config.json").exists()
     student = checkpoint.load(opts.output) if resuming else new_student(
         opts.family, preset, teacher, opts.seed)

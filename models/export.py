@@ -212,9 +212,15 @@ def _versions() -> dict[str, str]:
 
 def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str = "unroll",
            quantize: str | None = None, task: str | None = None, max_length: int | None = None,
-           progress: Callable[[str], None] = lambda step: None) -> dict:
+           progress: Callable[[str], None] = lambda step: None, force: bool = False) -> dict:
     """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
-    manifest. Raises CheckpointError (unreadable checkpoint) or ExportError."""
+    manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
+    and then replaced only once the new folder is complete. Raises CheckpointError
+    (unreadable checkpoint) or ExportError."""
+    output = Path(output)
+    if output.exists() and not force:
+        raise ExportError(f"{output} already exists (a server may be serving it); pass "
+                          "--force to replace it")
     if fmt not in FORMATS:
         raise ExportError(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
     if loop not in ("unroll", "keep"):
@@ -231,19 +237,29 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
 
     tokenizer = AutoTokenizer.from_pretrained(str(ckpt.tokenizer_dir))
     max_length = min(max_length or ckpt.max_length, ckpt.max_length)
-    output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         manifest = _export_into(staging, ckpt, tokenizer, fmt, loop, quantize, max_length,
                                 progress)
         progress("moving into place")
-        if output.exists():
-            shutil.rmtree(output)
-        staging.rename(output)
+        replace(staging, output)
         return manifest
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def replace(new: Path, output: Path) -> None:
+    """Puts the complete folder ``new`` at ``output``: two renames, so that ``output`` is
+    at every moment the old folder or the new one (for an instant, neither), never a
+    half-written one."""
+    old = None
+    if output.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
+        output.rename(old / "model")
+    new.rename(output)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str, loop: str,

@@ -1,5 +1,7 @@
 """create_app(settings): the FastAPI application. Its lifespan loads the model repository
-in the background (/ready says when it is done) and drains the queues on shutdown."""
+in the background, building the embedded default first when no repository is named (the
+port is open meanwhile: /health answers, /ready says what is being built or loaded and
+turns 200 when done), and drains the queues on shutdown."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
 
 from server import errors
@@ -37,6 +40,33 @@ class Service:
     failures: dict[str, str] = field(default_factory=dict)
     ready: bool = False
     draining: bool = False
+    status: str = "starting"  # what is being built or loaded, for /ready
+
+
+class BuildCancelled(Exception):
+    """Raised into the default's build (through its progress) when the service stops."""
+
+
+async def build_and_load(service: Service, repository: Path | None) -> None:
+    """Builds the embedded default when no repository is named, then loads it."""
+    if repository is None:
+        from server.default import ensure_default_repository
+
+        def hear(text: str) -> None:
+            if service.draining:  # shutting down: stop building (the next start resumes)
+                raise BuildCancelled("the service is shutting down")
+            service.status = f"building the embedded default: {text}"
+
+        try:
+            repository = await asyncio.to_thread(
+                ensure_default_repository, service.settings.cache_dir, hear)
+        except BuildCancelled:
+            return
+        except Exception as e:
+            service.status = f"building the embedded default failed: {type(e).__name__}: {e}"
+            log.exception("building the embedded default failed: serving nothing, never ready")
+            return
+    await load_repository(service, repository)
 
 
 async def load_repository(service: Service, repository: Path) -> None:
@@ -48,7 +78,8 @@ async def load_repository(service: Service, repository: Path) -> None:
     folders = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
         log.error("model repository %s holds no model folders", repository)
-    for folder in folders:
+    for n, folder in enumerate(folders, 1):
+        service.status = f"loading {folder.name} ({n} of {len(folders)})"
         engine = None
         try:
             engine = await asyncio.to_thread(load_engine, folder.name, folder, service.settings,
@@ -68,6 +99,7 @@ async def load_repository(service: Service, repository: Path) -> None:
     # collection walking them all stalled every request for ~0.3 s; frozen, it skips them
     gc.collect()
     gc.freeze()
+    service.status = "ready"
     service.ready = True
 
 
@@ -109,12 +141,14 @@ class ApiKey:
 
     PUBLIC = frozenset({"/health", "/ready", "/docs", "/docs/oauth2-redirect", "/redoc",
                         "/openapi.json"})
+    PUBLIC_PREFIX = "/static-offline-docs/"  # the docs' scripts and styles
 
     def __init__(self, app, key: str | None):
         self.app, self.key = app, key and key.encode()
 
     async def __call__(self, scope, receive, send):
-        if self.key is None or scope["type"] != "http" or scope["path"] in self.PUBLIC:
+        if self.key is None or scope["type"] != "http" or scope["path"] in self.PUBLIC \
+                or scope["path"].startswith(self.PUBLIC_PREFIX):
             return await self.app(scope, receive, send)
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
@@ -154,13 +188,14 @@ class Record:
 
 def create_app(settings: Settings | None = None, repository: Path | None = None) -> FastAPI:
     settings = settings or Settings()
-    repository = repository or settings.model_repository
+    repository = repository or settings.model_repository  # None: the embedded default
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service = Service(settings, Metrics())
         app.state.service = service
-        loading = asyncio.create_task(load_repository(service, Path(repository)))
+        loading = asyncio.create_task(
+            build_and_load(service, Path(repository) if repository else None))
         yield
         service.draining = True
         loading.cancel()
@@ -170,7 +205,9 @@ def create_app(settings: Settings | None = None, repository: Path | None = None)
 
     # FastAPI's own OpenTelemetry hooks look up the providers on every request (a tenth
     # of the event loop's time under load); /metrics is Prometheus
-    app = FastAPI(title="distilserve", version="0.1.0", lifespan=lifespan,
+    # FastAPIOffline: /docs and /redoc load their scripts and styles from this service
+    # (fastapi-offline's copies), not from a CDN, so they work without internet
+    app = FastAPIOffline(title="distilserve", version="0.1.0", lifespan=lifespan,
                   description="Embeddings, classification and NER from compact encoders.",
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     errors.install(app)

@@ -1,4 +1,4 @@
-"""The ``distilserve`` command. Argument parsing only: the work is in models/ and server/."""
+"""The ``distilserve`` command (argument parsing; the work is in models/ and server/)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,17 @@ import sys
 from pathlib import Path
 
 from models import checkpoint
+
+DESCRIPTION = """Serves compact, distilled text encoders (BERT, DistilBERT, TinyBERT, MiniLM,
+MobileBERT, MiniALBERT, F-ALBERT, CMOW): embeddings (OpenAI-compatible too),
+classification and NER over HTTP, on the CPU or a GPU.
+
+  distilserve serve                      the embedded default on http://127.0.0.1:8000
+  distilserve new bert --preset minilm-l6 --output ckpt/minilm
+  distilserve export ckpt/minilm --output repo/minilm --format onnx
+  distilserve serve --model-repository repo
+
+'distilserve COMMAND --help' describes each command."""
 
 
 @contextlib.contextmanager
@@ -46,7 +57,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     with status("exporting") as progress:
         try:
             manifest = export.export(args.checkpoint, args.output, args.format, args.loop,
-                                     args.quantize, args.task, args.max_length, progress)
+                                     args.quantize, args.task, args.max_length, progress,
+                                     force=args.force)
         except export.ExportError as e:
             print(f"distilserve export: {e}", file=sys.stderr)
             return 1
@@ -55,8 +67,10 @@ def cmd_export(args: argparse.Namespace) -> int:
           f"{parity['max_scaled_diff']:.3g} of the output's scale "
           f"(tolerance {parity['tolerance']}, shapes {parity['shapes']})")
     if manifest["quantization"]:
-        q = {k: v for k, v in manifest["quantization"].items() if k != "method"}
-        print("int8 vs fp32: " + ", ".join(f"{k} {v:.4f}" for k, v in q.items()))
+        q = manifest["quantization"]
+        figures = {k: v for k, v in q.items() if isinstance(v, float)}
+        print("int8 vs fp32: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items())
+              + f" ({len(q['kept_fp32'])} MatMuls kept in fp32)")
     print(f"wrote {args.output} ({manifest['family']} {manifest['task']}, "
           f"backend {manifest['backend']}, artifact {manifest['artifact']})")
     return 0
@@ -96,14 +110,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"distilserve serve: model repository {repository} is not a folder",
               file=sys.stderr)
         return 2
-    if repository is None:
-        from server.default import ensure_default_repository
-
-        repository = ensure_default_repository(settings.cache_dir)
+    try:  # the port first: a port in use is a one-line error before anything loads
+        sock = listening_socket(settings.host, settings.port)
+    except OSError as e:
+        print(f"distilserve serve: cannot listen on {settings.host}:{settings.port}: "
+              f"{e.strerror or e}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    uvicorn.run(create_app(settings, repository), host=settings.host, port=settings.port,
-                log_level="info", access_log=settings.access_log, timeout_graceful_shutdown=30)
+    if repository is None:
+        logging.getLogger("distilserve").info(
+            "serving the embedded default; it is built on the first start (a few minutes; "
+            "/ready says how far along)")
+    # the app builds the embedded default (no repository) and loads the models in the
+    # background, with the port open: /health answers at once, /ready when they are loaded
+    config = uvicorn.Config(create_app(settings, repository), host=settings.host,
+                            port=settings.port, log_level="info",
+                            access_log=settings.access_log, timeout_graceful_shutdown=30)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def listening_socket(host: str, port: int):
+    """A bound socket on host:port (as uvicorn binds: SO_REUSEADDR, IPv6 for a ':' host)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -140,7 +180,11 @@ def cmd_distill(args: argparse.Namespace) -> int:
                            steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                            lr=args.lr, teacher=args.teacher)
     with status("distilling") as progress:
-        record = distill.distill(opts, progress)
+        try:
+            record = distill.distill(opts, progress)
+        except ValueError as e:  # a preset that cannot learn from this teacher
+            print(f"distilserve distill: {e}", file=sys.stderr)
+            return 2
         fid = record["fidelity"]
         print(f"{args.family} student ({record['parameters'] / 1e6:.1f}M parameters) in "
               f"{args.output}: Spearman {fid['spearman']:.3f}, top-10 overlap "
@@ -153,36 +197,64 @@ def cmd_distill(args: argparse.Namespace) -> int:
             # CMOW's matrix products grow with length (norm ~1e3 at 60 tokens, ~1e16 at
             # 250, then they swamp the embedding): served at the length it was trained on
             length = opts.max_length if args.family == "cmow" else 256
-            export.export(args.output, target, "onnx", max_length=length, progress=progress)
+            export.export(args.output, target, "onnx", max_length=length, progress=progress,
+                          force=True)
             print(f"added to the default repository as {args.family!r}: {target}")
     return 0
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="distilserve", description=__doc__)
-    sub = p.add_subparsers(dest="command", required=True)
+    p = argparse.ArgumentParser(
+        prog="distilserve", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    tasks = ["embed", "classify", "ner"]
 
-    new = sub.add_parser("new", help="write a checkpoint of a family with fresh weights")
-    new.add_argument("family", nargs="?", choices=checkpoint.FAMILIES)
-    new.add_argument("--output", "-o")
-    new.add_argument("--preset", default="tiny")
-    new.add_argument("--task", default="embed", choices=["embed", "classify", "ner"])
+    new = sub.add_parser("new", help="write a checkpoint of a family with fresh weights",
+                         description="Writes a checkpoint (config.json, model.safetensors, "
+                         "tokenizer files) of a model family at a size preset, with fresh "
+                         "weights.")
+    new.add_argument("family", nargs="?", choices=checkpoint.FAMILIES, help="model family")
+    new.add_argument("--output", "-o", help="folder to write the checkpoint to")
+    new.add_argument("--preset", default="tiny",
+                     help="size preset, one of the family's (see --list; default tiny)")
+    new.add_argument("--task", default="embed", choices=tasks,
+                     help="task head: sentence embedding, sequence or token classification")
     new.add_argument("--labels", help="comma-separated labels for classify and ner")
-    new.add_argument("--seed", type=int, default=0)
+    new.add_argument("--seed", type=int, default=0, help="seed of the fresh weights")
     new.add_argument("--list", action="store_true", help="print families and presets")
     new.set_defaults(func=cmd_new)
 
-    exp = sub.add_parser("export", help="export a checkpoint into a servable model folder")
-    exp.add_argument("checkpoint")
-    exp.add_argument("--output", "-o", required=True, help="REPO/NAME")
-    exp.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "torch"])
-    exp.add_argument("--loop", default="unroll", choices=["unroll", "keep"])
-    exp.add_argument("--quantize", choices=["int8"])
-    exp.add_argument("--task", choices=["embed", "classify", "ner"])
-    exp.add_argument("--max-length", type=int)
+    exp = sub.add_parser("export", help="export a checkpoint into a servable model folder",
+                         description="Exports a checkpoint into a model folder (manifest, "
+                         "checkpoint, artifact), checks the artifact against PyTorch at "
+                         "unseen shapes and fp16/bf16 against fp32, and refuses to write "
+                         "anything servable when the check fails.")
+    exp.add_argument("checkpoint", help="checkpoint folder (config.json and weights)")
+    exp.add_argument("--output", "-o", required=True,
+                     help="the model folder to write, REPO/NAME (served as NAME)")
+    exp.add_argument("--format", default="onnx", choices=["onnx", "torchscript", "torch"],
+                     help="artifact: ONNX Runtime, TorchScript, or the PyTorch checkpoint "
+                     "itself (default onnx)")
+    exp.add_argument("--loop", default="unroll", choices=["unroll", "keep"],
+                     help="MiniALBERT and F-ALBERT: write the iterations out, or keep one "
+                     "layer in a loop (default unroll)")
+    exp.add_argument("--quantize", choices=["int8"],
+                     help="ONNX only: also write a dynamically quantised int8 model and "
+                     "serve it")
+    exp.add_argument("--task", choices=tasks,
+                     help="serve the checkpoint for this task (default: the one its config "
+                     "names)")
+    exp.add_argument("--max-length", type=int,
+                     help="longest input in tokens (default: the model's maximum)")
+    exp.add_argument("--force", action="store_true",
+                     help="replace an existing model folder (once the new one is complete)")
     exp.set_defaults(func=cmd_export)
 
-    serve = sub.add_parser("serve", help="serve a model repository over HTTP")
+    serve = sub.add_parser("serve", help="serve a model repository over HTTP",
+                           description="Serves every model folder of a repository over "
+                           "HTTP. Every flag has a DISTILSERVE_* environment twin; "
+                           "server/settings.py lists the others (limits, batching, API key).")
     serve.add_argument("--model-repository", type=Path,
                        help="folder of model folders (DISTILSERVE_MODEL_REPOSITORY); "
                        "default: the embedded default, built on first run")
@@ -194,28 +266,39 @@ def parser() -> argparse.ArgumentParser:
                        "(default auto: fp32 on the CPU, fp16 or bf16 on a GPU)")
     serve.set_defaults(func=cmd_serve)
 
-    dist = sub.add_parser("distill", help="distil the teacher into a student of a family")
-    dist.add_argument("family", choices=["bert", "minialbert", "falbert", "cmow"])
-    dist.add_argument("--output", "-o", type=Path, required=True)
+    dist = sub.add_parser("distill", help="distil the teacher into a student of a family",
+                          description="Distils all-MiniLM-L6-v2 (or --teacher) into a "
+                          "student with the family's paper objective, on sentences from "
+                          "installed docstrings; saves and resumes every 200 steps.")
+    dist.add_argument("family", choices=["bert", "minialbert", "falbert", "cmow"],
+                      help="the student's family")
+    dist.add_argument("--output", "-o", type=Path, required=True,
+                      help="folder for the student checkpoint (resumed if it holds one)")
     dist.add_argument("--preset", help="student size (default: one that aligns with MiniLM)")
     dist.add_argument("--steps", type=int,
                       help="training steps (default: 12-19 minutes on 2 cores)")
-    dist.add_argument("--seed", type=int, default=0)
-    dist.add_argument("--batch-size", type=int, default=32)
+    dist.add_argument("--seed", type=int, default=0, help="seed of data order and weights")
+    dist.add_argument("--batch-size", type=int, default=32, help="sentences per step")
     dist.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
     dist.add_argument("--teacher", type=Path, help="a local checkpoint (default: MiniLM)")
     dist.add_argument("--add-to-default", action="store_true",
                       help="export the student into the default repository as FAMILY")
     dist.set_defaults(func=cmd_distill)
 
-    bench = sub.add_parser("bench", help="throughput, latency and memory of every family")
-    bench.add_argument("--output", type=Path, default=Path("bench"))
-    bench.add_argument("--quick", action="store_true", help="tiny presets, ONNX, seconds")
-    bench.add_argument("--batch-size", type=int, default=256)
-    bench.add_argument("--length", type=int, default=64)
+    bench = sub.add_parser("bench", help="throughput, latency and memory of every family",
+                           description="Measures every paper-size model x backend x loop "
+                           "form, each in its own process, and writes results.json, "
+                           "REPORT.md and charts; resumes where it stopped.")
+    bench.add_argument("--output", type=Path, default=Path("bench-results"),
+                       help="folder for results, report and charts (default bench-results; "
+                       "the committed report is bench/)")
+    bench.add_argument("--quick", action="store_true",
+                       help="tiny presets, one backend, seconds: checks the harness")
+    bench.add_argument("--batch-size", type=int, default=256, help="sentences per batch")
+    bench.add_argument("--length", type=int, default=64, help="tokens per sentence")
     bench.add_argument("--batches", type=int, default=1, help="batches per timed run")
-    bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--threads", type=int, default=0, help="0: all cores")
+    bench.add_argument("--repeats", type=int, default=3, help="timed runs (median reported)")
+    bench.add_argument("--threads", type=int, default=0, help="intra-op threads (0: all cores)")
     bench.add_argument("--device", default="cpu",
                        help="cpu, or cuda[:N]: the torch and torchscript backends on a GPU")
     bench.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"],

@@ -13,36 +13,82 @@ their manifests under ``training``.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 VERSION = "1"  # bump when what is built, or how, changes
 STAMP = "default.json"
 
 
-def _progress():
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn())
+log = logging.getLogger("distilserve")
 
 
-def build(folder: Path, seed: int = 0) -> dict:
+class BuildProgress:
+    """Where the build is, for anyone who asks (``/ready``'s body, through ``listener``):
+    a live line on a terminal; otherwise (a log file, Docker, Kubernetes) a log line when
+    the build moves to another model and at least every ``every`` seconds."""
+
+    def __init__(self, listener: Callable[[str], None] = lambda text: None,
+                 every: float = 10.0, terminal: bool | None = None):
+        self.listener, self.every = listener, every
+        self.terminal = sys.stderr.isatty() if terminal is None else terminal
+        self.current, self.started = "starting", time.monotonic()
+        self.done = threading.Event()
+
+    def __enter__(self):
+        if self.terminal:
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(SpinnerColumn(), TextColumn("{task.description}"),
+                                TimeElapsedColumn(), transient=False)
+            self.bar.__enter__()
+            self.task = self.bar.add_task(self.current, total=None)
+        else:
+            threading.Thread(target=self._heartbeat, daemon=True,
+                             name="default-build-progress").start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        if self.terminal:
+            self.bar.__exit__(*exc)
+
+    def __call__(self, text: str) -> None:
+        model = text.partition(":")[0]
+        if not self.terminal and model != self.current.partition(":")[0]:
+            self._log(text)
+        self.current = text
+        self.listener(text)
+        if self.terminal:
+            self.bar.update(self.task, description=text)
+
+    def _log(self, text: str) -> None:
+        log.info("building the embedded default (%.0f s): %s",
+                 time.monotonic() - self.started, text)
+
+    def _heartbeat(self) -> None:
+        while not self.done.wait(self.every):
+            self._log(self.current)
+
+
+def build(folder: Path, seed: int = 0,
+          progress: Callable[[str], None] | None = None) -> dict:
     """Builds the three models into ``folder`` (which must not exist yet)."""
     from models import checkpoint, export, finetune
 
     work = folder.parent / f".{folder.name}.checkpoints"
     shutil.rmtree(work, ignore_errors=True)
     timings = {}
-    with _progress() as bar:
-        step = bar.add_task("all-MiniLM-L6-v2 -> ONNX", total=None)
-
-        def say(text: str) -> None:
-            bar.update(step, description=text)
-
+    with BuildProgress(progress or (lambda text: None)) as say:
+        say("all-minilm-l6-v2: exporting to ONNX")
         started = time.perf_counter()
         export.export(checkpoint.minilm_path(), folder / "all-minilm-l6-v2", "onnx",
-                      max_length=256, progress=lambda s: say(f"all-MiniLM-L6-v2: {s}"))
+                      max_length=256, progress=lambda s: say(f"all-minilm-l6-v2: {s}"))
         timings["all-minilm-l6-v2"] = time.perf_counter() - started
 
         for name, train, what in (
@@ -61,13 +107,15 @@ def build(folder: Path, seed: int = 0) -> dict:
                                     "generator": "models/synthetic.py, models/finetune.py"}
             manifest_file.write_text(json.dumps(manifest, indent=2) + "\n")
             timings[name] = time.perf_counter() - started
-        bar.update(step, description="default repository built")
+        say("default repository built")
     shutil.rmtree(work, ignore_errors=True)
     return {k: round(v, 1) for k, v in timings.items()}
 
 
-def ensure_default_repository(cache_dir: Path) -> Path:
-    """The default repository's folder, built first if it is missing or out of date."""
+def ensure_default_repository(cache_dir: Path,
+                              progress: Callable[[str], None] | None = None) -> Path:
+    """The default repository's folder, built first if it is missing or out of date
+    (``progress`` hears where the build is)."""
     cache_dir = Path(cache_dir)
     folder = cache_dir / f"default-v{VERSION}"
     stamp = folder / STAMP
@@ -78,7 +126,7 @@ def ensure_default_repository(cache_dir: Path) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     models = staging / "models"
-    timings = build(models)
+    timings = build(models, progress=progress)
     (models / STAMP).write_text(json.dumps({"version": VERSION, "seconds": timings}) + "\n")
     for old in cache_dir.glob("default-v*"):  # earlier versions
         shutil.rmtree(old, ignore_errors=True)

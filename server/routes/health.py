@@ -22,8 +22,11 @@ async def ready(request: Request):
     svc = service(request)
     if svc.ready and not svc.draining:
         return {"status": "ready", "models": sorted(svc.engines), "failed": svc.failures}
-    return JSONResponse(body("unavailable", "shutting down" if svc.draining else
-                             "models are still loading"), 503, headers={"Retry-After": "2"})
+    if svc.draining:
+        return JSONResponse(body("unavailable", "shutting down"), 503,
+                            headers={"Retry-After": "2"})
+    return JSONResponse({**body("unavailable", f"not ready yet: {svc.status}"),
+                         "status": svc.status}, 503, headers={"Retry-After": "2"})
 
 
 @router.get("/metrics")

@@ -337,3 +337,15 @@ def test_inputs_of_a_client_that_went_away_are_not_run(repository, tmp_path):
         time.sleep(0.3)  # let the queue settle
         assert _forward_passes(u, "minilm") - before == 12
         assert httpx.post(u + "/v1/embed", json={"inputs": "still serving"}).status_code == 200
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_docs_pages_load_everything_from_the_service_itself(url, page):
+    """No CDN: every script, stylesheet and icon the page references is served here."""
+    html = httpx.get(url + page).text
+    assets = re.findall(r'(?:src|href)\s*[:=]\s*["\']([^"\']+)["\']', html)
+    assert any(a.endswith(".js") for a in assets), assets
+    for asset in assets:
+        assert asset.startswith("/"), f"{page} loads {asset} from elsewhere"
+        response = httpx.get(url + asset)
+        assert response.status_code == 200 and response.content, asset

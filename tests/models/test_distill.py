@@ -44,6 +44,40 @@ def test_a_few_steps_lower_the_loss_and_the_student_exports_and_serves(teacher, 
         assert res.status_code == 200 and len(res.json()["embeddings"]) == 2
 
 
+@pytest.fixture(scope="module")
+def wide_teacher(tmp_path_factory):
+    """Wider than every tiny student and with more heads (48 wide, 6 heads, 3 layers)."""
+    path = tmp_path_factory.mktemp("wide-teacher")
+    return checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=1, overrides={
+        "initializer_range": 0.3, "hidden_size": 48, "num_attention_heads": 6,
+        "intermediate_size": 96, "num_hidden_layers": 3}), path)
+
+
+@pytest.mark.parametrize("family", ["bert", "minialbert", "falbert", "cmow"])
+def test_a_student_narrower_than_the_teacher_learns(wide_teacher, tmp_path, family):
+    """32 wide and 4 heads against 48 and 6: a learned map to the teacher's width, and
+    attention compared head-averaged."""
+    opts = distill.Options(family=family, output=tmp_path / "student", preset="tiny",
+                           steps=6, batch_size=8, max_length=32, lr=3e-3,
+                           teacher=wide_teacher, save_every=3, held_out=30, corpus_limit=2000)
+    record = distill.distill(opts, progress=lambda s: None)
+    for stage in record["stages"]:
+        assert stage["fixed_batch_loss_after"] < stage["fixed_batch_loss_before"], stage
+    student = checkpoint.load(opts.output)
+    assert student.family == family and record["preset"] == "tiny"
+    width = student.config.get("hidden_size") or student.config.get("projection_size")
+    assert width != 48 or family == "cmow"  # CMOW keeps its projection to the teacher
+
+
+def test_a_preset_that_cannot_learn_from_the_teacher_is_refused_before_training(
+        wide_teacher, tmp_path):
+    opts = distill.Options(family="minialbert", output=tmp_path / "s", preset="tiny",
+                           steps=2, max_length=200, teacher=wide_teacher)
+    with pytest.raises(ValueError, match="minialbert preset 'tiny' takes at most 128 tokens"):
+        distill.distill(opts, progress=lambda s: None)
+    assert not (tmp_path / "s" / "config.json").exists()
+
+
 def test_resumes_from_the_last_save(teacher, tmp_path):
     opts = distill.Options(family="minialbert", output=tmp_path / "s", preset="tiny", steps=4,
                            batch_size=4, max_length=16, teacher=teacher, save_every=2,

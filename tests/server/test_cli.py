@@ -41,3 +41,40 @@ def test_serve_refuses_an_unknown_device_in_one_line(tmp_path, capsys):
     assert main(["serve", "--model-repository", str(tmp_path), "--device", "tpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown device 'tpu'" in err
+
+
+def test_export_int8_prints_the_agreement_figures(tiny_checkpoints, tmp_path, capsys):
+    out = tmp_path / "repo" / "m"
+    assert main(["export", tiny_checkpoints["bert", "embed"], "--output", str(out),
+                 "--quantize", "int8"]) == 0
+    printed = capsys.readouterr().out
+    assert "int8 vs fp32: " in printed and "min_cosine" in printed
+    assert (out / "model.int8.onnx").exists()
+
+
+def test_every_flag_of_every_command_has_help(capsys):
+    import argparse
+
+    from server.cli import parser
+
+    p = parser()
+    assert "argument parsing" not in p.description.lower()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    for name, command in sub.choices.items():
+        assert command.description, name
+        for action in command._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"{name} {action.option_strings or action.dest}"
+
+
+def test_export_onto_an_existing_model_folder_needs_force(tiny_checkpoints, tmp_path, capsys):
+    out = tmp_path / "repo" / "m"
+    source = tiny_checkpoints["cmow", "embed"]
+    assert main(["export", source, "--output", str(out)]) == 0
+    before = (out / "manifest.json").read_text()
+    assert main(["export", source, "--output", str(out), "--format", "torch"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert (out / "manifest.json").read_text() == before  # untouched
+    assert main(["export", source, "--output", str(out), "--format", "torch", "--force"]) == 0
+    assert '"backend": "torch"' in (out / "manifest.json").read_text()
+    assert sorted(p.name for p in out.parent.iterdir()) == ["m"]  # nothing left beside it
