@@ -73,8 +73,18 @@ class _Base:
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
 
     @staticmethod
-    def _embed_body(inputs, model, normalize, truncate):
-        return {"inputs": inputs, "model": model, "normalize": normalize, "truncate": truncate}
+    def _embed_body(inputs, model, normalize, truncate, dimensions):
+        return {"inputs": inputs, "model": model, "normalize": normalize, "truncate": truncate,
+                "dimensions": dimensions}
+
+    @staticmethod
+    def _rerank_body(query, documents, model, top_n, return_documents):
+        return {"query": query, "documents": documents, "model": model, "top_n": top_n,
+                "return_documents": return_documents}
+
+    @staticmethod
+    def _tokenize_body(inputs, model, add_special_tokens):
+        return {"inputs": inputs, "model": model, "add_special_tokens": add_special_tokens}
 
     @staticmethod
     def _classify_body(inputs, model, top_k, truncate):
@@ -102,9 +112,21 @@ class DistilServeClient(_Base):
                 return _raise_for(response)
             time.sleep(_delay(response, attempt, self.backoff))
 
-    def embed(self, inputs, model=None, normalize=True, truncate=True) -> list[list[float]]:
-        body = self._embed_body(inputs, model, normalize, truncate)
+    def embed(self, inputs, model=None, normalize=True, truncate=True,
+              dimensions=None) -> list[list[float]]:
+        body = self._embed_body(inputs, model, normalize, truncate, dimensions)
         return self._call("POST", "/v1/embed", body)["embeddings"]
+
+    def rerank(self, query, documents, model=None, top_n=None,
+               return_documents=False) -> list[dict]:
+        """``results``: {index, relevance_score[, document]}, most relevant first."""
+        body = self._rerank_body(query, documents, model, top_n, return_documents)
+        return self._call("POST", "/v1/rerank", body)["results"]
+
+    def tokenize(self, inputs, model=None, add_special_tokens=True) -> list[list[dict]]:
+        """Per input its tokens: {id, text, start, stop, special}."""
+        return self._call("POST", "/v1/tokenize",
+                          self._tokenize_body(inputs, model, add_special_tokens))
 
     def classify(self, inputs, model=None, top_k=None, truncate=True) -> list[list[dict]]:
         body = self._classify_body(inputs, model, top_k, truncate)
@@ -148,9 +170,17 @@ class AsyncDistilServeClient(_Base):
                 return _raise_for(response)
             await asyncio.sleep(_delay(response, attempt, self.backoff))
 
-    async def embed(self, inputs, model=None, normalize=True, truncate=True):
-        body = self._embed_body(inputs, model, normalize, truncate)
+    async def embed(self, inputs, model=None, normalize=True, truncate=True, dimensions=None):
+        body = self._embed_body(inputs, model, normalize, truncate, dimensions)
         return (await self._call("POST", "/v1/embed", body))["embeddings"]
+
+    async def rerank(self, query, documents, model=None, top_n=None, return_documents=False):
+        body = self._rerank_body(query, documents, model, top_n, return_documents)
+        return (await self._call("POST", "/v1/rerank", body))["results"]
+
+    async def tokenize(self, inputs, model=None, add_special_tokens=True):
+        return await self._call("POST", "/v1/tokenize",
+                                self._tokenize_body(inputs, model, add_special_tokens))
 
     async def classify(self, inputs, model=None, top_k=None, truncate=True):
         body = self._classify_body(inputs, model, top_k, truncate)

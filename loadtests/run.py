@@ -96,6 +96,27 @@ class InProcess:
             latencies.append((time.perf_counter() - t) * 1000)
         return {"batched_sentences_per_s": rate, "single_p50_ms": statistics.median(latencies)}
 
+    def rerank_rate(self, seconds: float, documents: int) -> float:
+        """Documents/s reranked by cosine: a query and its documents embedded together."""
+        texts = samples.SENTENCES
+        done, started, i = 0, time.perf_counter(), 0
+        while time.perf_counter() - started < seconds:
+            batch = [texts[(i + j) % len(texts)] for j in range(documents + 1)]
+            vectors = self.run(batch)
+            vectors[1:] @ vectors[0]
+            done, i = done + documents, i + 1
+        return done / (time.perf_counter() - started)
+
+
+RERANK_DOCUMENTS = 16
+
+
+def rerank_payloads(model: str) -> list[dict]:
+    texts = samples.SENTENCES
+    return [{"model": model, "query": q,
+             "documents": [texts[(i + j) % len(texts)] for j in range(1, RERANK_DOCUMENTS + 1)]}
+            for i, q in enumerate(texts)]
+
 
 def run_locust(url: str, out: Path, users: int, seconds: int, env: dict) -> dict:
     prefix = out / "locust"
@@ -158,6 +179,13 @@ def main(argv: list[str] | None = None) -> int:
                                              args.light_seconds / 2),
                 "many_clients": lightload.run(url, "/v1/embed", payloads, args.clients,
                                               args.light_seconds)})
+        # rerank: 8 clients, each a query and 16 documents per request, by cosine
+        rerank = {"in_process_documents_per_s": ceiling_model.rerank_rate(
+            args.light_seconds / 2, RERANK_DOCUMENTS)}
+        served_rerank = lightload.run(url, "/v1/rerank", rerank_payloads(embed), 8,
+                                      args.light_seconds)
+        rerank.update(service=served_rerank, documents_per_s=served_rerank["requests_per_s"]
+                      * RERANK_DOCUMENTS)
         del ceiling_model
         env = {"DISTILSERVE_LOAD_EMBED": embed,
                "DISTILSERVE_LOAD_CLASSIFY": by_task.get("classify", ""),
@@ -171,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     added = [r["lone_client"]["p50_ms"] - r["in_process"]["single_p50_ms"] for r in rounds]
     summary = {
         "model": embed, "clients": args.clients, "rounds": rounds, "locust": locust,
+        "rerank": rerank,
         "service_vs_in_process_throughput": statistics.median(ratios),
         "added_latency_p50_ms": statistics.median(added),
     }
@@ -199,7 +228,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(f'{x:.0%}' for x in ratios)} (median "
         f"{summary['service_vs_in_process_throughput']:.0%}); latency a lone request adds "
         f"at p50: {', '.join(f'{x:.2f}' for x in added)} ms (median "
-        f"{summary['added_latency_p50_ms']:.2f} ms).", ""])
+        f"{summary['added_latency_p50_ms']:.2f} ms).", "",
+        f"Rerank ({RERANK_DOCUMENTS} documents per request by cosine, 8 clients): "
+        f"{rerank['documents_per_s']:.0f} documents/s, "
+        f"{rerank['documents_per_s'] / rerank['in_process_documents_per_s']:.0%} of "
+        f"in-process ({rerank['in_process_documents_per_s']:.0f}); p50 "
+        f"{rerank['service']['p50_ms']:.1f} ms per request, "
+        f"{sum(v for k, v in rerank['service']['statuses'].items() if k != 200)} failures.",
+        ""])
     (args.out / "summary.md").write_text(text)
     print(text)
     return 0 if locust["failures"] == 0 and locust["exit_code"] == 0 else 1

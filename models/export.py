@@ -212,7 +212,8 @@ def _versions() -> dict[str, str]:
 
 def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str = "unroll",
            quantize: str | None = None, task: str | None = None, max_length: int | None = None,
-           progress: Callable[[str], None] = lambda step: None, force: bool = False) -> dict:
+           progress: Callable[[str], None] = lambda step: None, force: bool = False,
+           relevant_label: str | None = None) -> dict:
     """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
     manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
     and then replaced only once the new folder is complete. Raises CheckpointError
@@ -229,6 +230,11 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
         raise ExportError("--quantize int8 applies to --format onnx only")
     progress("loading the checkpoint")
     ckpt = checkpoint.load(source, task=task)
+    if relevant_label is not None and (ckpt.task != "classify"
+                                       or relevant_label not in ckpt.labels):
+        raise ExportError(f"--relevant-label {relevant_label!r} must be one of a "
+                          f"classification model's labels (this is a {ckpt.task} model"
+                          + (f" with labels {ckpt.labels})" if ckpt.labels else ")"))
     if loop == "keep" and (ckpt.family not in RECURSIVE or fmt == "torch"):
         raise ExportError(f"--loop keep applies to the recursive families "
                           f"({', '.join(RECURSIVE)}) exported to onnx or torchscript, "
@@ -241,7 +247,7 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         manifest = _export_into(staging, ckpt, tokenizer, fmt, loop, quantize, max_length,
-                                progress)
+                                progress, relevant_label)
         progress("moving into place")
         replace(staging, output)
         return manifest
@@ -264,7 +270,7 @@ def replace(new: Path, output: Path) -> None:
 
 def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str, loop: str,
                  quantize: str | None, max_length: int,
-                 progress: Callable[[str], None]) -> dict:
+                 progress: Callable[[str], None], relevant_label: str | None = None) -> dict:
     checkpoint.save(ckpt, folder / "checkpoint")
     artifact = ARTIFACT[fmt]
     model = ckpt.model.eval()
@@ -324,6 +330,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
         "task": ckpt.task,
         "family": ckpt.family,
         "labels": ckpt.labels,
+        "relevant_label": relevant_label,  # a cross-encoder's relevance output (rerank)
         "max_length": max_length,
         "pooling": POOLING.get(ckpt.family, "mean") if ckpt.task == "embed" else None,
         "dimensions": int(references[0].shape[-1]) if ckpt.task == "embed" else None,

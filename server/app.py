@@ -22,7 +22,7 @@ from starlette.datastructures import Headers
 from server import errors
 from server.engine import Engine, ModelLoadError, load_engine
 from server.metrics import Metrics
-from server.routes import classify, embed, health, ner
+from server.routes import classify, embed, health, ner, rerank, tokenize
 from server.routes import models as models_route
 from server.routes.direct import DirectLane
 from server.settings import Settings
@@ -217,7 +217,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None)
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(Record)  # outermost: counts the 401s and 413s too
-    for router in (embed.router, classify.router, ner.router, models_route.router,
-                   health.router):
+    for router in (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
+                   models_route.router, health.router):
         app.include_router(router)
     return app

@@ -58,7 +58,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             manifest = export.export(args.checkpoint, args.output, args.format, args.loop,
                                      args.quantize, args.task, args.max_length, progress,
-                                     force=args.force)
+                                     force=args.force, relevant_label=args.relevant_label)
         except export.ExportError as e:
             print(f"distilserve export: {e}", file=sys.stderr)
             return 1
@@ -247,6 +247,9 @@ def parser() -> argparse.ArgumentParser:
                      "names)")
     exp.add_argument("--max-length", type=int,
                      help="longest input in tokens (default: the model's maximum)")
+    exp.add_argument("--relevant-label",
+                     help="a classification model used as a cross-encoder by /v1/rerank: "
+                     "the label whose probability is relevance (default: the second of two)")
     exp.add_argument("--force", action="store_true",
                      help="replace an existing model folder (once the new one is complete)")
     exp.set_defaults(func=cmd_export)

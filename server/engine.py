@@ -35,6 +35,14 @@ class ModelLoadError(Exception):
 
 
 @dataclass
+class TokenIds:
+    """A token-id input as the batcher sees an encoding."""
+
+    ids: list[int]
+    type_ids: list[int]
+
+
+@dataclass
 class Result:
     """What a request gets back: one output per input, and where its time went."""
 
@@ -42,6 +50,17 @@ class Result:
     tokens: int
     queued_s: float
     inference_s: float
+
+
+def relevant_index(manifest: dict, labels: list[str]) -> int | None:
+    """Which output of a classification model is relevance, for rerank: the single
+    logit, the label the manifest names (``relevant_label``), or the second of two."""
+    if manifest["task"] != "classify":
+        return None
+    named = manifest.get("relevant_label")
+    if named in labels:
+        return labels.index(named)
+    return 0 if len(labels) == 1 else 1 if len(labels) == 2 and named is None else None
 
 
 def read_manifest(folder: Path) -> dict:
@@ -65,6 +84,7 @@ class Engine:
         self.name, self.folder, self.manifest = name, folder, manifest
         self.task, self.family = manifest["task"], manifest["family"]
         self.labels: list[str] = manifest.get("labels") or []
+        self.relevant = relevant_index(manifest, self.labels)
         self.max_length = int(manifest["max_length"])
         threads = settings.threads or os.cpu_count() or 1
         try:
@@ -85,6 +105,8 @@ class Engine:
         # the Rust tokenizer itself, set up once per truncation mode (transformers'
         # wrapper re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer
+        self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
+        self.tokenizer_json = rust.to_str()  # models with equal ones tokenise alike
         self.word_aware = bool(getattr(rust.model, "continuing_subword_prefix", None))
         self.tokenizers = {}
         for truncate in (True, False):
@@ -95,6 +117,10 @@ class Engine:
             else:
                 t.no_truncation()
             self.tokenizers[truncate] = t
+        # the special tokens around one input ("[CLS] $A [SEP]"), for token-id inputs
+        probe = self.tokenizers[False].encode("a")
+        at = probe.special_tokens_mask.index(0)
+        self.specials = (probe.ids[:at], probe.ids[at + 1:])
         self.metrics = metrics
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
@@ -128,10 +154,42 @@ class Engine:
     async def stop(self) -> None:
         await self.batcher.stop()
 
+    @property
+    def dimensions(self) -> int | None:
+        """An embedding model's width."""
+        return self.manifest.get("dimensions")
+
     # tokenise (on the inference thread, a batch's new texts at once) -------------------
-    def tokenize(self, texts: list, truncate: bool) -> list[Encoding]:
-        """Texts (or pairs) -> the Rust tokenizer's encodings, in order."""
-        return self.tokenizers[truncate].encode_batch(texts)
+    def tokenize(self, texts: list, truncate: bool) -> list:
+        """Texts (or pairs) -> the Rust tokenizer's encodings, in order; token-id inputs
+        (lists of ints) get the special tokens a text would get, and are truncated the
+        same way."""
+        if not any(isinstance(t, list) for t in texts):
+            return self.tokenizers[truncate].encode_batch(texts)
+        strings = [t for t in texts if not isinstance(t, list)]
+        encoded = iter(self.tokenizers[truncate].encode_batch(strings) if strings else [])
+        return [self._from_ids(t, truncate) if isinstance(t, list) else next(encoded)
+                for t in texts]
+
+    def _from_ids(self, ids: list[int], truncate: bool) -> TokenIds:
+        before, after = self.specials
+        if truncate:
+            ids = ids[: max(0, self.max_length - len(before) - len(after))]
+        ids = [*before, *ids, *after]
+        return TokenIds(ids, [0] * len(ids))
+
+    def tokens(self, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
+        """TEI's /tokenize: per text its tokens (id, text, character offsets, special),
+        untruncated."""
+        out = []
+        for text, enc in zip(texts, self.tokenizers[False].encode_batch(
+                texts, add_special_tokens=add_special_tokens)):
+            out.append([{"id": i, "special": bool(sp),
+                         "text": token if sp else text[start:stop],
+                         "start": None if sp else start, "stop": None if sp else stop}
+                        for i, token, (start, stop), sp in zip(
+                            enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)])
+        return out
 
     # run ----------------------------------------------------------------------------
     async def run(self, texts: list, truncate: bool) -> Result:

@@ -31,6 +31,36 @@ def normalize(v: np.ndarray) -> np.ndarray:
     return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
 
 
+def first_dimensions(v: np.ndarray, dimensions: int | None) -> np.ndarray:
+    """The first ``dimensions`` components of each row, re-normalised (as sentence-
+    transformers' truncate_dim and OpenAI's text-embedding-3 ``dimensions``)."""
+    if dimensions is None:
+        return v
+    return normalize(v[..., :dimensions])
+
+
+def cosine_ranking(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """Cosine similarity of one query embedding [D] with document embeddings [N, D]."""
+    return normalize(documents) @ normalize(query)
+
+
+def relevance(logits: np.ndarray, labels: list[str], relevant: int) -> np.ndarray:
+    """A cross-encoder's relevance scores from its logits [N, C]: sigmoid of the single
+    logit, or the softmax probability of the relevant label."""
+    if len(labels) == 1:
+        return sigmoid(logits[:, 0])
+    return softmax(logits)[:, relevant]
+
+
+def ranked(scores: np.ndarray, documents: list[str], top_n: int | None,
+           return_documents: bool) -> list[dict]:
+    """Rerank results, highest score first (ties in input order), the best ``top_n``."""
+    order = np.argsort(-scores, kind="stable")[:top_n]
+    return [{"index": int(i), "relevance_score": float(scores[i]),
+             **({"document": {"text": documents[i]}} if return_documents else {})}
+            for i in order]
+
+
 def embedding_payload(v: np.ndarray, encoding_format: str) -> np.ndarray | str:
     """OpenAI's encodings: float32 numbers (the array, for a JSON list), or base64 of
     little-endian float32 bytes."""

@@ -10,6 +10,9 @@ from pydantic_core import PydanticCustomError
 Strategy = Literal["none", "simple", "first", "average", "max"]
 Texts = str | Annotated[list[str], Field(min_length=1)]
 Pair = Annotated[list[str], Field(min_length=2, max_length=2)]
+TokenIds = list[int]  # one input as the model's own vocabulary ids, no special tokens
+Dimensions = Annotated[int | None, Field(None, ge=1, description="keep the first N "
+                                         "components, re-normalised (Matryoshka-style)")]
 
 
 class _Request(BaseModel):
@@ -18,15 +21,20 @@ class _Request(BaseModel):
 
     @property
     def texts(self) -> list:
+        """The inputs as a list: texts, (text, text) pairs, or token-id lists."""
         value = self.inputs if hasattr(self, "inputs") else self.input
-        items = [value] if isinstance(value, str) else value
-        return [x if isinstance(x, str) else (x[0], x[1]) for x in items]
+        if isinstance(value, str) or value and isinstance(value[0], int):
+            value = [value]
+        return [x if isinstance(x, str) or x and isinstance(x[0], int) or x == []
+                else (x[0], x[1]) for x in value]
 
     @model_validator(mode="after")
     def _unicode(self):
         """JSON's \\uXXXX escapes can spell lone surrogates, which are no text at all (the
         tokenizer cannot take them)."""
         for i, text in enumerate(self.texts):
+            if isinstance(text, list):  # token ids
+                continue
             for part in (text,) if isinstance(text, str) else text:
                 try:
                     part.encode("utf-8")
@@ -40,8 +48,12 @@ class _Request(BaseModel):
 class EmbeddingsRequest(_Request):
     """OpenAI's /v1/embeddings."""
 
-    input: Texts = Field(description="a text or a non-empty list of texts")
+    input: (Texts | Annotated[TokenIds, Field(min_length=1)]
+            | Annotated[list[TokenIds], Field(min_length=1)]) = Field(
+        description="a text, a non-empty list of texts, or token ids: [int] (one input) or "
+        "[[int]], the model's own vocabulary ids without special tokens")
     encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Dimensions = None
     user: str | None = None
 
 
@@ -49,6 +61,28 @@ class EmbedRequest(_Request):
     inputs: Texts
     normalize: bool = True
     truncate: bool = True
+    dimensions: Dimensions = None
+
+
+class RerankRequest(_Request):
+    """Jina's and Cohere's /rerank (also vLLM's and Infinity's)."""
+
+    query: str
+    documents: Annotated[list[str], Field(min_length=1)]
+    top_n: int | None = Field(None, ge=1, description="return the best N (default all)")
+    return_documents: bool = False
+    truncate: bool = True
+
+    @property
+    def texts(self) -> list:
+        return [self.query, *self.documents]
+
+
+class TokenizeRequest(_Request):
+    """TEI's /tokenize."""
+
+    inputs: Texts
+    add_special_tokens: bool = True
 
 
 class ClassifyRequest(_Request):
@@ -101,3 +135,28 @@ class ClassifyResponse(BaseModel):
 class NerResponse(BaseModel):
     model: str
     results: list[list[dict]]
+
+
+class RerankDocument(BaseModel):
+    text: str
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankResponse(BaseModel):
+    model: str
+    results: list[RerankResult]
+    usage: Usage
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    start: int | None = Field(description="character offset into the input; null for a "
+                              "special token")
+    stop: int | None
+    special: bool

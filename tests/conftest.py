@@ -63,8 +63,8 @@ def running_server(repository, **settings):
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + 900  # a bound for a hung server, not for a slow machine
+    while time.monotonic() < deadline and thread.is_alive():
         try:
             if httpx.get(url + "/ready", timeout=5).status_code == 200:
                 break
@@ -72,7 +72,8 @@ def running_server(repository, **settings):
             pass
         time.sleep(0.1)
     else:
-        raise RuntimeError("the test server did not become ready")
+        raise RuntimeError("the test server did not become ready" +
+                           ("" if thread.is_alive() else ": its thread ended"))
     try:
         yield url
     finally:

@@ -5,8 +5,7 @@ A scripted graph follows its inputs' dtypes. A traced graph has the dtype it was
 in written into it (mask casts, the mask's lowest value): run in fp16 or bf16 on a GPU it
 mixed fp32 masks into half-precision attention and gave NaN. So for fp16 / bf16 a traced
 artifact is traced again at load, from the model folder's checkpoint, on the device, in
-that dtype. Graphs run without the profiling executor's shape specialisation, which
-re-optimised at every new batch shape and stalled the service under load.
+that dtype.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ class TorchScriptBackend(TorchRuntime):
         traced = "prim::Loop" not in str(module.inlined_graph)
         if traced and self.dtype != "fp32":
             module = self._trace_again(path.parent / "checkpoint")
-        self.module = module.to(self.place.dtype).eval()
-        self.forward = self._run
+        self.forward = module.to(self.place.dtype).eval()
 
     def _trace_again(self, folder: Path):
         from models import checkpoint, export
@@ -40,7 +38,3 @@ class TorchScriptBackend(TorchRuntime):
         example = tuple(t.to(self.place.device) for t in export.example_inputs())
         with torch.no_grad():
             return torch.jit.trace(model, example, check_trace=False)
-
-    def _run(self, *inputs: torch.Tensor) -> torch.Tensor:
-        with torch.jit.optimized_execution(False):
-            return self.module(*inputs)

@@ -17,13 +17,27 @@ def service(request: Request):
     return request.app.state.service
 
 
-def choose(request: Request, name: str | None, task: str) -> Engine:
+def _serving(request: Request):
+    """The service, when it takes requests (503 while loading or shutting down)."""
     svc = service(request)
     if svc.draining:
         raise ApiError(503, "unavailable", "the service is shutting down", {"Retry-After": "5"})
     if not svc.ready:
         raise ApiError(503, "unavailable", "models are still loading; retry shortly "
                        "(GET /ready says when)", {"Retry-After": "2"})
+    return svc
+
+
+def _named(svc, name: str) -> Engine:
+    engine = svc.engines.get(name)
+    if engine is None:
+        served = ", ".join(sorted(svc.engines)) or "none"
+        raise ApiError(404, "model_not_found", f"unknown model {name!r}; served: {served}")
+    return engine
+
+
+def choose(request: Request, name: str | None, task: str) -> Engine:
+    svc = _serving(request)
     if name is None:
         able = [e for e in svc.engines.values() if e.task == task]
         if len(able) == 1:
@@ -32,13 +46,66 @@ def choose(request: Request, name: str | None, task: str) -> Engine:
             raise ApiError(404, "model_not_found", f"no served model does {task}")
         raise ApiError(400, "invalid_request", f"several models do {task} "
                        f"({', '.join(e.name for e in able)}): name one in 'model'")
-    engine = svc.engines.get(name)
-    if engine is None:
-        served = ", ".join(sorted(svc.engines)) or "none"
-        raise ApiError(404, "model_not_found", f"unknown model {name!r}; served: {served}")
+    engine = _named(svc, name)
     if engine.task != task:
         raise ApiError(400, "wrong_task", f"model {name!r} does {engine.task}, not {task}")
     return engine
+
+
+def choose_reranker(request: Request, name: str | None) -> Engine:
+    """A cross-encoder (a classification model with a relevant label) or an embedding
+    model. Unnamed: the one cross-encoder, else the one embedding model."""
+    svc = _serving(request)
+    if name is not None:
+        engine = _named(svc, name)
+        if engine.task not in ("embed", "classify"):
+            raise ApiError(400, "wrong_task", f"model {name!r} does {engine.task}; rerank "
+                           "needs an embedding model or a classification model (a "
+                           "cross-encoder)")
+        if engine.task == "classify" and engine.relevant is None:
+            raise ApiError(400, "wrong_task", f"model {name!r} has labels {engine.labels} "
+                           "and none is named relevant (distilserve export "
+                           "--relevant-label), so it cannot score relevance")
+        return engine
+    for kind, able in (("cross-encoder", [e for e in svc.engines.values()
+                                          if e.task == "classify" and e.relevant is not None
+                                          and e.manifest.get("relevant_label")]),
+                       ("embedding", [e for e in svc.engines.values() if e.task == "embed"])):
+        if len(able) == 1:
+            return able[0]
+        if able:
+            raise ApiError(400, "invalid_request", f"several {kind} models can rerank "
+                           f"({', '.join(e.name for e in able)}): name one in 'model'")
+    raise ApiError(404, "model_not_found", "no served model can rerank")
+
+
+def choose_tokenizer(request: Request, name: str | None) -> Engine:
+    """Any model; unnamed: any one, when every served model tokenises alike."""
+    svc = _serving(request)
+    if name is not None:
+        return _named(svc, name)
+    engines = list(svc.engines.values())
+    if not engines:
+        raise ApiError(404, "model_not_found", "no model is served")
+    if len({e.tokenizer_json for e in engines}) > 1:
+        raise ApiError(400, "invalid_request", "the served models tokenise differently "
+                       f"({', '.join(e.name for e in engines)}): name one in 'model'")
+    return engines[0]
+
+
+def check_embedding_request(engine: Engine, texts: list, dimensions: int | None) -> None:
+    """What only the model can say is wrong with an embedding request, said before its
+    inputs are queued: ``dimensions`` over its width, token ids outside its vocabulary."""
+    if dimensions is not None and engine.dimensions and dimensions > engine.dimensions:
+        raise ApiError(422, "invalid_request", f"dimensions {dimensions} is more than model "
+                       f"{engine.name!r}'s width, {engine.dimensions}")
+    for i, text in enumerate(texts):
+        if isinstance(text, list):
+            bad = next((t for t in text if not 0 <= t < engine.vocab_size), None)
+            if bad is not None:
+                raise ApiError(422, "invalid_request", f"input {i}: token id {bad} is not "
+                               f"in model {engine.name!r}'s vocabulary (0 to "
+                               f"{engine.vocab_size - 1})")
 
 
 def check_limits(request: Request, texts: list) -> None:

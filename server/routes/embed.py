@@ -1,4 +1,5 @@
-"""POST /v1/embeddings (OpenAI-compatible) and POST /v1/embed."""
+"""POST /v1/embeddings (OpenAI-compatible: texts or token ids, ``dimensions``) and
+POST /v1/embed."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server import postprocess
-from server.routes.common import choose, reply, run, usage
+from server.routes.common import check_embedding_request, choose, reply, run, usage
 from server.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest, EmbedResponse
 
 router = APIRouter(tags=["embeddings"])
@@ -15,8 +16,11 @@ router = APIRouter(tags=["embeddings"])
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse)
 async def embeddings(body: EmbeddingsRequest, request: Request):
     engine = choose(request, body.model, "embed")
-    result = await run(request, engine, body.texts, truncate=True)
+    texts = body.texts
+    check_embedding_request(engine, texts, body.dimensions)
+    result = await run(request, engine, texts, truncate=True)
     vectors = postprocess.normalize(np.stack(result.outputs))  # [N, D]
+    vectors = postprocess.first_dimensions(vectors, body.dimensions)  # [N, dimensions]
     data = [{"object": "embedding", "index": i,
              "embedding": postprocess.embedding_payload(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
@@ -27,8 +31,11 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
 @router.post("/v1/embed", response_model=EmbedResponse)
 async def embed(body: EmbedRequest, request: Request):
     engine = choose(request, body.model, "embed")
+    check_embedding_request(engine, body.texts, body.dimensions)
     result = await run(request, engine, body.texts, body.truncate)
     vectors = np.stack(result.outputs)  # [N, D]
+    if body.dimensions is not None:
+        vectors = vectors[:, : body.dimensions]
     if body.normalize:
         vectors = postprocess.normalize(vectors)
     return reply({"model": engine.name, "embeddings": vectors, "usage": usage(result)},

@@ -39,6 +39,17 @@ def test_sync_client_mirrors_the_routes(url):
         assert e.value.status == 404 and "missing" in e.value.message
         with pytest.raises(BadRequest):
             c.embed([])
+        short = c.embed(["a", "b"], dimensions=8)
+        assert len(short[0]) == 8 and abs(sum(x * x for x in short[0]) - 1) < 1e-5
+        ranked = c.rerank("query", ["one", "two", "three"], top_n=2, return_documents=True)
+        assert len(ranked) == 2 and ranked[0]["relevance_score"] >= ranked[1]["relevance_score"]
+        assert ranked[0]["document"]["text"] in ("one", "two", "three")
+        tokens = c.tokenize("Hello world", model="cmow-embed")
+        # the input's own text, as TEI gives it (the tokenizer lower-cases: "hello")
+        assert [t["text"] for t in tokens[0]] == ["[CLS]", "Hello", "world", "[SEP]"]
+        assert (tokens[0][2]["start"], tokens[0][2]["stop"]) == (6, 11)
+        with pytest.raises(BadRequest, match="more than model 'cmow-embed'"):
+            c.embed("x", dimensions=100_000)
     with DistilServeClient(url) as anonymous, pytest.raises(Unauthorized):
         anonymous.models()
 
@@ -47,8 +58,12 @@ def test_async_client_mirrors_the_routes(url):
     async def go():
         async with AsyncDistilServeClient(url, api_key="k") as c:
             assert await c.health()
-            vectors, results = await asyncio.gather(c.embed("a"), c.classify([["a", "b"]]))
-            assert len(vectors) == 1 and len(results[0]) == 2
+            vectors, results, ranked, tokens = await asyncio.gather(
+                c.embed("a", dimensions=4), c.classify([["a", "b"]]),
+                c.rerank("q", ["d1", "d2"]), c.tokenize(["x", "y z"], model="cmow-ner"))
+            assert len(vectors) == 1 and len(vectors[0]) == 4 and len(results[0]) == 2
+            assert sorted(r["index"] for r in ranked) == [0, 1]
+            assert [len(t) for t in tokens] == [3, 4]
             return await c.models()
 
     assert len(asyncio.run(go())) == 3

@@ -26,6 +26,7 @@ def test_bench_quick_writes_results_report_and_charts(tmp_path):
         assert r["latency_ms_p50"] <= r["latency_ms_p95"]
     report = (tmp_path / "REPORT.md").read_text()
     assert "## The papers' claims, measured" in report and "minialbert tiny" in report
+    assert "Fresh weights at the tiny test presets" in report  # not "the papers' sizes"
     for chart in ("throughput.png", "memory.png", "params.png"):
         assert (tmp_path / chart).read_bytes()[:8] == PNG
     # resumable: a second run measures nothing again

@@ -65,6 +65,13 @@ def test_default_serves_all_three_tasks_and_they_work(built):
         emb = httpx.post(url + "/v1/embeddings", json={"input": "hello"}, timeout=60).json()
         assert len(emb["data"][0]["embedding"]) == 384
 
+        ranked = httpx.post(url + "/v1/rerank", timeout=60, json={
+            "query": "Where is the Eiffel Tower?",
+            "documents": ["Bananas are rich in potassium.",
+                          "The Eiffel Tower stands in Paris, France."]}).json()
+        assert ranked["model"] == "all-minilm-l6-v2"  # unnamed: the embedding model
+        assert ranked["results"][0]["index"] == 1
+
         res = httpx.post(url + "/v1/classify", json={"inputs": POSITIVE + NEGATIVE,
                                                      "top_k": 1}, timeout=60).json()["results"]
         labels = [r[0]["label"] for r in res]

@@ -43,6 +43,9 @@ def repository(tiny_checkpoints, tmp_path_factory):
         export.export(tiny_checkpoints[family, task], repo / name(family, task, fmt, loop),
                       fmt, loop)
     export.export(checkpoint.minilm_path(), repo / "minilm", "onnx", max_length=256)
+    cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
+                            repo.parent / "cross-checkpoint")  # one logit: a cross-encoder
+    export.export(cross, repo / "cross", "onnx", relevant_label="relevant")
     (repo / "broken").mkdir()
     (repo / "broken" / "manifest.json").write_text(json.dumps(
         {"task": "embed", "family": "bert", "backend": "onnx", "max_length": 8,
@@ -159,6 +162,11 @@ def test_official_openai_client(url):
     out = client.embeddings.create(model="minilm", input=["hello", "world"])
     assert len(out.data) == 2 and len(out.data[0].embedding) == 384
     assert abs(np.linalg.norm(out.data[0].embedding) - 1) < 1e-4
+    short = client.embeddings.create(model="minilm", input="hello", dimensions=128)
+    assert len(short.data[0].embedding) == 128
+    ids = client.embeddings.create(model="minilm", input=[[7592]])  # "hello"
+    assert np.allclose(ids.data[0].embedding, out.data[0].embedding, atol=1e-5)
+    assert client.models.retrieve("minilm").id == "minilm"
 
 
 def _forward_passes(url, model):
@@ -210,6 +218,25 @@ BAD = [
     ("/v1/embed", {"model": "bert-ner-onnx", "inputs": "x"}, 400, "does ner"),
     ("/v1/embed", {"inputs": "x"}, 400, "several models"),
     ("/v1/nothing", {"inputs": "x"}, 404, "Not Found"),
+    ("/v1/rerank", {"model": "minilm", "query": "q", "documents": []}, 422, "at least 1"),
+    ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["d"], "top_n": 0}, 422,
+     "top_n"),
+    ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["d"], "top_n": -3}, 422,
+     "top_n"),
+    ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["d"] * 10_000}, 413,
+     "at most 64"),
+    ("/v1/rerank", {"model": "bert-ner-onnx", "query": "q", "documents": ["d"]}, 400,
+     "does ner"),
+    ("/v1/rerank", {"model": "nope", "query": "q", "documents": ["d"]}, 404, "unknown"),
+    ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 1000}, 422,
+     "dimensions 1000 is more than model 'minilm''s width, 384"),
+    ("/v1/embed", {"model": "minilm", "inputs": "x", "dimensions": 0}, 422, "dimensions"),
+    ("/v1/embeddings", {"model": "minilm", "input": [[2023, 999_999]]}, 422,
+     "input 0: token id 999999 is not in model 'minilm''s vocabulary"),
+    ("/v1/embeddings", {"model": "minilm", "input": [[5], [-1]]}, 422, "input 1: token id -1"),
+    ("/v1/embeddings", {"model": "minilm", "input": []}, 422, "input"),
+    ("/v1/tokenize", {"model": "nope", "inputs": "x"}, 404, "unknown model"),
+    ("/v1/tokenize", {"model": "minilm", "inputs": []}, 422, "at least 1"),
 ]
 
 
@@ -246,7 +273,8 @@ def test_the_direct_lane_answers_as_fastapi_does(url):
 
 def test_openapi_documents_every_route(url):
     schema = httpx.get(url + "/openapi.json").json()
-    for route in ("/v1/embeddings", "/v1/embed", "/v1/classify", "/v1/ner"):
+    for route in ("/v1/embeddings", "/v1/embed", "/v1/classify", "/v1/ner", "/v1/rerank",
+                  "/v1/tokenize"):
         post_op = schema["paths"][route]["post"]
         assert "requestBody" in post_op and "200" in post_op["responses"], route
     assert "EmbedResponse" in schema["components"]["schemas"]
@@ -349,3 +377,101 @@ def test_docs_pages_load_everything_from_the_service_itself(url, page):
         assert asset.startswith("/"), f"{page} loads {asset} from elsewhere"
         response = httpx.get(url + asset)
         assert response.status_code == 200 and response.content, asset
+
+
+def test_rerank_by_an_embedding_model_ranks_by_cosine(url):
+    query = "How do cats show that they are happy?"
+    docs = ["The stock market fell sharply on Monday.", "A content cat purrs and kneads.",
+            "Rain is expected tomorrow.", "Cats purr when they are happy."]
+    res = post(url, "/v1/rerank", {"model": "minilm", "query": query, "documents": docs,
+                                   "return_documents": True}).json()
+    ranked = [r["index"] for r in res["results"]]
+    assert set(ranked[:2]) == {1, 3} and sorted(ranked) == [0, 1, 2, 3]
+    scores = [r["relevance_score"] for r in res["results"]]
+    assert scores == sorted(scores, reverse=True)
+    assert all(r["document"]["text"] == docs[r["index"]] for r in res["results"])
+    emb = np.array(post(url, "/v1/embed", {"model": "minilm", "inputs": [query, *docs]})
+                   .json()["embeddings"])
+    cosines = emb[1:] @ emb[0]
+    assert np.allclose([cosines[i] for i in ranked], scores, atol=1e-5)
+    assert res["usage"]["total_tokens"] > len(docs)
+    top = post(url, "/v1/rerank", {"model": "minilm", "query": query, "documents": docs,
+                                   "top_n": 2}).json()["results"]
+    assert [r["index"] for r in top] == ranked[:2] and "document" not in top[0]
+
+
+def test_a_rerank_request_is_batched_like_any_other(url):
+    before = _forward_passes(url, "minilm")
+    docs = [f"document number {i} about a topic" for i in range(40)]
+    res = post(url, "/v1/rerank", {"model": "minilm", "query": "topic", "documents": docs})
+    assert res.status_code == 200 and len(res.json()["results"]) == 40
+    assert _forward_passes(url, "minilm") - before == 2  # 41 texts, batches of at most 32
+
+
+def test_rerank_by_a_cross_encoder_scores_each_pair(url):
+    query, docs = "which is relevant?", ["the first document", "another one", "a third"]
+    res = post(url, "/v1/rerank", {"model": "cross", "query": query, "documents": docs})
+    assert res.status_code == 200, res.text
+    pairs = post(url, "/v1/classify", {"model": "cross",
+                                       "inputs": [[query, d] for d in docs]}).json()
+    expected = {i: r[0]["score"] for i, r in enumerate(pairs["results"])}  # sigmoid
+    for r in res.json()["results"]:
+        assert abs(r["relevance_score"] - expected[r["index"]]) < 1e-6
+    # unnamed: the one cross-encoder (its manifest names the relevant label), not one of
+    # the many embedding models
+    unnamed = post(url, "/v1/rerank", {"query": query, "documents": docs}).json()
+    assert unnamed["model"] == "cross"
+
+
+def test_tokenize_equals_the_hugging_face_tokenizer(url):
+    tok = AutoTokenizer.from_pretrained(checkpoint.minilm_path())
+    res = post(url, "/v1/tokenize", {"model": "minilm", "inputs": TRICKY})
+    assert res.status_code == 200, res.text
+    for text, tokens in zip(TRICKY, res.json()):
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True)
+        assert [t["id"] for t in tokens] == enc["input_ids"]
+        assert [t["special"] for t in tokens] == [bool(x) for x in enc["special_tokens_mask"]]
+        for t, (start, stop) in zip(tokens, enc["offset_mapping"]):
+            if t["special"]:
+                assert t["start"] is None and t["text"] in tok.all_special_tokens
+            else:
+                assert (t["start"], t["stop"]) == (start, stop)
+                assert t["text"] == text[start:stop]
+    bare = post(url, "/v1/tokenize", {"model": "minilm", "inputs": "Hello world",
+                                      "add_special_tokens": False}).json()[0]
+    assert [t["id"] for t in bare] == tok("Hello world", add_special_tokens=False)["input_ids"]
+
+
+def test_dimensions_are_the_first_components_renormalised(url):
+    texts = ["A man is playing a guitar.", "Ein Mann spielt Gitarre."]
+    raw = np.array(post(url, "/v1/embed", {"model": "minilm", "inputs": texts,
+                                           "normalize": False}).json()["embeddings"])
+    expected = raw[:, :128] / np.linalg.norm(raw[:, :128], axis=1, keepdims=True)
+    oa = post(url, "/v1/embeddings", {"model": "minilm", "input": texts, "dimensions": 128})
+    got = np.array([d["embedding"] for d in oa.json()["data"]])
+    assert got.shape == (2, 128) and np.allclose(got, expected, atol=1e-5)
+    native = post(url, "/v1/embed", {"model": "minilm", "inputs": texts, "dimensions": 128})
+    assert np.allclose(native.json()["embeddings"], expected, atol=1e-5)
+    listed = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
+    assert listed["minilm"]["dimensions"] == 384
+
+
+def test_token_ids_embed_as_their_text_does(url):
+    tok = AutoTokenizer.from_pretrained(checkpoint.minilm_path())
+    texts = ["The cat sat on the mat.", TRICKY[0]]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    by_text = post(url, "/v1/embeddings", {"model": "minilm", "input": texts}).json()
+    by_ids = post(url, "/v1/embeddings", {"model": "minilm", "input": ids}).json()
+    one = post(url, "/v1/embeddings", {"model": "minilm", "input": ids[0]}).json()
+    a = np.array([d["embedding"] for d in by_text["data"]])
+    b = np.array([d["embedding"] for d in by_ids["data"]])
+    assert np.abs(a - b).max() < 1e-5 and len(one["data"]) == 1
+    assert np.abs(np.array(one["data"][0]["embedding"]) - a[0]).max() < 1e-5
+    assert by_ids["usage"] == by_text["usage"]
+
+
+def test_one_model_by_id(url):
+    listed = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
+    assert httpx.get(url + "/v1/models/minilm").json() == listed["minilm"]
+    missing = httpx.get(url + "/v1/models/nope")
+    assert missing.status_code == 404 and "unknown model 'nope'" in missing.json()["error"]["message"]

@@ -33,24 +33,14 @@ def _compare(family: str, task: str, dtype: str, device: str) -> None:
     assert F.cosine_similarity(a, b, dim=-1).min() >= 0.999
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, CUDA])])
 @pytest.mark.parametrize("dtype", list(HALF))
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("family", FAMILIES)
-def test_half_precision_matches_fp32_on_cpu(family, task, dtype):
+def test_half_precision_matches_fp32(family, task, dtype, device):
     if dtype not in checkpoint.DTYPES[family]:
         pytest.skip(f"{family} does not run in {dtype}")
-    _compare(family, task, dtype, "cpu")
-
-
-@pytest.mark.gpu
-@CUDA
-@pytest.mark.parametrize("dtype", list(HALF))
-@pytest.mark.parametrize("task", TASKS)
-@pytest.mark.parametrize("family", FAMILIES)
-def test_half_precision_matches_fp32_on_cuda(family, task, dtype):
-    if dtype not in checkpoint.DTYPES[family]:
-        pytest.skip(f"{family} does not run in {dtype}")
-    _compare(family, task, dtype, "cuda")
+    _compare(family, task, dtype, device)
 
 
 def test_cmow_leaves_out_fp16_because_its_products_overflow_it():

@@ -1,0 +1,32 @@
+"""POST /v1/rerank (Jina / Cohere shape): documents ranked by relevance to a query, by a
+cross-encoder (a classification model scoring (query, document) pairs) or by the cosine
+of an embedding model's embeddings. The documents are queued like any other inputs, so
+they share batches with other requests."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from server import postprocess
+from server.routes.common import choose_reranker, reply, run, usage
+from server.schemas import RerankRequest, RerankResponse
+
+router = APIRouter(tags=["rerank"])
+
+
+@router.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True)
+async def rerank(body: RerankRequest, request: Request):
+    engine = choose_reranker(request, body.model)
+    documents = body.documents
+    if engine.task == "embed":
+        result = await run(request, engine, body.texts, body.truncate)
+        vectors = np.stack(result.outputs)  # [1 + N, D]: the query, then the documents
+        scores = postprocess.cosine_ranking(vectors[0], vectors[1:])
+    else:
+        result = await run(request, engine, [(body.query, d) for d in documents],
+                           body.truncate)
+        scores = postprocess.relevance(np.stack(result.outputs), engine.labels,
+                                       engine.relevant)
+    return reply({"model": engine.name, "usage": usage(result), "results": postprocess.ranked(
+        scores, documents, body.top_n, body.return_documents)}, result)
