@@ -4,8 +4,10 @@
 FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends make \
     && rm -rf /var/lib/apt/lists/*
-# torch==2.13.0 resolves to the CPU wheel from this index (PyPI's own torch is a CUDA build).
-ENV PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu \
+# torch==2.13.0 resolves to the CPU wheel from this index (PyPI's own torch is a CUDA
+# build: `--build-arg PIP_EXTRA_INDEX_URL=` makes the GPU image, deploy/kubernetes).
+ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     DISTILSERVE_HOST=0.0.0.0 DISTILSERVE_PORT=8000
 RUN useradd --create-home app

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-
 # The compute dtypes CMOW runs in: its matrix products grow with length (norm ~1e3 at 60
 # tokens, ~1e16 at 250), past fp16's largest number (65504); bf16 has fp32's range.
 DTYPES = ("fp32", "bf16")

@@ -221,3 +221,9 @@ def create_app(settings: Settings | None = None, repository: Path | None = None)
                    models_route.router, health.router):
         app.include_router(router)
     return app
+
+
+def app_from_environment() -> FastAPI:
+    """The app of a worker process (``distilserve serve --workers N``): its settings come
+    from the DISTILSERVE_* variables the command set before starting the workers."""
+    return create_app(Settings())

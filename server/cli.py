@@ -80,15 +80,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
     import uvicorn
+    from pydantic import ValidationError
 
     from server.app import create_app
     from server.settings import Settings
 
-    from pydantic import ValidationError
-
     overrides = {k: v for k, v in (("model_repository", args.model_repository),
                                    ("host", args.host), ("port", args.port),
-                                   ("device", args.device), ("dtype", args.dtype))
+                                   ("device", args.device), ("dtype", args.dtype),
+                                   ("workers", args.workers))
                  if v is not None}
     try:
         settings = Settings(**overrides)
@@ -123,10 +123,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "/ready says how far along)")
     # the app builds the embedded default (no repository) and loads the models in the
     # background, with the port open: /health answers at once, /ready when they are loaded
-    config = uvicorn.Config(create_app(settings, repository), host=settings.host,
-                            port=settings.port, log_level="info",
-                            access_log=settings.access_log, timeout_graceful_shutdown=30)
-    uvicorn.Server(config).run(sockets=[sock])
+    common = dict(host=settings.host, port=settings.port, log_level="info",
+                  access_log=settings.access_log, timeout_graceful_shutdown=30)
+    if settings.workers == 1:
+        uvicorn.Server(uvicorn.Config(create_app(settings, repository), **common)).run(
+            sockets=[sock])
+        return 0
+    return serve_workers(settings, overrides, sock, common)
+
+
+def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
+    """N worker processes on one port (uvicorn's supervisor: it restarts a worker that
+    dies and, on SIGTERM, drains every worker). Each worker builds its app from the
+    DISTILSERVE_* variables set here; their metrics meet in one folder."""
+    import os
+    import shutil
+    import tempfile
+
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    for key, value in overrides.items():
+        os.environ[f"DISTILSERVE_{key.upper()}"] = str(value)
+    metrics = tempfile.mkdtemp(prefix="distilserve-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
+    try:
+        config = uvicorn.Config("server.app:app_from_environment", factory=True,
+                                workers=settings.workers, **common)
+        Multiprocess(config, sockets=[sock]).run()
+    finally:
+        shutil.rmtree(metrics, ignore_errors=True)
     return 0
 
 
@@ -263,6 +289,9 @@ def parser() -> argparse.ArgumentParser:
                        "default: the embedded default, built on first run")
     serve.add_argument("--host", help="DISTILSERVE_HOST (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="DISTILSERVE_PORT (default 8000)")
+    serve.add_argument("--workers", type=int,
+                       help="DISTILSERVE_WORKERS: processes serving the port, each with its "
+                       "own copy of every model (default 1)")
     serve.add_argument("--device", help="DISTILSERVE_DEVICE: cpu, cuda, cuda:N or auto "
                        "(default: a GPU when one is visible)")
     serve.add_argument("--dtype", help="DISTILSERVE_DTYPE: auto, fp32, fp16 or bf16 "

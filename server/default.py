@@ -12,6 +12,8 @@ their manifests under ``training``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import shutil
@@ -118,10 +120,35 @@ def ensure_default_repository(cache_dir: Path,
     (``progress`` hears where the build is)."""
     cache_dir = Path(cache_dir)
     folder = cache_dir / f"default-v{VERSION}"
-    stamp = folder / STAMP
-    if stamp.exists():
+    if (folder / STAMP).exists():
         return folder
     cache_dir.mkdir(parents=True, exist_ok=True)
+    with _build_lock(cache_dir, progress or (lambda text: None)):
+        if (folder / STAMP).exists():  # another process built it while this one waited
+            return folder
+        return _build_default(cache_dir, folder, progress)
+
+
+@contextlib.contextmanager
+def _build_lock(cache_dir: Path, progress: Callable[[str], None]):
+    """One builder at a time (the workers of ``serve --workers N`` share the cache): the
+    others wait, saying so through ``progress`` (which may raise to stop waiting)."""
+    with open(cache_dir / ".build.lock", "w") as lock:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                progress("waiting: another process is building it")
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_default(cache_dir: Path, folder: Path,
+                   progress: Callable[[str], None] | None) -> Path:
     staging = cache_dir / f".default-v{VERSION}.building"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()

@@ -1,8 +1,20 @@
-"""Prometheus collectors, in a registry of the app's own (no global state)."""
+"""Prometheus collectors, in a registry of the app's own (no global state). Under
+``distilserve serve --workers N`` (PROMETHEUS_MULTIPROC_DIR set before the workers start)
+prometheus-client keeps every worker's values in files of that folder, and /metrics,
+whichever worker answers it, renders the sum over all of them."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -17,7 +29,7 @@ class Metrics:
         self.latency = Histogram("distilserve_request_seconds", "HTTP request latency",
                                  ["route"], buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("distilserve_queue_depth", "inputs waiting", ["model"],
-                                 registry=r)
+                                 registry=r, multiprocess_mode="livesum")
         self.batch_size = Histogram("distilserve_batch_size", "inputs per forward pass",
                                     ["model"], buckets=BATCH_BUCKETS, registry=r)
         self.inference = Histogram("distilserve_inference_seconds", "forward pass time",
@@ -30,4 +42,8 @@ class Metrics:
         self.inference.labels(model).observe(seconds)
 
     def render(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several workers: all of them
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
         return generate_latest(self.registry)

@@ -17,6 +17,8 @@ class Settings(BaseSettings):
                                           "none: the embedded default")
     host: str = "127.0.0.1"
     port: int = 8000
+    workers: int = Field(1, ge=1, description="processes serving the port, each with its "
+                         "own copy of every model; one that dies is restarted")
     cache_dir: Path = Field(Path.home() / ".cache" / "distilserve",
                             description="where the embedded default repository is built")
     api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY")

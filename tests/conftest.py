@@ -47,6 +47,24 @@ def batch(batch_size: int = 3, length: int = 11, seed: int = 0, pad_row: int | N
     return ids, mask, torch.zeros_like(ids)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(condition, what: str, seconds: float = 600):
+    """Polls until ``condition()`` is truthy and returns it: a bound for a hung process,
+    not for a slow machine."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
 @contextlib.contextmanager
 def running_server(repository, **settings):
     """A real uvicorn server on 127.0.0.1 and a free port, in a thread; yields its URL

@@ -10,33 +10,17 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
+from tests.conftest import free_port, wait_for
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_for(condition, what: str, seconds: float = 300):
-    """Polls until ``condition()`` is truthy: a bound for a hung process, not for speed."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"gave up waiting for {what}")
-
-
 def test_the_port_opens_while_the_default_is_built(tmp_path):
-    port, log = _free_port(), tmp_path / "serve.log"
+    port, log = free_port(), tmp_path / "serve.log"
     env = {**os.environ, "DISTILSERVE_CACHE_DIR": str(tmp_path / "cache")}
     server = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port)],
                               cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -49,14 +33,14 @@ def test_the_port_opens_while_the_default_is_built(tmp_path):
             return None
 
     try:
-        health = _wait_for(lambda: get("/health"), "/health")
+        health = wait_for(lambda: get("/health"), "/health")
         assert health.status_code == 200
         ready = get("/ready")
         assert ready.status_code == 503 and ready.headers["retry-after"]
         body = ready.json()
         assert body["error"]["type"] == "unavailable"
         assert body["status"].startswith("building the embedded default: all-minilm-l6-v2")
-        _wait_for(lambda: "building the embedded default (" in log.read_text(),
+        wait_for(lambda: "building the embedded default (" in log.read_text(),
                   "a progress line in the log")
         assert server.poll() is None
     finally:
@@ -74,7 +58,6 @@ def test_a_port_in_use_is_one_line_before_anything_loads(tmp_path):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        started = time.monotonic()
         done = subprocess.run(
             [sys.executable, "-m", "server.cli", "serve", "--port", str(port)], cwd=ROOT,
             capture_output=True, text=True,

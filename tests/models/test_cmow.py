@@ -15,8 +15,9 @@ def test_tree_reduction_equals_sequential_product_at_every_length():
     for n in [1, 2, 3, 7, 8, 9, 33, 100]:
         ids = torch.randint(1000, 30000, (2, n))
         x = m.transformer.embeddings.matrix_embedding(ids, torch.ones_like(ids))
-        assert torch.allclose(tree_product(x, m.steps, torch.eye(x.shape[-1])), sequential_product(x), atol=1e-5), n
-        prefixes = prefix_products(x, m.steps, torch.eye(x.shape[-1]))
+        eye = torch.eye(x.shape[-1])
+        assert torch.allclose(tree_product(x, m.steps, eye), sequential_product(x), atol=1e-5), n
+        prefixes = prefix_products(x, m.steps, eye)
         assert torch.allclose(prefixes[:, -1], sequential_product(x), atol=1e-5)
         assert torch.allclose(prefixes[:, n // 2], sequential_product(x[:, : n // 2 + 1]), atol=1e-5)
 

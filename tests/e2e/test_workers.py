@@ -1,0 +1,81 @@
+"""``distilserve serve --workers 2``: two processes on one port, metrics summed over both,
+a worker that dies is replaced while the other serves, SIGTERM stops them all."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from models import export
+from tests.conftest import free_port, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _workers(log: Path) -> list[int]:
+    return [int(p) for p in re.findall(r"Started server process \[(\d+)\]", log.read_text())]
+
+
+def _embed_count(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return sum(float(v) for v in re.findall(
+        r'distilserve_requests_total{route="/v1/embed",status="200"} ([0-9.e+]+)', text))
+
+
+def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
+    export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
+    port = free_port()
+    log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--model-repository",
+         str(tmp_path / "repo"), "--port", str(port), "--workers", "2"],
+        cwd=ROOT, env={**os.environ, "DISTILSERVE_THREADS": "1"},
+        stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+    def ready_everywhere():  # 10 answers in a row: whichever worker takes them is ready
+        try:
+            return all(httpx.get(url + "/ready", timeout=5).status_code == 200
+                       for _ in range(10))
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(lambda: len(_workers(log)) == 2, "two workers")
+        wait_for(ready_everywhere, "both workers ready")
+        statuses = [httpx.post(url + "/v1/embed", json={"inputs": f"text {i}"},  # new
+                               timeout=60).status_code for i in range(30)]  # connections
+        assert statuses == [200] * 30
+        assert _embed_count(url) == 30  # summed over the workers, whichever answers
+
+        first, second = _workers(log)
+        os.kill(first, signal.SIGKILL)
+        answered = []
+        for _ in range(20):  # the other worker keeps serving meanwhile
+            try:
+                answered.append(httpx.post(url + "/v1/embed", json={"inputs": "x"},
+                                           timeout=60).status_code)
+            except httpx.TransportError:  # a connection the dead worker had accepted
+                answered.append(None)
+        assert answered.count(200) >= 19
+        replacement = wait_for(lambda: [p for p in _workers(log) if p not in (first, second)],
+                                "a replacement worker")
+        assert "died" in log.read_text()
+        wait_for(ready_everywhere, "the replacement ready")
+        assert server.poll() is None and replacement
+    finally:
+        server.send_signal(signal.SIGTERM)
+        try:
+            code = server.wait(120)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            raise
+    assert code == 0
+    for pid in _workers(log):
+        assert not Path(f"/proc/{pid}").exists() or \
+            "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
