@@ -256,9 +256,9 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
 
 
 def replace(new: Path, output: Path) -> None:
-    """Puts the complete folder ``new`` at ``output``: two renames, so that ``output`` is
-    at every moment the old folder or the new one (for an instant, neither), never a
-    half-written one."""
+    """Puts the complete folder ``new`` at ``output`` by two renames: ``output`` holds the
+    old model until an instant before it holds the new one, and never a half-written one
+    (a server's next load finds one or the other, or for that instant none)."""
     old = None
     if output.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
