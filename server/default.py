@@ -123,14 +123,14 @@ def ensure_default_repository(cache_dir: Path,
     if (folder / STAMP).exists():
         return folder
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _build_lock(cache_dir, progress or (lambda text: None)):
+    with build_lock(cache_dir, progress or (lambda text: None)):
         if (folder / STAMP).exists():  # another process built it while this one waited
             return folder
         return _build_default(cache_dir, folder, progress)
 
 
 @contextlib.contextmanager
-def _build_lock(cache_dir: Path, progress: Callable[[str], None]):
+def build_lock(cache_dir: Path, progress: Callable[[str], None]):
     """One builder at a time (the workers of ``serve --workers N`` share the cache): the
     others wait, saying so through ``progress`` (which may raise to stop waiting)."""
     with open(cache_dir / ".build.lock", "w") as lock:

@@ -1,11 +1,13 @@
-"""The embedded default's build progress, where no terminal shows it."""
+"""The embedded default's build: its progress where no terminal shows it, and one
+builder at a time."""
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
-from server.default import BuildProgress
+from server.default import BuildProgress, build_lock
 
 
 def test_without_a_terminal_progress_is_logged_per_model_and_every_few_seconds(caplog):
@@ -21,3 +23,42 @@ def test_without_a_terminal_progress_is_logged_per_model_and_every_few_seconds(c
     assert sum("minilm-sentiment: epoch 1/2, step 2/50" in line for line in lines) >= 2
     assert any("minilm-ner: epoch 1/2, step 1/75" in line for line in lines)
     assert not any("step 1/50" in line for line in lines[1:])
+
+
+def test_one_process_builds_while_another_waits_and_says_so(tmp_path):
+    """The workers of serve --workers N share the cache: one builds, the others wait."""
+    heard, entered = [], threading.Event()
+
+    def wait_then_enter():
+        with build_lock(tmp_path, heard.append):
+            entered.set()
+
+    with build_lock(tmp_path, heard.append):
+        waiter = threading.Thread(target=wait_then_enter)
+        waiter.start()
+        time.sleep(1.5)
+        assert not entered.is_set()  # blocked while the first one holds the lock
+    waiter.join(30)
+    assert entered.is_set()
+    assert heard and all("another process is building it" in h for h in heard)
+
+
+def test_waiting_stops_when_progress_raises(tmp_path):
+    """A worker asked to stop while it waits (its progress raises) stops waiting."""
+    failures = []
+
+    def stop(text):
+        raise InterruptedError(text)
+
+    def wait():
+        try:
+            with build_lock(tmp_path, stop):
+                pass
+        except InterruptedError as e:
+            failures.append(e)
+
+    with build_lock(tmp_path, lambda text: None):
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        waiter.join(30)
+    assert failures and not waiter.is_alive()
