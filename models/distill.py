@@ -216,7 +216,7 @@ def check_preset(family: str, preset: str, teacher: Teacher, max_length: int) ->
     """Refuses, before any training, a student that cannot learn from this teacher."""
     if family == "bert" and preset == STUDENT_PRESET["bert"]:
         return
-    config = checkpoint.new(family, preset, "embed").config  # ValueError-free: known preset
+    config = checkpoint.new(family, preset, "embed").config  # unknown: CheckpointError
     vocab, positions = config.get("vocab_size"), config.get("max_position_embeddings", 512)
     if vocab != teacher.hf.config.vocab_size:
         raise ValueError(f"{family} preset {preset!r} has a vocabulary of {vocab} tokens, "
