@@ -8,6 +8,7 @@ translate (``InputTooLong``, ``QueueFull``).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,7 +107,8 @@ class Engine:
         # wrapper re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer
         self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
-        self.tokenizer_json = rust.to_str()  # models with equal ones tokenise alike
+        # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
+        self.tokenizer_digest = hashlib.sha256(rust.to_str().encode()).hexdigest()
         self.word_aware = bool(getattr(rust.model, "continuing_subword_prefix", None))
         self.tokenizers = {}
         for truncate in (True, False):

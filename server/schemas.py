@@ -25,8 +25,8 @@ class _Request(BaseModel):
         value = self.inputs if hasattr(self, "inputs") else self.input
         if isinstance(value, str) or value and isinstance(value[0], int):
             value = [value]
-        return [x if isinstance(x, str) or x and isinstance(x[0], int) or x == []
-                else (x[0], x[1]) for x in value]
+        return [x if isinstance(x, str) or not x or isinstance(x[0], int)  # text, ids
+                else (x[0], x[1]) for x in value]  # a pair
 
     @model_validator(mode="after")
     def _unicode(self):

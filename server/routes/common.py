@@ -87,7 +87,7 @@ def choose_tokenizer(request: Request, name: str | None) -> Engine:
     engines = list(svc.engines.values())
     if not engines:
         raise ApiError(404, "model_not_found", "no model is served")
-    if len({e.tokenizer_json for e in engines}) > 1:
+    if len({e.tokenizer_digest for e in engines}) > 1:
         raise ApiError(400, "invalid_request", "the served models tokenise differently "
                        f"({', '.join(e.name for e in engines)}): name one in 'model'")
     return engines[0]

@@ -440,6 +440,9 @@ def test_tokenize_equals_the_hugging_face_tokenizer(url):
     bare = post(url, "/v1/tokenize", {"model": "minilm", "inputs": "Hello world",
                                       "add_special_tokens": False}).json()[0]
     assert [t["id"] for t in bare] == tok("Hello world", add_special_tokens=False)["input_ids"]
+    # unnamed: any model, since every model served here has the same tokenizer
+    unnamed = post(url, "/v1/tokenize", {"inputs": TRICKY}).json()
+    assert unnamed == res.json()
 
 
 def test_dimensions_are_the_first_components_renormalised(url):
