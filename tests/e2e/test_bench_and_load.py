@@ -56,3 +56,28 @@ def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
     assert set(locust["by_route"]) == {"/v1/embed", "/v1/classify", "/v1/ner"}
     for name in ("locust_stats.csv", "locust.html", "summary.md"):
         assert (out / name).stat().st_size > 0
+    rerank = summary["rerank"]  # 8 clients, a query and 16 documents each
+    assert rerank["documents_per_s"] > 0 and rerank["in_process_documents_per_s"] > 0
+    assert set(rerank["service"]["statuses"]) == {"200"}
+
+
+def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):
+    """loadtests.peer against the service itself as its own "peer" (no other server
+    here): every phase measured on both, the same client and sentences."""
+    from loadtests import peer
+    from tests.conftest import running_server
+
+    repo = tmp_path / "repo"
+    export.export(tiny_checkpoints["bert", "embed"], repo / "bert", "torch")
+    out = tmp_path / "peer"
+    with running_server(repo) as other:
+        assert peer.main(["--model-repository", str(repo), "--peer-url", other,
+                          "--peer-path", "/v1/embeddings", "--peer-model", "bert",
+                          "--peer-name", "itself", "--seconds", "0.5", "--processes", "1",
+                          "--out", str(out)]) == 0
+    result = json.loads((out / "peer.json").read_text())
+    assert [r["phase"] for r in result["distilserve"]] == [p[0] for p in peer.PHASES]
+    for ours, theirs in zip(result["distilserve"], result["peer"]["rows"]):
+        assert set(ours["statuses"]) == set(theirs["statuses"]) == {"200"}  # JSON keys
+    assert result["served"]["device"] == "cpu" and "| 4 clients x 32 sentences |" in \
+        (out / "peer.md").read_text()
