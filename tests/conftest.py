@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(2)
 
+from loadtests.run import free_port  # noqa: E402, F401 (the tests' helper too)
 from models import checkpoint  # noqa: E402
 
 FAMILIES = checkpoint.FAMILIES
@@ -45,12 +46,6 @@ def batch(batch_size: int = 3, length: int = 11, seed: int = 0, pad_row: int | N
         mask[pad_row, length // 2:] = 0
         ids[pad_row, length // 2:] = 0
     return ids, mask, torch.zeros_like(ids)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(condition, what: str, seconds: float = 600):

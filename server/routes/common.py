@@ -28,7 +28,8 @@ def _serving(request: Request):
     return svc
 
 
-def _named(svc, name: str) -> Engine:
+def named(svc, name: str) -> Engine:
+    """The served model of that name, or 404 naming the ones served."""
     engine = svc.engines.get(name)
     if engine is None:
         served = ", ".join(sorted(svc.engines)) or "none"
@@ -46,7 +47,7 @@ def choose(request: Request, name: str | None, task: str) -> Engine:
             raise ApiError(404, "model_not_found", f"no served model does {task}")
         raise ApiError(400, "invalid_request", f"several models do {task} "
                        f"({', '.join(e.name for e in able)}): name one in 'model'")
-    engine = _named(svc, name)
+    engine = named(svc, name)
     if engine.task != task:
         raise ApiError(400, "wrong_task", f"model {name!r} does {engine.task}, not {task}")
     return engine
@@ -57,7 +58,7 @@ def choose_reranker(request: Request, name: str | None) -> Engine:
     model. Unnamed: the one cross-encoder, else the one embedding model."""
     svc = _serving(request)
     if name is not None:
-        engine = _named(svc, name)
+        engine = named(svc, name)
         if engine.task not in ("embed", "classify"):
             raise ApiError(400, "wrong_task", f"model {name!r} does {engine.task}; rerank "
                            "needs an embedding model or a classification model (a "
@@ -83,7 +84,7 @@ def choose_tokenizer(request: Request, name: str | None) -> Engine:
     """Any model; unnamed: any one, when every served model tokenises alike."""
     svc = _serving(request)
     if name is not None:
-        return _named(svc, name)
+        return named(svc, name)
     engines = list(svc.engines.values())
     if not engines:
         raise ApiError(404, "model_not_found", "no model is served")

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from server.errors import ApiError
-from server.routes.common import service
+from server.routes.common import named, service
 
 router = APIRouter(tags=["models"])
 
@@ -18,8 +17,4 @@ async def list_models(request: Request):
 
 @router.get("/v1/models/{model_id}")
 async def get_model(model_id: str, request: Request):
-    engine = service(request).engines.get(model_id)
-    if engine is None:
-        raise ApiError(404, "model_not_found", f"unknown model {model_id!r}; served: "
-                       f"{', '.join(sorted(service(request).engines)) or 'none'}")
-    return engine.describe()
+    return named(service(request), model_id).describe()
