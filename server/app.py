@@ -69,28 +69,45 @@ async def build_and_load(service: Service, repository: Path | None) -> None:
     await load_repository(service, repository)
 
 
+def model_folders(repository: Path) -> list[Path]:
+    """The model folders of a repository, by name (hidden folders left out)."""
+    return sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
 async def load_repository(service: Service, repository: Path) -> None:
-    """Loads and warms every model folder; a folder that fails is logged and left out."""
+    """Loads and warms every model folder here."""
     if not repository.is_dir():
         log.error("model repository %s is not a folder: serving nothing, never ready",
                   repository)
         return
-    folders = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    async def open_engine(folder: Path) -> Engine:
+        engine = await asyncio.to_thread(load_engine, folder.name, folder, service.settings,
+                                         service.metrics)
+        try:
+            await engine.start(service.settings.warmup)
+        except BaseException:
+            await engine.stop()
+            raise
+        return engine
+
+    folders = model_folders(repository)
     if not folders:
         log.error("model repository %s holds no model folders", repository)
+    await load_models(service, folders, open_engine)
+
+
+async def load_models(service: Service, folders: list[Path], open_engine) -> None:
+    """Opens every folder's engine (``await open_engine(folder)``, loaded and warmed); a
+    folder that fails is logged and left out. Then the service is ready."""
     for n, folder in enumerate(folders, 1):
         service.status = f"loading {folder.name} ({n} of {len(folders)})"
-        engine = None
         try:
-            engine = await asyncio.to_thread(load_engine, folder.name, folder, service.settings,
-                                             service.metrics)
-            await engine.start(service.settings.warmup)
+            engine = await open_engine(folder)
         except Exception as e:  # a broken folder, or a model that loads but cannot run
             reason = str(e) if isinstance(e, ModelLoadError) else f"{type(e).__name__}: {e}"
             service.failures[folder.name] = reason
             log.error("model %s not served: %s", folder.name, reason)
-            if engine is not None:
-                await engine.stop()
             continue
         service.engines[folder.name] = engine
         log.info("serving %s (%s, %s, %s)", folder.name, engine.task, engine.family,
@@ -137,18 +154,15 @@ class BodyLimit:
 
 class ApiKey:
     """401 unless ``Authorization: Bearer KEY`` matches DISTILSERVE_API_KEY (when one is
-    set), on every route but the probes and the docs."""
+    set), on every route but the probes (the docs and the OpenAPI document included)."""
 
-    PUBLIC = frozenset({"/health", "/ready", "/docs", "/docs/oauth2-redirect", "/redoc",
-                        "/openapi.json"})
-    PUBLIC_PREFIX = "/static-offline-docs/"  # the docs' scripts and styles
+    PUBLIC = frozenset({"/health", "/ready"})
 
     def __init__(self, app, key: str | None):
         self.app, self.key = app, key and key.encode()
 
     async def __call__(self, scope, receive, send):
-        if self.key is None or scope["type"] != "http" or scope["path"] in self.PUBLIC \
-                or scope["path"].startswith(self.PUBLIC_PREFIX):
+        if self.key is None or scope["type"] != "http" or scope["path"] in self.PUBLIC:
             return await self.app(scope, receive, send)
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
@@ -186,7 +200,10 @@ class Record:
             metrics.latency.labels(path).observe(time.perf_counter() - started)
 
 
-def create_app(settings: Settings | None = None, repository: Path | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, repository: Path | None = None,
+               loader=None) -> FastAPI:
+    """The service. Its lifespan loads the repository (None: the embedded default), or
+    runs ``await loader(service)`` instead (the Ray Serve ingress: server/ray_serve.py)."""
     settings = settings or Settings()
     repository = repository or settings.model_repository  # None: the embedded default
 
@@ -194,8 +211,8 @@ def create_app(settings: Settings | None = None, repository: Path | None = None)
     async def lifespan(app: FastAPI):
         service = Service(settings, Metrics())
         app.state.service = service
-        loading = asyncio.create_task(
-            build_and_load(service, Path(repository) if repository else None))
+        loading = asyncio.create_task(loader(service) if loader else build_and_load(
+            service, Path(repository) if repository else None))
         yield
         service.draining = True
         loading.cancel()
@@ -213,6 +230,8 @@ def create_app(settings: Settings | None = None, repository: Path | None = None)
     errors.install(app)
 
     key = settings.api_key.get_secret_value() if settings.api_key else None
+    if key:
+        document_api_key(app)
     app.add_middleware(DirectLane)  # the inference routes, answered without FastAPI's stack
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
@@ -221,6 +240,26 @@ def create_app(settings: Settings | None = None, repository: Path | None = None)
                    models_route.router, health.router):
         app.include_router(router)
     return app
+
+
+def document_api_key(app: FastAPI) -> None:
+    """The OpenAPI document says which operations need the API key (all but the probes),
+    so that /docs' Authorize button and generated clients send it."""
+    plain = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = plain()
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "apiKey": {"type": "http", "scheme": "bearer",
+                           "description": "DISTILSERVE_API_KEY"}}
+            for path, operations in schema["paths"].items():
+                for operation in operations.values():
+                    if path not in ApiKey.PUBLIC:
+                        operation["security"] = [{"apiKey": []}]
+        return app.openapi_schema
+
+    app.openapi = openapi
 
 
 def app_from_environment() -> FastAPI:

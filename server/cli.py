@@ -79,10 +79,10 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
     from pydantic import ValidationError
 
     from server.app import create_app
+    from server.connections import Config, Server
     from server.settings import Settings
 
     overrides = {k: v for k, v in (("model_repository", args.model_repository),
@@ -123,11 +123,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "/ready says how far along)")
     # the app builds the embedded default (no repository) and loads the models in the
     # background, with the port open: /health answers at once, /ready when they are loaded
-    common = dict(host=settings.host, port=settings.port, log_level="info",
+    common = dict(settings=settings, host=settings.host, port=settings.port, log_level="info",
                   access_log=settings.access_log, timeout_graceful_shutdown=30)
     if settings.workers == 1:
-        uvicorn.Server(uvicorn.Config(create_app(settings, repository), **common)).run(
-            sockets=[sock])
+        Server(Config(create_app(settings, repository), **common)).run(sockets=[sock])
         return 0
     return serve_workers(settings, overrides, sock, common)
 
@@ -140,19 +139,73 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     import shutil
     import tempfile
 
-    import uvicorn
     from uvicorn.supervisors import Multiprocess
+
+    from server.connections import Config
 
     for key, value in overrides.items():
         os.environ[f"DISTILSERVE_{key.upper()}"] = str(value)
     metrics = tempfile.mkdtemp(prefix="distilserve-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
     try:
-        config = uvicorn.Config("server.app:app_from_environment", factory=True,
-                                workers=settings.workers, **common)
+        config = Config("server.app:app_from_environment", factory=True,
+                        workers=settings.workers, **common)
         Multiprocess(config, sockets=[sock]).run()
     finally:
         shutil.rmtree(metrics, ignore_errors=True)
+    return 0
+
+
+def cmd_ray(args: argparse.Namespace) -> int:
+    import logging
+    import signal
+
+    from pydantic import ValidationError
+
+    from server.settings import Settings
+
+    try:
+        settings = Settings(**({"model_repository": args.model_repository}
+                               if args.model_repository else {}))
+        from server.ray_serve import Scaling
+
+        scaling = Scaling(**{k: v for k, v in vars(args).items()
+                             if k in Scaling.model_fields and v is not None})
+    except ValidationError as e:
+        first = e.errors()[0]
+        print(f"distilserve ray: {first['loc'][0] if first['loc'] else ''}: {first['msg']}",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    repository = settings.model_repository
+    if repository is None:  # the embedded default, built here first (on the first run)
+        from server.default import ensure_default_repository
+
+        with status("building the embedded default") as progress:
+            repository = ensure_default_repository(settings.cache_dir, progress)
+    if not repository.is_dir():
+        print(f"distilserve ray: model repository {repository} is not a folder",
+              file=sys.stderr)
+        return 2
+    import ray
+    from ray import serve
+
+    from server.ray_serve import application
+
+    ray.init(address=args.address)  # None: RAY_ADDRESS, or a new local instance
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(application(repository, settings, scaling), name="distilserve",
+              route_prefix="/")
+    print(f"distilserve on Ray Serve at http://{args.host}:{args.port} (Ctrl-C or SIGTERM "
+          "removes the application)", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    serve.delete("distilserve")
+    if args.address is None:
+        serve.shutdown()
     return 0
 
 
@@ -297,6 +350,30 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--dtype", help="DISTILSERVE_DTYPE: auto, fp32, fp16 or bf16 "
                        "(default auto: fp32 on the CPU, fp16 or bf16 on a GPU)")
     serve.set_defaults(func=cmd_serve)
+
+    ray = sub.add_parser("ray", help="serve a model repository on Ray Serve",
+                         description="Deploys a model repository as a Ray Serve application "
+                         "(one deployment per model, the same HTTP API) on a new local Ray "
+                         "instance or on a cluster (--address), and removes it on Ctrl-C or "
+                         "SIGTERM. Other settings: DISTILSERVE_* variables.")
+    ray.add_argument("--model-repository", type=Path,
+                     help="folder of model folders, readable by every Ray node (default: "
+                     "the embedded default, built here on first run)")
+    ray.add_argument("--address", help="Ray cluster to join (auto, HOST:PORT or "
+                     "ray://HOST:10001; default RAY_ADDRESS, or a new local instance)")
+    ray.add_argument("--host", default="127.0.0.1", help="Ray Serve's HTTP host")
+    ray.add_argument("--port", type=int, default=8000, help="Ray Serve's HTTP port")
+    ray.add_argument("--replicas", type=int, help="replicas per model (default 1)")
+    ray.add_argument("--min-replicas", type=int, help="autoscale each model from this many "
+                     "replicas (with --max-replicas)")
+    ray.add_argument("--max-replicas", type=int, help="autoscale up to this many replicas")
+    ray.add_argument("--target-ongoing", type=float, help="autoscaling target: requests "
+                     "ongoing (queued or running) per replica (default 64)")
+    ray.add_argument("--max-ongoing", type=int, help="requests a replica takes at once, "
+                     "sharing its batches (default 256)")
+    ray.add_argument("--replica-cpus", type=float, help="CPUs per replica (default 1)")
+    ray.add_argument("--replica-gpus", type=float, help="GPUs per replica (default 0)")
+    ray.set_defaults(func=cmd_ray)
 
     dist = sub.add_parser("distill", help="distil the teacher into a student of a family",
                           description="Distils all-MiniLM-L6-v2 (or --teacher) into a "

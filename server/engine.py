@@ -26,13 +26,18 @@ from server.batching import Batcher, InputTooLong, QueueFull
 from server.metrics import Metrics
 from server.settings import Settings
 
-__all__ = ["Engine", "InputTooLong", "ModelLoadError", "QueueFull", "load_engine"]
+__all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "QueueFull",
+           "load_engine"]
 
 REQUIRED = ("task", "family", "backend", "max_length")
 
 
 class ModelLoadError(Exception):
     """A model folder that cannot be served; the message says why."""
+
+
+class ModelUnavailable(Exception):
+    """The model's runner is gone for now (a Ray Serve replica that died): retry shortly."""
 
 
 @dataclass
@@ -80,21 +85,20 @@ def read_manifest(folder: Path) -> dict:
 
 
 class Engine:
+    """A model folder served here: its tokenizer and metadata, and (``local``) its runtime
+    backend behind a batching queue. server/ray_serve.py's RemoteEngine keeps the first
+    and sends batches to Ray Serve replicas that hold the second."""
+
     def __init__(self, name: str, folder: Path, manifest: dict, settings: Settings,
-                 metrics: Metrics):
+                 metrics: Metrics, local: bool = True):
         self.name, self.folder, self.manifest = name, folder, manifest
         self.task, self.family = manifest["task"], manifest["family"]
         self.labels: list[str] = manifest.get("labels") or []
         self.relevant = relevant_index(manifest, self.labels)
         self.max_length = int(manifest["max_length"])
-        threads = settings.threads or os.cpu_count() or 1
-        try:
-            self.backend = open_backend(
-                manifest["backend"], folder, manifest.get("artifact"), threads,
-                manifest.get("num_iterations"), manifest.get("device") or settings.device,
-                manifest.get("dtype") or settings.dtype, allowed_dtypes(manifest))
-        except BackendError as e:
-            raise ModelLoadError(f"{folder}: {e}") from None
+        self.metrics = metrics
+        if local:  # first: a broken artifact is the likelier fault, and names the file
+            self._open(settings)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
         except Exception as e:
@@ -123,7 +127,18 @@ class Engine:
         probe = self.tokenizers[False].encode("a")
         at = probe.special_tokens_mask.index(0)
         self.specials = (probe.ids[:at], probe.ids[at + 1:])
-        self.metrics = metrics
+
+    def _open(self, settings: Settings) -> None:
+        """The runtime backend and its batching queue (on the model's own thread)."""
+        manifest, folder, name, metrics = self.manifest, self.folder, self.name, self.metrics
+        threads = settings.threads or os.cpu_count() or 1
+        try:
+            self.backend = open_backend(
+                manifest["backend"], folder, manifest.get("artifact"), threads,
+                manifest.get("num_iterations"), manifest.get("device") or settings.device,
+                manifest.get("dtype") or settings.dtype, allowed_dtypes(manifest))
+        except BackendError as e:
+            raise ModelLoadError(f"{folder}: {e}") from None
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         self.batcher = Batcher(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
@@ -21,8 +22,41 @@ def body(kind: str, message: str) -> dict:
     return {"error": {"type": kind, "message": message}}
 
 
+class ErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    """Every error's body (documented in the OpenAPI document; built by ``body``)."""
+
+    error: ErrorDetail
+
+
+WHY = {
+    400: "the model does not do this task, or several models do and none is named",
+    401: "DISTILSERVE_API_KEY is set and 'Authorization: Bearer KEY' is missing or wrong",
+    404: "no served model of that name, or none does the task",
+    413: "too many inputs, an input too long (characters, or tokens with truncate false), "
+         "or a body over the limit",
+    422: "malformed JSON, wrong types or values, or values the model cannot take",
+    429: "the model's queue is full: retry after Retry-After seconds",
+    503: "the models are still loading or the service is shutting down: retry after "
+         "Retry-After seconds",
+}
+
+
+def responses(*statuses: int) -> dict:
+    """The OpenAPI ``responses`` of a route for the errors it can return."""
+    return {status: {"model": ErrorBody, "description": WHY[status]} for status in statuses}
+
+
+INFERENCE = responses(400, 401, 404, 413, 422, 429, 503)  # every POST /v1/... route
+
+
 def _location(loc) -> str:
-    parts = [str(p) for p in loc if p != "body"]
+    """body.input.list[...].1.0 -> input.1.0: field names and indices, not union branches."""
+    parts = [str(p) for p in loc if p != "body" and (isinstance(p, int) or p.isidentifier())]
     return ".".join(parts) or "body"
 
 

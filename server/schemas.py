@@ -4,19 +4,33 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 Strategy = Literal["none", "simple", "first", "average", "max"]
 Texts = str | Annotated[list[str], Field(min_length=1)]
 Pair = Annotated[list[str], Field(min_length=2, max_length=2)]
-TokenIds = list[int]  # one input as the model's own vocabulary ids, no special tokens
-Dimensions = Annotated[int | None, Field(None, ge=1, description="keep the first N "
-                                         "components, re-normalised (Matryoshka-style)")]
+
+
+def _whole(value):
+    """JSON Schema's integers include 3.0; the strict models take it as 3 (but not 3.5,
+    "3" or true)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# bounded: no model could use more (a vocabulary, a width, a count of labels or
+# documents), and nothing past a machine integer reaches numpy
+LARGEST = 2**31 - 1
+Count = Annotated[int, Field(ge=1, le=LARGEST), BeforeValidator(_whole)]
+# one input as the model's own vocabulary ids, no special tokens
+TokenIds = list[Annotated[int, Field(ge=0, le=LARGEST), BeforeValidator(_whole)]]
+Dimensions = Annotated[Count | None, Field(None, description="keep the first N "
+                                           "components, re-normalised (Matryoshka-style)")]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+    # strict: true/false are booleans (not 0, 1 or "false"), numbers are not strings
+    model_config = ConfigDict(extra="ignore", protected_namespaces=(), strict=True)
     model: str | None = None
 
     @property
@@ -69,7 +83,7 @@ class RerankRequest(_Request):
 
     query: str
     documents: Annotated[list[str], Field(min_length=1)]
-    top_n: int | None = Field(None, ge=1, description="return the best N (default all)")
+    top_n: Count | None = Field(None, description="return the best N (default all)")
     return_documents: bool = False
     truncate: bool = True
 
@@ -88,7 +102,8 @@ class TokenizeRequest(_Request):
 class ClassifyRequest(_Request):
     inputs: str | Annotated[list[str | Pair], Field(min_length=1)] = Field(
         description="a text, a list of texts, or text pairs as two-item lists")
-    top_k: int | None = Field(None, ge=1)
+    top_k: Count | None = Field(None, description="return the N most likely labels "
+                                "(default all)")
     truncate: bool = True
 
 

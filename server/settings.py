@@ -21,7 +21,19 @@ class Settings(BaseSettings):
                          "own copy of every model; one that dies is restarted")
     cache_dir: Path = Field(Path.home() / ".cache" / "distilserve",
                             description="where the embedded default repository is built")
-    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY")
+    api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY "
+                                      "on every route but /health and /ready")
+    require_all_models: bool = Field(False, description="/ready stays 503 while any model "
+                                     "folder failed to load (default: 200, failures listed)")
+
+    # connections
+    header_timeout: float = Field(10.0, gt=0, description="seconds a client has to send a "
+                                  "request's headers once it connects or starts a request; "
+                                  "then the connection is closed")
+    keep_alive_timeout: float = Field(5.0, gt=0, description="seconds an idle keep-alive "
+                                      "connection is kept open")
+    max_connections: int = Field(2048, ge=1, description="open connections (per worker) "
+                                 "beyond which new requests get 503")
 
     # request limits
     max_inputs: int = Field(256, ge=1, description="inputs per request")

@@ -11,7 +11,6 @@ import time
 import httpx
 import pytest
 import torch
-import uvicorn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -61,25 +60,26 @@ def wait_for(condition, what: str, seconds: float = 600):
 
 
 @contextlib.contextmanager
-def running_server(repository, **settings):
+def running_server(repository, until: str = "/ready", **settings):
     """A real uvicorn server on 127.0.0.1 and a free port, in a thread; yields its URL
-    once /ready answers 200, and stops it afterwards."""
+    once ``until`` (/ready) answers 200, and stops it afterwards."""
     from server.app import create_app
+    from server.connections import Config, Server
     from server.settings import Settings
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(Settings(port=port, **settings), repository),
-                            host="127.0.0.1", port=port, log_level="warning")
-    server = uvicorn.Server(config)
+    settings = Settings(port=port, **settings)
+    server = Server(Config(create_app(settings, repository), settings, host="127.0.0.1",
+                           port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900  # a bound for a hung server, not for a slow machine
     while time.monotonic() < deadline and thread.is_alive():
         try:
-            if httpx.get(url + "/ready", timeout=5).status_code == 200:
+            if httpx.get(url + until, timeout=5).status_code == 200:
                 break
         except httpx.TransportError:
             pass

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from server import postprocess
+from server import errors, postprocess
 from server.routes.common import choose, reply, run
 from server.schemas import ClassifyRequest, ClassifyResponse
 
 router = APIRouter(tags=["classification"])
 
 
-@router.post("/v1/classify", response_model=ClassifyResponse)
+@router.post("/v1/classify", response_model=ClassifyResponse, responses=errors.INFERENCE)
 async def classify(body: ClassifyRequest, request: Request):
     engine = choose(request, body.model, "classify")
     result = await run(request, engine, body.texts, body.truncate)

@@ -9,7 +9,7 @@ import asyncio
 import orjson
 from fastapi import Request, Response
 
-from server.engine import Engine, InputTooLong, QueueFull, Result
+from server.engine import Engine, InputTooLong, ModelUnavailable, QueueFull, Result
 from server.errors import ApiError
 
 
@@ -149,6 +149,9 @@ async def run(request: Request, engine: Engine, texts: list, truncate: bool) -> 
     except QueueFull as e:
         raise ApiError(429, "overloaded", f"model {engine.name!r} is busy ({e}); retry "
                        "after a moment", {"Retry-After": "1"}) from None
+    except ModelUnavailable as e:
+        raise ApiError(503, "unavailable", f"model {engine.name!r} is unavailable ({e}); "
+                       "retry after a moment", {"Retry-After": "1"}) from None
     finally:
         running = False  # a disconnect noticed from now on cancels nothing
         watch.cancel()

@@ -10,7 +10,9 @@ request models, the same route functions and the same error responses
 FastAPI still documents them (/docs) and serves every other route. A request the lane
 does not take (another method, a body that is not JSON) and a body that does not parse or
 validate go on to FastAPI, so that those errors are FastAPI's own; the errors the route
-functions raise get the response FastAPI's handler gives them (errors.api_error).
+functions raise get the response FastAPI's handler gives them (errors.api_error). A body
+that is not JSON at all (not UTF-8, a number of thousands of digits, nesting too deep for
+the parser) is answered here: 422, where FastAPI would say 400.
 """
 
 from __future__ import annotations
@@ -30,9 +32,20 @@ ROUTERS = (embed.router, classify.router, ner.router, rerank.router, tokenize.ro
 
 
 def _json_body(scope) -> bool:
-    """Content-Type application/json or any +json type: a body FastAPI reads as JSON."""
+    """No Content-Type, application/json or any +json type: a body FastAPI reads as JSON."""
     kind = Headers(scope=scope).get("content-type", "").partition(";")[0].strip().lower()
-    return kind == "application/json" or kind.endswith("+json")
+    return kind in ("", "application/json") or kind.endswith("+json")
+
+
+def _unparseable(error: Exception) -> str:
+    """Why a body is not JSON, in a client's words."""
+    if isinstance(error, json.JSONDecodeError):
+        return f"malformed JSON: {error.msg} at character {error.pos}"
+    if isinstance(error, UnicodeDecodeError):
+        return f"malformed JSON: the body is not UTF-8 (byte {error.start})"
+    if isinstance(error, RecursionError):
+        return "malformed JSON: nested too deeply"
+    return f"malformed JSON: {error}"  # e.g. an integer of more than 4300 digits
 
 
 def _replay(body: bytes, receive):
@@ -68,8 +81,13 @@ class DirectLane:
         except HTTPException as e:  # the body limit, passed while reading a chunked body
             return await errors.http_error(e)(scope, receive, send)
         try:
-            body = model.model_validate(json.loads(raw))
-        except Exception:  # malformed, invalid, nested too deep...: FastAPI says why
+            parsed = json.loads(raw)
+        except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError too
+            response = errors.api_error(errors.ApiError(422, "invalid_request", _unparseable(e)))
+            return await response(scope, receive, send)
+        try:
+            body = model.model_validate(parsed)
+        except Exception:  # invalid, or nested too deep to validate: FastAPI says why
             return await self.app(scope, _replay(raw, receive), send)
         try:
             response = await route.endpoint(body, request)

@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 from fastapi import APIRouter, Request
 
-from server import postprocess
+from server import errors, postprocess
 from server.routes.common import check_embedding_request, choose, reply, run, usage
 from server.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest, EmbedResponse
 
 router = APIRouter(tags=["embeddings"])
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingsResponse)
+@router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
 async def embeddings(body: EmbeddingsRequest, request: Request):
     engine = choose(request, body.model, "embed")
     texts = body.texts
@@ -28,7 +28,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
                   "usage": usage(result)}, result)
 
 
-@router.post("/v1/embed", response_model=EmbedResponse)
+@router.post("/v1/embed", response_model=EmbedResponse, responses=errors.INFERENCE)
 async def embed(body: EmbedRequest, request: Request):
     engine = choose(request, body.model, "embed")
     check_embedding_request(engine, body.texts, body.dimensions)

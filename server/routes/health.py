@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.errors import body
+from server import errors
 from server.routes.common import service
 
 router = APIRouter(tags=["health"])
@@ -17,18 +17,31 @@ async def health():
     return {"status": "ok"}
 
 
-@router.get("/ready")
+@router.get("/ready", responses={503: {
+    "model": errors.ErrorBody, "description": "still building or loading the models ("
+    "'status' says what), shutting down, or (with DISTILSERVE_REQUIRE_ALL_MODELS) a model "
+    "failed to load"}})
 async def ready(request: Request):
+    """200 once every model folder has been loaded and warmed or has failed (failures are
+    listed); with DISTILSERVE_REQUIRE_ALL_MODELS, 503 while any failed."""
     svc = service(request)
-    if svc.ready and not svc.draining:
-        return {"status": "ready", "models": sorted(svc.engines), "failed": svc.failures}
     if svc.draining:
-        return JSONResponse(body("unavailable", "shutting down"), 503,
+        return JSONResponse(errors.body("unavailable", "shutting down"), 503,
                             headers={"Retry-After": "2"})
-    return JSONResponse({**body("unavailable", f"not ready yet: {svc.status}"),
-                         "status": svc.status}, 503, headers={"Retry-After": "2"})
+    status = svc.status
+    if svc.ready and svc.failures and svc.settings.require_all_models:
+        status = "models failed to load (DISTILSERVE_REQUIRE_ALL_MODELS): " + "; ".join(
+            f"{name}: {why}" for name, why in sorted(svc.failures.items()))
+    elif svc.ready:
+        return {"status": "ready", "models": sorted(svc.engines), "failed": svc.failures}
+    return JSONResponse({**errors.body("unavailable", f"not ready: {status}"),
+                         "status": status}, 503, headers={"Retry-After": "2"})
 
 
-@router.get("/metrics")
+# Response: no media type of its own, so the 401 stays JSON in the OpenAPI document
+@router.get("/metrics", response_class=Response, responses={
+    200: {"description": "Prometheus' text format",
+          "content": {"text/plain": {"schema": {"type": "string"}}}},
+    **errors.responses(401)})
 async def metrics(request: Request):
     return Response(service(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)

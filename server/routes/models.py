@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from server import errors
 from server.routes.common import named, service
 
 router = APIRouter(tags=["models"])
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", responses=errors.responses(401))
 async def list_models(request: Request):
     return {"object": "list",
             "data": [e.describe() for e in service(request).engines.values()]}
 
 
-@router.get("/v1/models/{model_id}")
+# 422: FastAPI would document its own error shape for the path parameter (never refused)
+@router.get("/v1/models/{model_id}", responses=errors.responses(401, 404, 422))
 async def get_model(model_id: str, request: Request):
     return named(service(request), model_id).describe()

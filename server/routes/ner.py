@@ -6,13 +6,14 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
+from server import errors
 from server.routes.common import choose, reply, run
 from server.schemas import NerRequest, NerResponse
 
 router = APIRouter(tags=["ner"])
 
 
-@router.post("/v1/ner", response_model=NerResponse)
+@router.post("/v1/ner", response_model=NerResponse, responses=errors.INFERENCE)
 async def ner(body: NerRequest, request: Request):
     engine = choose(request, body.model, "ner")
     texts = body.texts

@@ -8,14 +8,15 @@ from __future__ import annotations
 import numpy as np
 from fastapi import APIRouter, Request
 
-from server import postprocess
+from server import errors, postprocess
 from server.routes.common import choose_reranker, reply, run, usage
 from server.schemas import RerankRequest, RerankResponse
 
 router = APIRouter(tags=["rerank"])
 
 
-@router.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True)
+@router.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True,
+             responses=errors.INFERENCE)
 async def rerank(body: RerankRequest, request: Request):
     engine = choose_reranker(request, body.model)
     documents = body.documents

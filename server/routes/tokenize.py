@@ -7,13 +7,15 @@ import asyncio
 import orjson
 from fastapi import APIRouter, Request, Response
 
+from server import errors
 from server.routes.common import check_limits, choose_tokenizer
 from server.schemas import Token, TokenizeRequest
 
 router = APIRouter(tags=["tokenize"])
 
 
-@router.post("/v1/tokenize", response_model=list[list[Token]])
+@router.post("/v1/tokenize", response_model=list[list[Token]],
+             responses=errors.responses(400, 401, 404, 413, 422, 503))  # never queued: no 429
 async def tokenize(body: TokenizeRequest, request: Request):
     engine = choose_tokenizer(request, body.model)
     texts = body.texts

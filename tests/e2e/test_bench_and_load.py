@@ -81,3 +81,37 @@ def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):
         assert set(ours["statuses"]) == set(theirs["statuses"]) == {"200"}  # JSON keys
     assert result["served"]["device"] == "cpu" and "| 4 clients x 32 sentences |" in \
         (out / "peer.md").read_text()
+
+
+def test_soak_at_tiny_scale(tiny_checkpoints, tmp_path):
+    from loadtests import soak
+
+    repo = tmp_path / "repo"
+    for task in ("embed", "classify", "ner"):
+        export.export(tiny_checkpoints["bert", task], repo / f"bert-{task}", "onnx")
+    out = tmp_path / "soak"
+    # a loose tolerance: 12 s on a busy machine is no soak; the full run is in RESULTS.md
+    code = soak.main(["--model-repository", str(repo), "--seconds", "12", "--warmup", "2",
+                      "--clients", "3", "--tolerance-mib", "500", "--output", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 0 and summary["passed"], summary
+    routes = {key.rsplit(" ", 1)[0] for key in summary["by_route_and_status"]}
+    assert routes == {"/v1/embeddings", "/v1/embed", "/v1/rerank", "/v1/tokenize",
+                      "/v1/classify", "/v1/ner", "/v1/models", "/metrics"}
+    assert all(key.endswith(" 200") for key in summary["by_route_and_status"]), summary
+    assert summary["memory"]["rss_end_mib"] > 50
+    assert len((out / "samples.csv").read_text().splitlines()) > 10
+    assert "# Soak" in (out / "summary.md").read_text()
+
+
+def test_soak_tells_growth_from_a_flat_line():
+    from loadtests.soak import growth
+
+    flat = [(t, 800 + (t % 7)) for t in range(240)]  # noise, no trend
+    leaking = [(t, 800 + t * 0.5) for t in range(240)]  # 0.5 MiB/s
+    warmed = [(t, 600 + min(t, 100) * 2) for t in range(240)]  # grows, then flat
+    assert not growth(flat, 120, 32)["grew"]
+    assert growth(leaking, 120, 32)["grew"]
+    assert growth(leaking, 120, 32)["slope_mib_per_min"] == 30.0
+    assert not growth(warmed, 120, 32)["grew"]
+    assert growth(warmed, 0, 32)["grew"]  # without the warm-up it would count

@@ -17,7 +17,7 @@ import torch
 from transformers import AutoTokenizer, pipeline
 
 from models import checkpoint, export
-from tests.conftest import FAMILIES, running_server
+from tests.conftest import FAMILIES, running_server, wait_for
 
 # (task, backend, loop) served for every family
 SERVED = [("embed", "onnx", "unroll"), ("classify", "torchscript", "unroll"),
@@ -74,6 +74,19 @@ def test_models_lists_every_good_folder_and_omits_the_broken_one(url, repository
     assert (minilm["task"], minilm["dimensions"], minilm["max_length"]) == ("embed", 384, 256)
     ready = httpx.get(url + "/ready").json()
     assert "broken" in ready["failed"] and "model.onnx" in ready["failed"]["broken"]
+
+
+def test_strict_readiness_is_503_while_a_model_failed(repository, tmp_path):
+    small = tmp_path / "repo"
+    small.mkdir()
+    for folder in ("minilm", "broken"):
+        shutil.copytree(repository / folder, small / folder)
+    with running_server(small, until="/health", require_all_models=True) as u:
+        ready = wait_for(lambda: (r := httpx.get(u + "/ready")).status_code == 503
+                         and "failed" in r.json()["status"] and r, "the load to finish")
+        assert "broken" in ready.json()["status"] and "model.onnx" in ready.json()["status"]
+        # the models that loaded are served all the same
+        assert post(u, "/v1/embed", {"inputs": "x"}).status_code == 200
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -195,7 +208,7 @@ def test_concurrent_requests_are_batched_and_unchanged(url):
 
 BAD = [
     ("/v1/embed", b'{"inputs": ', 422, "malformed JSON"),
-    ("/v1/embed", b"[" * 50_000 + b"]" * 50_000, 400, "error parsing the body"),
+    ("/v1/embed", b"[" * 50_000 + b"]" * 50_000, 422, "nested too deeply"),
     ("/v1/embed", {"inputs": 5}, 422, "inputs"),
     ("/v1/embed", b'{"model": "minilm", "inputs": ["fine", "a\\ud800"]}', 422,
      "input 1 is not valid Unicode"),
@@ -233,10 +246,27 @@ BAD = [
     ("/v1/embed", {"model": "minilm", "inputs": "x", "dimensions": 0}, 422, "dimensions"),
     ("/v1/embeddings", {"model": "minilm", "input": [[2023, 999_999]]}, 422,
      "input 0: token id 999999 is not in model 'minilm''s vocabulary"),
-    ("/v1/embeddings", {"model": "minilm", "input": [[5], [-1]]}, 422, "input 1: token id -1"),
+    ("/v1/embeddings", {"model": "minilm", "input": [[5], [-1]]}, 422,
+     "input.1.0: Input should be greater than or equal to 0"),
     ("/v1/embeddings", {"model": "minilm", "input": []}, 422, "input"),
     ("/v1/tokenize", {"model": "nope", "inputs": "x"}, 404, "unknown model"),
     ("/v1/tokenize", {"model": "minilm", "inputs": []}, 422, "at least 1"),
+    # not JSON at all: 422 (CONTRACT.md), not FastAPI's 400
+    ("/v1/embed", b'{"model": "minilm", "inputs": "\xff\xfe"}', 422, "not UTF-8"),
+    ("/v1/embed", b'{"model": "minilm", "inputs": "x", "dimensions": ' + b"9" * 5000 + b"}",
+     422, "malformed JSON"),
+    ("/v1/classify", b"[" * 10_000 + b"]" * 10_000, 422, "nested too deeply"),
+    ("/v1/ner", b'{"inputs": "x",', 422, "malformed JSON"),
+    # strict types and bounded integers
+    ("/v1/embed", {"model": "minilm", "inputs": "x", "truncate": 0}, 422,
+     "truncate: Input should be a valid boolean"),
+    ("/v1/embed", {"model": "minilm", "inputs": "x", "normalize": "false"}, 422, "normalize"),
+    ("/v1/classify", {"model": "bert-classify-onnx", "inputs": "x", "top_k": 2**70}, 422,
+     "top_k: Input should be less than or equal to 2147483647"),
+    ("/v1/classify", {"model": "bert-classify-onnx", "inputs": "x", "top_k": "2"}, 422,
+     "top_k"),
+    ("/v1/embeddings", {"model": "minilm", "input": [[True]]}, 422, "input"),
+    ("/v1/embeddings", {"model": "minilm", "input": [2023, 2**40]}, 422, "input"),
 ]
 
 
@@ -271,14 +301,33 @@ def test_the_direct_lane_answers_as_fastapi_does(url):
     assert httpx.get(url + "/v1/embed").status_code == 405
 
 
-def test_openapi_documents_every_route(url):
+def test_openapi_documents_every_route_and_its_errors(url):
     schema = httpx.get(url + "/openapi.json").json()
     for route in ("/v1/embeddings", "/v1/embed", "/v1/classify", "/v1/ner", "/v1/rerank",
                   "/v1/tokenize"):
         post_op = schema["paths"][route]["post"]
-        assert "requestBody" in post_op and "200" in post_op["responses"], route
+        assert "requestBody" in post_op, route
+        errors = {"400", "401", "404", "413", "422", "503"}
+        if route != "/v1/tokenize":  # tokenising is never queued: no 429
+            errors.add("429")
+        assert set(post_op["responses"]) == {"200"} | errors, route
+        assert post_op["responses"]["422"]["content"]["application/json"]["schema"] == {
+            "$ref": "#/components/schemas/ErrorBody"}, route
     assert "EmbedResponse" in schema["components"]["schemas"]
+    assert "HTTPValidationError" not in schema["components"]["schemas"]  # FastAPI's shape
+    assert set(schema["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == {
+        "text/plain"}
+    assert set(schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]) == {
+        "200", "401", "404", "422"}
+    assert "securitySchemes" not in schema.get("components", {})  # no API key here
     assert httpx.get(url + "/docs").status_code == 200
+
+
+def test_a_body_without_content_type_is_read_as_json(url):
+    good = httpx.post(url + "/v1/embed", content=b'{"model": "minilm", "inputs": "x"}')
+    assert good.status_code == 200 and len(good.json()["embeddings"][0]) == 384
+    bad = httpx.post(url + "/v1/embed", content=b"\xff")
+    assert bad.status_code == 422 and "not UTF-8" in bad.json()["error"]["message"]
 
 
 def test_a_chunked_body_over_the_limit_gets_413(url):
@@ -341,6 +390,15 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         assert httpx.get(u + "/v1/models").status_code == 401
         assert httpx.get(u + "/health").status_code == 200
         assert httpx.get(u + "/ready").status_code == 200
+        # the docs and the OpenAPI document too (CONTRACT.md: all but /health and /ready)
+        for page in ("/docs", "/redoc", "/openapi.json", "/metrics"):
+            assert httpx.get(u + page).status_code == 401, page
+            assert httpx.get(u + page, headers=auth).status_code == 200, page
+        schema = httpx.get(u + "/openapi.json", headers=auth).json()
+        assert schema["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+        secured = {path for path, ops in schema["paths"].items()
+                   if all("security" in op for op in ops.values())}
+        assert secured == set(schema["paths"]) - {"/health", "/ready"}
 
 
 def test_inputs_of_a_client_that_went_away_are_not_run(repository, tmp_path):

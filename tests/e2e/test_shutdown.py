@@ -43,8 +43,7 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_checkpoints, tmp_pa
         server.send_signal(signal.SIGTERM)
         in_flight.join(30)
         assert answers and answers[0].status_code == 200
-        # uvicorn re-raises the signal once shut down, so the exit status says SIGTERM
-        assert server.wait(30) in (0, -signal.SIGTERM)
+        assert server.wait(30) == 0  # a clean drain is a success (Kubernetes, systemd)
         assert b"Finished server process" in server.stdout.read()
         try:
             late = httpx.post(url + "/v1/embed", json={"inputs": "too late"}, timeout=2)

@@ -1,0 +1,126 @@
+"""server/ray_serve.py on a local Ray instance (127.0.0.1): the same answers as
+`distilserve serve`, two replicas of a model, and one of them killed under load."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from models import export
+from server.ray_serve import Scaling, application
+from server.settings import Settings
+from tests.conftest import free_port, running_server, wait_for
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+
+
+@pytest.fixture(scope="module")
+def repository(tiny_checkpoints, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("ray-repo")
+    export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx")
+    export.export(tiny_checkpoints["minialbert", "ner"], repo / "ner", "onnx")
+    (repo / "broken").mkdir()  # no manifest: left out, as `distilserve serve` does
+    return repo
+
+
+@pytest.fixture(scope="module")
+def ray_url(repository):
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             object_store_memory=100 * 2**20, log_to_driver=False)
+    try:
+        port = free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        # two replicas of each model (half a CPU each: this machine has two), one thread
+        settings = Settings(threads=1, max_wait_ms=2)
+        serve.run(application(repository, settings, Scaling(replicas=2, replica_cpus=0.5)),
+                  name="distilserve", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        wait_for(lambda: httpx.get(url + "/ready", timeout=10).status_code == 200,
+                 "the Ray Serve application to be ready")
+        yield url
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+TEXTS = ["Ray serves this sentence.", "Kenji Tanaka visited Osaka with Volkswagen."]
+REQUESTS = [("/v1/embed", {"model": "embed", "inputs": TEXTS}),
+            ("/v1/embeddings", {"model": "embed", "input": TEXTS[0], "dimensions": 8}),
+            ("/v1/rerank", {"model": "embed", "query": "q", "documents": TEXTS}),
+            ("/v1/tokenize", {"model": "ner", "inputs": TEXTS}),
+            ("/v1/ner", {"model": "ner", "inputs": TEXTS, "aggregation_strategy": "none"}),
+            # the same errors
+            ("/v1/embed", {"model": "nope", "inputs": "x"}),
+            ("/v1/embed", {"model": "ner", "inputs": "x"}),
+            ("/v1/embed", {"model": "embed", "inputs": "word " * 600, "truncate": False}),
+            ("/v1/embed", {"model": "embed", "inputs": "x", "truncate": 0})]
+
+
+def test_ray_serve_answers_as_distilserve_serve_does(ray_url, repository):
+    with running_server(repository) as url:
+        for route, body in REQUESTS:
+            direct = httpx.post(url + route, json=body, timeout=60)
+            on_ray = httpx.post(ray_url + route, json=body, timeout=60)
+            assert on_ray.status_code == direct.status_code, (route, body, on_ray.text)
+            if direct.status_code == 200 and route in ("/v1/embed", "/v1/embeddings"):
+                key = "embeddings" if route == "/v1/embed" else "data"
+                a, b = direct.json()[key], on_ray.json()[key]
+                if key == "data":
+                    a, b = [d["embedding"] for d in a], [d["embedding"] for d in b]
+                assert np.allclose(a, b, atol=1e-5)
+            elif route == "/v1/rerank":
+                assert [r["index"] for r in direct.json()["results"]] == [
+                    r["index"] for r in on_ray.json()["results"]]
+            else:
+                assert on_ray.json() == direct.json(), route
+        direct_models = httpx.get(url + "/v1/models").json()["data"]
+        assert httpx.get(ray_url + "/v1/models").json()["data"] == direct_models
+    assert httpx.get(ray_url + "/ready").json()["models"] == ["embed", "ner"]
+
+
+def replica_pids(deployment: str) -> set[int]:
+    handle = serve.get_deployment_handle(deployment, app_name="distilserve")
+    return {handle.pid.remote().result(timeout_s=60) for _ in range(16)}
+
+
+def test_a_replica_killed_under_load_loses_no_request_and_comes_back(ray_url):
+    pids = wait_for(lambda: len(p := replica_pids("embed")) == 2 and p, "two replicas")
+    outcomes, stop = [], threading.Event()
+
+    def client():
+        with httpx.Client(timeout=60) as http:
+            while not stop.is_set():
+                codes = []
+                for _ in range(20):  # a client that retries on 503, as DistilServeClient does
+                    r = http.post(ray_url + "/v1/embed", json={"model": "embed",
+                                                               "inputs": TEXTS})
+                    codes.append(r.status_code)
+                    if r.status_code != 503:
+                        break
+                    time.sleep(float(r.headers.get("retry-after", "1")) / 4)
+                outcomes.append(codes)
+
+    clients = [threading.Thread(target=client) for _ in range(6)]
+    for c in clients:
+        c.start()
+    time.sleep(2)
+    victim = sorted(pids)[0]
+    os.kill(victim, signal.SIGKILL)  # a replica crashes mid-load
+    time.sleep(4)
+    stop.set()
+    for c in clients:
+        c.join(120)
+    assert outcomes and not any(c.is_alive() for c in clients)  # nothing hung
+    assert all(codes[-1] == 200 for codes in outcomes), [c for c in outcomes if c[-1] != 200]
+    assert all(set(codes[:-1]) <= {503} for codes in outcomes)  # only 503s before a 200
+    # Ray Serve replaces the dead replica
+    back = wait_for(lambda: len(p := replica_pids("embed")) == 2 and victim not in p and p,
+                    "the replica to be replaced")
+    assert len(back - pids) == 1

@@ -1,0 +1,89 @@
+"""server/connections.py: stalled clients are cut off, connections are capped, and the
+requests of well-behaved clients are served meanwhile."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from models import export
+from tests.conftest import running_server, wait_for
+
+
+@pytest.fixture(scope="module")
+def repository(tiny_checkpoints, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("connections-repo")
+    export.export(tiny_checkpoints["cmow", "embed"], repo / "cmow", "onnx")
+    return repo
+
+
+def stalled(port: int, count: int) -> list[socket.socket]:
+    """Connections that send half a request header and then nothing."""
+    out = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"POST /v1/embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        out.append(s)
+    return out
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    s.setblocking(False)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False  # still open, nothing to read
+    except ConnectionResetError:
+        return True
+
+
+def test_stalled_connections_are_closed_while_others_are_served(repository):
+    with running_server(repository, header_timeout=2.0) as url:
+        port = int(url.rsplit(":", 1)[1])
+        hung = stalled(port, 200)
+        assert not any(closed_by_server(s) for s in hung)  # open until the timeout
+        with httpx.Client(timeout=60) as client:  # served meanwhile, on one connection
+            for _ in range(5):
+                assert client.post(url + "/v1/embed", json={"inputs": "fine"}).status_code == 200
+        wait_for(lambda: all(closed_by_server(s) for s in hung), "the stalled connections "
+                 "to be closed", seconds=60)
+        for s in hung:
+            s.close()
+        # an idle connection that never sends a byte is closed too
+        idle = socket.create_connection(("127.0.0.1", port))
+        wait_for(lambda: closed_by_server(idle), "the idle connection to be closed", 60)
+        idle.close()
+        assert httpx.post(url + "/v1/embed", json={"inputs": "after"}).status_code == 200
+
+
+def test_a_slow_but_steady_client_within_the_timeout_is_served(repository):
+    with running_server(repository, header_timeout=3.0) as url:
+        port = int(url.rsplit(":", 1)[1])
+        body = b'{"inputs": "slow"}'
+        request = (b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            for part in (request[:20], request[20:60], request[60:]):
+                s.sendall(part)
+                time.sleep(0.5)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def test_connections_past_the_cap_get_503(repository):
+    with running_server(repository, max_connections=8, header_timeout=2.0) as url:
+        port = int(url.rsplit(":", 1)[1])
+        hung = stalled(port, 8)
+        time.sleep(0.5)  # the server has accepted them
+        refused = httpx.post(url + "/v1/embed", json={"inputs": "x"}, timeout=60)
+        assert refused.status_code == 503
+        for s in hung:
+            s.close()
+        wait_for(lambda: httpx.post(url + "/v1/embed", json={"inputs": "x"},
+                                    timeout=60).status_code == 200,
+                 "a request to be served once the connections are gone", 60)
