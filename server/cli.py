@@ -158,7 +158,9 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
 
 def cmd_ray(args: argparse.Namespace) -> int:
     import logging
+    import os
     import signal
+    import threading
 
     from pydantic import ValidationError
 
@@ -173,8 +175,8 @@ def cmd_ray(args: argparse.Namespace) -> int:
                              if k in Scaling.model_fields and v is not None})
     except ValidationError as e:
         first = e.errors()[0]
-        print(f"distilserve ray: {first['loc'][0] if first['loc'] else ''}: {first['msg']}",
-              file=sys.stderr)
+        where = f"{first['loc'][0]}: " if first["loc"] else ""
+        print(f"distilserve ray: {where}{first['msg']}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     repository = settings.model_repository
@@ -192,17 +194,21 @@ def cmd_ray(args: argparse.Namespace) -> int:
 
     from server.ray_serve import application
 
-    ray.init(address=args.address)  # None: RAY_ADDRESS, or a new local instance
+    if args.address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=args.address)
+    else:  # a new local instance, on the loopback interface only
+        ray.init(_node_ip_address="127.0.0.1")
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(application(repository, settings, scaling), name="distilserve",
               route_prefix="/")
     print(f"distilserve on Ray Serve at http://{args.host}:{args.port} (Ctrl-C or SIGTERM "
           "removes the application)", flush=True)
-    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
-    try:
-        signal.pause()
-    except KeyboardInterrupt:
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1):
         pass
+    print("removing the application", flush=True)
     serve.delete("distilserve")
     if args.address is None:
         serve.shutdown()

@@ -144,6 +144,7 @@ def application(repository: Path, settings: Settings, scaling: Scaling,
     """The Ray Serve application of a model repository. A folder without a readable
     manifest is left out (logged); one whose model fails to load fails its deployment."""
     folders, handles = [], {}
+    logs = {"enable_access_log": settings.access_log}  # a line per call costs throughput
     for folder in model_folders(repository):
         try:
             read_manifest(folder)
@@ -152,12 +153,14 @@ def application(repository: Path, settings: Settings, scaling: Scaling,
             continue
         folders.append(str(folder))
         handles[folder.name] = serve.deployment(ModelReplica).options(
-            name=folder.name, **scaling.options()).bind(str(folder), settings)
+            name=folder.name, logging_config=logs, **scaling.options()).bind(
+            str(folder), settings)
     if not folders:
         raise ValueError(f"model repository {repository} holds no model folders")
     return serve.deployment(Ingress).options(
         name="ingress", num_replicas=ingress_replicas, ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=settings.max_connections).bind(settings, folders, handles)
+        max_ongoing_requests=settings.max_connections, logging_config=logs).bind(
+        settings, folders, handles)
 
 
 class BuildArgs(Scaling):

@@ -78,3 +78,10 @@ def test_export_onto_an_existing_model_folder_needs_force(tiny_checkpoints, tmp_
     assert main(["export", source, "--output", str(out), "--format", "torch", "--force"]) == 0
     assert '"backend": "torch"' in (out / "manifest.json").read_text()
     assert sorted(p.name for p in out.parent.iterdir()) == ["m"]  # nothing left beside it
+
+
+def test_ray_refuses_half_an_autoscaling_range_before_starting_ray(capsys, tmp_path):
+    assert main(["ray", "--model-repository", str(tmp_path), "--min-replicas", "1"]) == 2
+    assert "autoscaling needs both min_replicas and max_replicas" in capsys.readouterr().err
+    assert main(["ray", "--model-repository", str(tmp_path / "nowhere")]) == 2
+    assert "is not a folder" in capsys.readouterr().err

@@ -1,0 +1,73 @@
+"""server/ray_serve.py without a Ray instance: what a replica's failures become, and the
+deployment options a Scaling gives."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from models import export
+from server.engine import InputTooLong, ModelUnavailable, QueueFull
+from server.metrics import Metrics
+from server.settings import Settings
+
+ray_serve = pytest.importorskip("server.ray_serve")
+exceptions = pytest.importorskip("ray.exceptions")
+
+
+class FakeHandle:
+    """A DeploymentHandle whose ``run.remote`` raises what a replica would."""
+
+    def __init__(self, error: BaseException):
+        self.run = self
+        self.error = error
+
+    def remote(self, *args):
+        async def fail():
+            raise self.error
+        return fail()
+
+
+@pytest.fixture(scope="module")
+def folder(tiny_checkpoints, tmp_path_factory):
+    target = tmp_path_factory.mktemp("ray-unit") / "embed"
+    export.export(tiny_checkpoints["bert", "embed"], target, "onnx")
+    return target
+
+
+def remote(folder, error):
+    return ray_serve.RemoteEngine(folder, Settings(), Metrics(), FakeHandle(error),
+                                  {"id": "embed"})
+
+
+@pytest.mark.parametrize("cause", [QueueFull("3 inputs queued, limit 2"),
+                                   InputTooLong("input 0 has 600 tokens")])
+def test_an_error_the_replica_raised_is_raised_as_itself(folder, cause):
+    wrapped = exceptions.RayTaskError("run", "Traceback ...", cause)
+    with pytest.raises(type(cause)) as raised:
+        asyncio.run(remote(folder, wrapped).run(["x"], True))
+    assert str(raised.value) == str(cause)  # no Ray traceback in the client's message
+
+
+def test_a_dead_replica_is_model_unavailable(folder):
+    with pytest.raises(ModelUnavailable, match="replica is gone"):
+        asyncio.run(remote(folder, exceptions.ActorDiedError()).run(["x"], True))
+
+
+def test_the_remote_engine_validates_as_a_local_one_does(folder):
+    engine = remote(folder, RuntimeError("never called"))
+    assert engine.task == "embed" and engine.vocab_size > 1000
+    assert engine.describe() == {"id": "embed"}
+    assert not hasattr(engine, "batcher")  # no backend here: the replicas have it
+
+
+def test_scaling_options():
+    fixed = ray_serve.Scaling(replicas=3, replica_gpus=0.5).options()
+    assert fixed["num_replicas"] == 3 and fixed["ray_actor_options"]["num_gpus"] == 0.5
+    auto = ray_serve.Scaling(min_replicas=1, max_replicas=4, target_ongoing=16).options()
+    assert "num_replicas" not in auto
+    assert auto["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 4,
+                                          "target_ongoing_requests": 16}
+    with pytest.raises(ValueError, match="both"):
+        ray_serve.Scaling(max_replicas=4)
