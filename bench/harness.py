@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BACKENDS = ("torch", "torchscript", "onnx", "onnx-int8")
-RECURSIVE = ("minialbert", "falbert")
 
 
 @dataclass(frozen=True)
@@ -142,6 +141,7 @@ def flops_per_sentence(model, length: int) -> int:
 def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
     """Writes the artifact for one measurement (once) and returns the worker's spec."""
     from models import checkpoint, export
+    from models.manifest import Manifest
 
     folder = opts.output / "artifacts" / _key(row, backend, loop).replace("/", "_")
     manifest = folder / "manifest.json"
@@ -156,11 +156,11 @@ def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
         fmt = {"onnx-int8": "onnx"}.get(backend, backend)
         export.export(source, folder, fmt, loop, "int8" if backend == "onnx-int8" else None,
                       max_length=max(opts.length, 16), force=True)
-    m = json.loads(manifest.read_text())
-    return {"backend": m["backend"], "folder": str(folder), "artifact": m["artifact"],
-            "num_iterations": m["num_iterations"], "parameters": m["parameters"],
-            "dtypes": export.allowed_dtypes(m),
-            "parity": m["parity"]["max_abs_diff"], "quantization": m["quantization"]}
+    m = Manifest.read(folder)
+    return {"backend": m.backend, "folder": str(folder), "artifact": m.artifact,
+            "num_iterations": m.num_iterations, "parameters": m.parameters,
+            "dtypes": m.allowed_dtypes, "parity": m.parity["max_abs_diff"],
+            "quantization": m.quantization}
 
 
 def _versions(device: str) -> dict[str, str]:
@@ -191,12 +191,14 @@ def _key(row: Row, backend: str, loop: str, opts: Options | None = None) -> str:
 
 
 def _loops(row: Row, backend: str) -> tuple:
+    from models.families import RECURSIVE
+
     return ("unroll", "keep") if row.family in RECURSIVE and backend != "torch" else ("unroll",)
 
 
-def run(opts: Options, progress=print) -> list[dict]:
+def measure_all(opts: Options, progress=print) -> list[dict]:
     """Measures every row x backend x loop not already in results.jsonl."""
-    from models import checkpoint
+    from models import checkpoint, families
 
     opts.output.mkdir(parents=True, exist_ok=True)
     log = opts.output / "results.jsonl"
@@ -243,7 +245,7 @@ def run(opts: Options, progress=print) -> list[dict]:
                   "overrides": dict(row.overrides), "backend": backend,
                   "device": opts.device, "dtype": opts.dtype,
                   "column": backend if opts.device == "cpu" else f"{backend} {opts.dtype}",
-                  "loop": loop if row.family in RECURSIVE else None,
+                  "loop": loop if row.family in families.RECURSIVE else None,
                   "parameters": spec["parameters"], "flops_per_sentence": flops,
                   "gemm_gflop_per_s": gemm / 1e9, "batch_size": opts.batch_size,
                   "length": opts.length, "parity_max_abs_diff": spec["parity"],

@@ -100,7 +100,7 @@ def write(folder: Path, results: list[dict], gemm: float, rates: dict | None = N
     if students:
         lines += ["## Distilled students: speed against fidelity to MiniLM", "",
                   "Students distilled from all-MiniLM-L6-v2 by `distilserve distill` "
-                  "(models/distill.py); fidelity on held-out docstring sentences: Spearman "
+                  "(training/distill.py); fidelity on held-out docstring sentences: Spearman "
                   "correlation of pairwise cosine similarities with the teacher's, and "
                   "top-10 neighbour overlap.", "",
                   "| student | backend | loop | params (M) | sentences/s | Spearman | "

@@ -45,7 +45,7 @@ async def _client(host: str, port: int, path: str, bodies: list[bytes], until: f
         writer.close()
 
 
-def run(url: str, path: str, payloads: list[dict], clients: int, seconds: float,
+def drive(url: str, path: str, payloads: list[dict], clients: int, seconds: float,
         processes: int = 1) -> dict:
     """``clients`` concurrent connections for ``seconds``; returns the figures. With
     ``processes`` > 1 the clients are spread over that many processes (one asyncio loop

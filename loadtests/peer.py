@@ -40,9 +40,9 @@ def payloads(model: str, per_request: int) -> list[dict]:
 def measure(url: str, path: str, model: str, seconds: float, processes: int) -> list[dict]:
     rows = []
     for label, clients, per_request in PHASES:
-        lightload.run(url, path, payloads(model, per_request), clients, min(2.0, seconds),
+        lightload.drive(url, path, payloads(model, per_request), clients, min(2.0, seconds),
                       processes)  # warm-up
-        r = lightload.run(url, path, payloads(model, per_request), clients, seconds,
+        r = lightload.drive(url, path, payloads(model, per_request), clients, seconds,
                           processes)
         r.update(phase=label, sentences_per_s=r["requests_per_s"] * per_request)
         rows.append(r)

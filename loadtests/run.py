@@ -64,19 +64,20 @@ class InProcess:
                  batch: int = 32):
         from tokenizers import Tokenizer
 
+        from models.manifest import Manifest
         from models.runtime import open_backend
 
-        manifest = json.loads((folder / "manifest.json").read_text())
+        manifest = Manifest.read(folder)
         self.batch = batch
-        self.backend = open_backend(manifest["backend"], folder, manifest["artifact"], 0,
-                                    manifest.get("num_iterations"), device, dtype)
+        self.backend = open_backend(manifest.backend, folder, manifest.artifact, 0,
+                                    manifest.num_iterations, device, dtype)
         # the Rust tokenizer called directly, as the service does (no transformers wrapper)
         self.tokenizer = Tokenizer.from_file(str(folder / "checkpoint" / "tokenizer.json"))
         self.tokenizer.no_padding()
-        self.tokenizer.enable_truncation(manifest["max_length"])
-        self.run(samples.SENTENCES[:32])
+        self.tokenizer.enable_truncation(manifest.max_length)
+        self.encode(samples.SENTENCES[:32])
 
-    def run(self, texts: list[str]) -> np.ndarray:
+    def encode(self, texts: list[str]) -> np.ndarray:
         from server.batching import pad
 
         out = self.backend.run(pad(self.tokenizer.encode_batch(texts)))
@@ -86,13 +87,13 @@ class InProcess:
         sentences = (samples.SENTENCES * (1 + self.batch // len(samples.SENTENCES)))[:self.batch]
         done, started = 0, time.perf_counter()
         while time.perf_counter() - started < seconds:
-            self.run(sentences)
+            self.encode(sentences)
             done += len(sentences)
         rate = done / (time.perf_counter() - started)
         latencies = []
         for i in range(200):
             t = time.perf_counter()
-            self.run([samples.SENTENCES[i % len(samples.SENTENCES)]])
+            self.encode([samples.SENTENCES[i % len(samples.SENTENCES)]])
             latencies.append((time.perf_counter() - t) * 1000)
         return {"batched_sentences_per_s": rate, "single_p50_ms": statistics.median(latencies)}
 
@@ -102,7 +103,7 @@ class InProcess:
         done, started, i = 0, time.perf_counter(), 0
         while time.perf_counter() - started < seconds:
             batch = [texts[(i + j) % len(texts)] for j in range(documents + 1)]
-            vectors = self.run(batch)
+            vectors = self.encode(batch)
             vectors[1:] @ vectors[0]
             done, i = done + documents, i + 1
         return done / (time.perf_counter() - started)
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     repository = args.model_repository
     if repository is None:
-        from server.default import ensure_default_repository
+        from server.embedded_default import ensure_default_repository
         from server.settings import Settings
 
         repository = ensure_default_repository(Settings().cache_dir)
@@ -175,14 +176,14 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             rounds.append({
                 "in_process": ceiling_model.measure(args.light_seconds / 2),
-                "lone_client": lightload.run(url, "/v1/embed", payloads, 1,
+                "lone_client": lightload.drive(url, "/v1/embed", payloads, 1,
                                              args.light_seconds / 2),
-                "many_clients": lightload.run(url, "/v1/embed", payloads, args.clients,
+                "many_clients": lightload.drive(url, "/v1/embed", payloads, args.clients,
                                               args.light_seconds)})
         # rerank: 8 clients, each a query and 16 documents per request, by cosine
         rerank = {"in_process_documents_per_s": ceiling_model.rerank_rate(
             args.light_seconds / 2, RERANK_DOCUMENTS)}
-        served_rerank = lightload.run(url, "/v1/rerank", rerank_payloads(embed), 8,
+        served_rerank = lightload.drive(url, "/v1/rerank", rerank_payloads(embed), 8,
                                       args.light_seconds)
         rerank.update(service=served_rerank, documents_per_s=served_rerank["requests_per_s"]
                       * RERANK_DOCUMENTS)

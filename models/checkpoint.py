@@ -21,21 +21,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from models import bert, cmow, falbert, heads, minialbert
+from models import bert, families, heads
 
-# family -> (config class, model class, presets); the Hugging Face ones go through bert.py
-CUSTOM = {
-    "minialbert": (minialbert.MiniAlbertConfig, minialbert.MiniAlbert, minialbert.PRESETS),
-    "falbert": (falbert.FAlbertConfig, falbert.FAlbert, falbert.PRESETS),
-    "cmow": (cmow.CmowConfig, cmow.Cmow, cmow.PRESETS),
-}
-FAMILIES = ("bert", "distilbert", "minialbert", "falbert", "cmow")
-# the compute dtypes each family runs in (a model may lose one at export: see export.py)
-DTYPES = {family: ("fp32", "fp16", "bf16") for family in FAMILIES} | {"cmow": cmow.DTYPES}
-MODEL_TYPE_FAMILY = {"bert": "bert", "mobilebert": "bert", "albert": "bert",
-                     "distilbert": "distilbert", "minialbert": "minialbert",
-                     "falbert": "falbert", "seq2mat": "cmow"}
-ARCHITECTURE_PREFIX = {"minialbert": "MiniAlbert", "falbert": "FAlbert", "cmow": "Seq2Mat"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
                    "special_tokens_map.json")
 
@@ -63,12 +50,15 @@ class Checkpoint:
         return sum(p.numel() for p in self.model.parameters())
 
 
+def family_of(name: str) -> families.Family:
+    try:
+        return families.get(name)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
 def presets(family: str) -> dict[str, dict]:
-    if family in CUSTOM:
-        return CUSTOM[family][2]
-    if family in bert.PRESETS:
-        return bert.PRESETS[family]
-    raise CheckpointError(f"unknown family {family!r}; families: {', '.join(FAMILIES)}")
+    return family_of(family).presets
 
 
 def default_tokenizer_dir() -> Path:
@@ -88,20 +78,21 @@ def _config_dict(family: str, preset: str) -> dict:
     if preset not in table:
         raise CheckpointError(f"unknown preset {preset!r} for {family}; "
                               f"presets: {', '.join(table)}")
-    if family in CUSTOM:
-        return dataclasses.asdict(CUSTOM[family][0](**table[preset]))
+    config_class = families.get(family).config_class
+    if config_class is not None:
+        return dataclasses.asdict(config_class(**table[preset]))
     return bert.hf_config(table[preset]).to_dict()
 
 
 def _build(family: str, config: dict, task: str, labels: list[str]) -> nn.Module:
     if task not in heads.TASKS:
         raise CheckpointError(f"unknown task {task!r}; tasks: {', '.join(heads.TASKS)}")
-    if family in CUSTOM:
-        config_cls, model_cls, _ = CUSTOM[family]
-        names = {f.name for f in dataclasses.fields(config_cls)}
-        return model_cls(config_cls(**{k: v for k, v in config.items() if k in names}),
-                         task, len(labels))
-    return bert.build(config, task, labels)
+    kind = family_of(family)
+    if kind.transformers:
+        return bert.build(config, task, labels)
+    names = {f.name for f in dataclasses.fields(kind.config_class)}
+    return kind.model_class(kind.config_class(**{k: v for k, v in config.items() if k in names}),
+                            task, len(labels))
 
 
 def new(family: str, preset: str = "tiny", task: str = "embed",
@@ -119,9 +110,10 @@ def save(ckpt: Checkpoint, output: str | Path) -> Path:
     """Writes config.json + model.safetensors + tokenizer files."""
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
-    if ckpt.family in CUSTOM:
+    kind = family_of(ckpt.family)
+    if not kind.transformers:
         config = dict(ckpt.config)
-        arch = ARCHITECTURE_PREFIX[ckpt.family] + heads.ARCHITECTURE_SUFFIX[ckpt.task]
+        arch = kind.architecture + heads.ARCHITECTURE_SUFFIX[ckpt.task]
         config["architectures"] = [arch]
         if ckpt.task != "embed":
             config["id2label"] = {str(i): label for i, label in enumerate(ckpt.labels)}
@@ -156,10 +148,10 @@ def read_json(file: Path, needed_by: str) -> dict:
 def read_config(path: Path) -> dict:
     file = path / "config.json"
     config = read_json(file, "a checkpoint folder needs config.json")
-    if config.get("model_type") not in MODEL_TYPE_FAMILY:
+    if config.get("model_type") not in families.BY_MODEL_TYPE:
         raise CheckpointError(f"{file}: model_type {config.get('model_type')!r} is not one "
                               f"distilserve serves "
-                              f"({', '.join(MODEL_TYPE_FAMILY)})")
+                              f"({', '.join(families.BY_MODEL_TYPE)})")
     return config
 
 
@@ -211,9 +203,10 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     "num_hidden_layers": 6}`` loads an ALBERT checkpoint as LR-ALBERT."""
     path = Path(path)
     config = {**read_config(path), **(overrides or {})}
-    family = MODEL_TYPE_FAMILY[config["model_type"]]
+    kind = families.BY_MODEL_TYPE[config["model_type"]]
+    family = kind.name
     task = task or heads.task_of_architecture((config.get("architectures") or [""])[0])
-    if family in CUSTOM:
+    if not kind.transformers:
         id2label = config.get("id2label") or {}
         labels = [id2label[k] for k in sorted(id2label, key=int)] if task != "embed" else []
     else:  # transformers leaves default labels (LABEL_0, LABEL_1) out of config.json
@@ -226,13 +219,11 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         model = _build(family, config, task, labels)
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{path / 'config.json'}: invalid config ({e})") from None
-    if family in CUSTOM:
-        if family == "falbert" and not any(k.startswith("albert.") for k in state):
-            state = {"albert." + k: v for k, v in state.items()}  # saved from AlbertModel
+    if not kind.transformers:
         if hasattr(model, "convert_checkpoint_state"):  # a published layout -> ours
             state = model.convert_checkpoint_state(state)
         load_weights(model, state, file)
-        known = {f.name for f in dataclasses.fields(CUSTOM[family][0])}
+        known = {f.name for f in dataclasses.fields(kind.config_class)}
         extra = {k: v for k, v in config.items() if k not in known | {
             "architectures", "id2label", "label2id"}}
         config = {k: v for k, v in config.items() if k in known}

@@ -19,7 +19,7 @@ are tree reductions with a step count fixed by ``max_position_embeddings`` (not 
 example), so a traced or exported graph is right at every length. Matrix products are
 associative, so the tree equals the sequential product (``sequential_product``).
 
-A distilled student (``models/distill.py``) keeps the learned map from its pooled
+A distilled student (``training/distill.py``) keeps the learned map from its pooled
 encoding to the teacher's width, ``projection`` (``projection_size`` > 0): its embeddings
 are then ``projection(pooled)`` [B, 384], in the teacher's space; the reference code has
 no such layer.

@@ -21,7 +21,6 @@ after the parity check passed: a failed export leaves nothing servable behind.
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import tempfile
 import time
@@ -33,11 +32,11 @@ import onnx
 import torch
 from torch import nn
 
-from models import checkpoint, samples
+from models import checkpoint, families, samples
+from models.manifest import Manifest
 from models.runtime import open_backend
 from models.runtime.base import INPUT_NAMES
 
-RECURSIVE = ("minialbert", "falbert")
 FORMATS = ("onnx", "torchscript", "torch")
 # largest difference allowed, relative to the output's largest magnitude when that is
 # over 1 (CMOW's matrix products reach 1e3-1e16 on long inputs; fp32 keeps ~7 digits)
@@ -46,7 +45,6 @@ TOLERANCE = 1e-4
 # classification and NER labels equal on the sample sentences
 DTYPE_MIN_COSINE = 0.999
 ARTIFACT = {"onnx": "model.onnx", "torchscript": "model.ts", "torch": None}
-POOLING = {"cmow": "cmow"}  # everything else: mean over real tokens
 
 
 class ExportError(Exception):
@@ -62,7 +60,8 @@ class _RuntimeDepth(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor, num_iterations: torch.Tensor) -> torch.Tensor:
-        return self.model.run(input_ids, attention_mask, token_type_ids, int(num_iterations))
+        return self.model.forward_iterations(input_ids, attention_mask, token_type_ids,
+                                             int(num_iterations))
 
 
 def example_inputs(batch: int = 2, length: int = 8) -> tuple[torch.Tensor, ...]:
@@ -192,16 +191,6 @@ def dtype_parity(model: nn.Module, task: str, dtypes, batches: list[dict[str, np
     return out
 
 
-def allowed_dtypes(manifest: dict) -> list[str]:
-    """The dtypes a model folder may run in: its family's, less any its export found too
-    far from fp32 (manifests written before dtypes were checked: the family's)."""
-    family = checkpoint.DTYPES.get(manifest["family"], ("fp32",))
-    checked = manifest.get("dtypes")
-    if not isinstance(checked, dict):
-        return list(family)
-    return [d for d in family if d == "fp32" or (checked.get(d) or {}).get("passed")]
-
-
 def _versions() -> dict[str, str]:
     import onnxruntime
     import transformers
@@ -213,7 +202,7 @@ def _versions() -> dict[str, str]:
 def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str = "unroll",
            quantize: str | None = None, task: str | None = None, max_length: int | None = None,
            progress: Callable[[str], None] = lambda step: None, force: bool = False,
-           relevant_label: str | None = None) -> dict:
+           relevant_label: str | None = None) -> Manifest:
     """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
     manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
     and then replaced only once the new folder is complete. Raises CheckpointError
@@ -235,9 +224,9 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
         raise ExportError(f"--relevant-label {relevant_label!r} must be one of a "
                           f"classification model's labels (this is a {ckpt.task} model"
                           + (f" with labels {ckpt.labels})" if ckpt.labels else ")"))
-    if loop == "keep" and (ckpt.family not in RECURSIVE or fmt == "torch"):
+    if loop == "keep" and (ckpt.family not in families.RECURSIVE or fmt == "torch"):
         raise ExportError(f"--loop keep applies to the recursive families "
-                          f"({', '.join(RECURSIVE)}) exported to onnx or torchscript, "
+                          f"({', '.join(families.RECURSIVE)}) exported to onnx or torchscript, "
                           f"not to {ckpt.family} as {fmt}")
     from transformers import AutoTokenizer
 
@@ -270,12 +259,12 @@ def replace(new: Path, output: Path) -> None:
 
 def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str, loop: str,
                  quantize: str | None, max_length: int,
-                 progress: Callable[[str], None], relevant_label: str | None = None) -> dict:
+                 progress: Callable[[str], None], relevant_label: str | None = None) -> Manifest:
     checkpoint.save(ckpt, folder / "checkpoint")
     artifact = ARTIFACT[fmt]
     model = ckpt.model.eval()
     started = time.perf_counter()
-    progress(f"exporting to {fmt}" + (f" (loop {loop})" if ckpt.family in RECURSIVE else ""))
+    progress(f"exporting to {fmt}" + (f" (loop {loop})" if ckpt.family in families.RECURSIVE else ""))
     with torch.no_grad():
         if fmt == "onnx":
             to_onnx(model, ckpt.task, folder / artifact, loop)
@@ -310,7 +299,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
 
     progress("checking fp16 and bf16 against fp32")
     dtypes = {"fp32": {"passed": True}, **dtype_parity(
-        model, ckpt.task, checkpoint.DTYPES[ckpt.family], batches, references)}
+        model, ckpt.task, families.get(ckpt.family).dtypes, batches, references)}
 
     quantization = None
     if quantize:
@@ -326,27 +315,17 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
                                     real["attention_mask"])}
         served = "model.int8.onnx"
 
-    manifest = {
-        "task": ckpt.task,
-        "family": ckpt.family,
-        "labels": ckpt.labels,
-        "relevant_label": relevant_label,  # a cross-encoder's relevance output (rerank)
-        "max_length": max_length,
-        "pooling": POOLING.get(ckpt.family, "mean") if ckpt.task == "embed" else None,
-        "dimensions": int(references[0].shape[-1]) if ckpt.task == "embed" else None,
-        "backend": fmt,
-        "loop": loop if ckpt.family in RECURSIVE else None,
-        "num_iterations": depth,
-        "artifact": served,
-        "files": sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
-        "parity": parity,
-        "dtypes": dtypes,
-        "quantization": quantization,
-        "parameters": ckpt.num_parameters(),
-        "export_seconds": round(time.perf_counter() - started, 2),
-        "versions": _versions(),
-        "source": str(ckpt.path) if ckpt.path else None,
-        "checkpoint_extra": ckpt.extra,
-    }
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    manifest = Manifest(
+        task=ckpt.task, family=ckpt.family, labels=ckpt.labels,
+        relevant_label=relevant_label, max_length=max_length,
+        pooling=families.get(ckpt.family).pooling if ckpt.task == "embed" else None,
+        dimensions=int(references[0].shape[-1]) if ckpt.task == "embed" else None,
+        backend=fmt, loop=loop if ckpt.family in families.RECURSIVE else None,
+        num_iterations=depth, artifact=served,
+        files=sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
+        parity=parity, dtypes=dtypes, quantization=quantization,
+        parameters=ckpt.num_parameters(),
+        export_seconds=round(time.perf_counter() - started, 2), versions=_versions(),
+        source=str(ckpt.path) if ckpt.path else None, checkpoint_extra=ckpt.extra)
+    manifest.write(folder)
     return manifest

@@ -123,3 +123,11 @@ class FAlbert(RecursiveEncoder):
     def ffn_flops_per_token(self) -> int:
         """Multiply-adds x 2 of the FFN over all reuses, per token (the part F-ALBERT cuts)."""
         return sum(2 * 2 * self.config.hidden_size * w for w in self.ffn_widths)
+
+    @torch.jit.unused
+    def convert_checkpoint_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """A Hugging Face AlbertModel saves its tensors without the "albert." prefix that
+        AlbertFor* models (and this one) have."""
+        if any(k.startswith("albert.") for k in state):
+            return state
+        return {"albert." + k: v for k, v in state.items()}

@@ -156,12 +156,12 @@ class SharedLayerEncoder(nn.Module):
 class RecursiveEncoder(nn.Module):
     """What MiniALBERT and F-ALBERT share: embed, apply one layer L times, task output.
     Subclasses define ``embed``, ``iterate`` (reuse i: the new hidden states and, when
-    asked, that reuse's attention probabilities) and ``output``; ``run`` takes the
-    depth as an argument so that exports can keep it a loop with a run-time trip count.
-    ``num_iterations`` (set by the subclass) is the configured depth."""
+    asked, that reuse's attention probabilities) and ``output``; ``forward_iterations``
+    takes the depth as an argument so that exports can keep it a loop with a run-time
+    trip count. ``num_iterations`` (set by the subclass) is the configured depth."""
 
-    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-            token_type_ids: torch.Tensor, num_iterations: int) -> torch.Tensor:
+    def forward_iterations(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           token_type_ids: torch.Tensor, num_iterations: int) -> torch.Tensor:
         x = self.embed(input_ids, token_type_ids)  # [B, T, D]
         bias = attention_bias(attention_mask, x.dtype)  # [B, 1, 1, T]
         for i in range(num_iterations):
@@ -182,4 +182,5 @@ class RecursiveEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor) -> torch.Tensor:
-        return self.run(input_ids, attention_mask, token_type_ids, self.num_iterations)
+        return self.forward_iterations(input_ids, attention_mask, token_type_ids,
+                                       self.num_iterations)

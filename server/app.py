@@ -24,7 +24,7 @@ from server.engine import Engine, ModelLoadError, load_engine
 from server.metrics import Metrics
 from server.routes import classify, embed, health, ner, rerank, tokenize
 from server.routes import models as models_route
-from server.routes.direct import DirectLane
+from server.routes.fast_path import FastPath
 from server.settings import Settings
 
 log = logging.getLogger("distilserve")
@@ -50,7 +50,7 @@ class BuildCancelled(Exception):
 async def build_and_load(service: Service, repository: Path | None) -> None:
     """Builds the embedded default when no repository is named, then loads it."""
     if repository is None:
-        from server.default import ensure_default_repository
+        from server.embedded_default import ensure_default_repository
 
         def hear(text: str) -> None:
             if service.draining:  # shutting down: stop building (the next start resumes)
@@ -111,7 +111,7 @@ async def load_models(service: Service, folders: list[Path], open_engine) -> Non
             continue
         service.engines[folder.name] = engine
         log.info("serving %s (%s, %s, %s)", folder.name, engine.task, engine.family,
-                 engine.manifest["backend"])
+                 engine.manifest.backend)
     # the libraries loaded so far are millions of long-lived objects: a full garbage
     # collection walking them all stalled every request for ~0.3 s; frozen, it skips them
     gc.collect()
@@ -175,7 +175,7 @@ class ApiKey:
         return await self.app(scope, receive, send)
 
 
-class Record:
+class RequestMetrics:
     """Counts requests by route and status and times them, for /metrics."""
 
     def __init__(self, app):
@@ -232,10 +232,10 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     key = settings.api_key.get_secret_value() if settings.api_key else None
     if key:
         document_api_key(app)
-    app.add_middleware(DirectLane)  # the inference routes, answered without FastAPI's stack
+    app.add_middleware(FastPath)  # the inference routes, answered without FastAPI's stack
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(Record)  # outermost: counts the 401s and 413s too
+    app.add_middleware(RequestMetrics)  # outermost: counts the 401s and 413s too
     for router in (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
                    models_route.router, health.router):
         app.include_router(router)

@@ -28,6 +28,11 @@ class QueueFull(Exception):
 class InputTooLong(Exception):
     """An input over the model's max_length tokens, with truncate false."""
 
+    @classmethod
+    def of(cls, index: int, tokens: int, max_length: int) -> InputTooLong:
+        return cls(f"input {index} has {tokens} tokens, more than the model's max_length "
+                   f"{max_length}; send truncate: true or a shorter text")
+
 
 @dataclass
 class Item:
@@ -120,10 +125,13 @@ class Batcher:
         if self.thread is not None:
             await asyncio.to_thread(self.thread.join)
 
-    def submit(self, texts: list, truncate: bool) -> list[Item]:
-        """Queues a request's texts together, or raises QueueFull for all of them."""
+    def submit(self, texts: list, truncate: bool, encodings: list | None = None) -> list[Item]:
+        """Queues a request's texts together (with their ``encodings`` when the caller has
+        tokenised them: the thread does not again), or raises QueueFull for all of them."""
         loop = asyncio.get_running_loop()
-        items = [Item(text, truncate, loop.create_future(), i) for i, text in enumerate(texts)]
+        encodings = encodings or [None] * len(texts)
+        items = [Item(text, truncate, loop.create_future(), i, enc)
+                 for i, (text, enc) in enumerate(zip(texts, encodings))]
         with self.changed:
             if len(self.pending) + len(items) > self.max_queue:
                 raise QueueFull(f"{len(self.pending)} inputs queued, limit {self.max_queue}")
@@ -181,10 +189,7 @@ class Batcher:
                     continue
                 item.encoding = enc
                 if len(enc.ids) > self.max_length:
-                    item.error = InputTooLong(
-                        f"input {item.index} has {len(enc.ids)} tokens, more than the "
-                        f"model's max_length {self.max_length}; send truncate: true or a "
-                        "shorter text")
+                    item.error = InputTooLong.of(item.index, len(enc.ids), self.max_length)
         ready = [it for it in pending if it.error is None]
         if not ready:
             return None

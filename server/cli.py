@@ -7,7 +7,7 @@ import contextlib
 import sys
 from pathlib import Path
 
-from models import checkpoint
+from models import checkpoint, families
 
 DESCRIPTION = """Serves compact, distilled text encoders (BERT, DistilBERT, TinyBERT, MiniLM,
 MobileBERT, MiniALBERT, F-ALBERT, CMOW): embeddings (OpenAI-compatible too),
@@ -37,7 +37,7 @@ def status(label: str):
 
 def cmd_new(args: argparse.Namespace) -> int:
     if args.list:
-        for family in checkpoint.FAMILIES:
+        for family in families.FAMILIES:
             print(f"{family}: {', '.join(checkpoint.presets(family))}")
         return 0
     if not args.family or not args.output:
@@ -62,17 +62,17 @@ def cmd_export(args: argparse.Namespace) -> int:
         except export.ExportError as e:
             print(f"distilserve export: {e}", file=sys.stderr)
             return 1
-    parity = manifest["parity"]
+    parity = manifest.parity
     print(f"max abs diff vs PyTorch: {parity['max_abs_diff']:.3g}, "
           f"{parity['max_scaled_diff']:.3g} of the output's scale "
           f"(tolerance {parity['tolerance']}, shapes {parity['shapes']})")
-    if manifest["quantization"]:
-        q = manifest["quantization"]
+    if manifest.quantization:
+        q = manifest.quantization
         figures = {k: v for k, v in q.items() if isinstance(v, float)}
         print("int8 vs fp32: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items())
               + f" ({len(q['kept_fp32'])} MatMuls kept in fp32)")
-    print(f"wrote {args.output} ({manifest['family']} {manifest['task']}, "
-          f"backend {manifest['backend']}, artifact {manifest['artifact']})")
+    print(f"wrote {args.output} ({manifest.family} {manifest.task}, "
+          f"backend {manifest.backend}, artifact {manifest.artifact})")
     return 0
 
 
@@ -181,7 +181,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     repository = settings.model_repository
     if repository is None:  # the embedded default, built here first (on the first run)
-        from server.default import ensure_default_repository
+        from server.embedded_default import ensure_default_repository
 
         with status("building the embedded default") as progress:
             repository = ensure_default_repository(settings.cache_dir, progress)
@@ -251,7 +251,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         wanted = {m.strip() for m in args.models.split(",")}
         opts.rows = [r for r in opts.rows if r.name in wanted or r.preset in wanted]
     with status("bench") as progress:
-        results = harness.run(opts, progress)
+        results = harness.measure_all(opts, progress)
     failed = [r["key"] for r in results if "error" in r]
     print(f"{len(results)} measurements in {opts.output} (REPORT.md, results.json, charts)"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
@@ -259,7 +259,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
-    from models import distill, export
+    from models import export
+    from training import distill
 
     opts = distill.Options(family=args.family, output=args.output, preset=args.preset,
                            steps=args.steps, seed=args.seed, batch_size=args.batch_size,
@@ -275,7 +276,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
               f"{args.output}: Spearman {fid['spearman']:.3f}, top-10 overlap "
               f"{fid['top10_overlap']:.3f} on {fid['sentences']} held-out sentences")
         if args.add_to_default:
-            from server.default import ensure_default_repository
+            from server.embedded_default import ensure_default_repository
             from server.settings import Settings
 
             target = ensure_default_repository(Settings().cache_dir) / args.family
@@ -299,7 +300,7 @@ def parser() -> argparse.ArgumentParser:
                          description="Writes a checkpoint (config.json, model.safetensors, "
                          "tokenizer files) of a model family at a size preset, with fresh "
                          "weights.")
-    new.add_argument("family", nargs="?", choices=checkpoint.FAMILIES, help="model family")
+    new.add_argument("family", nargs="?", choices=families.FAMILIES, help="model family")
     new.add_argument("--output", "-o", help="folder to write the checkpoint to")
     new.add_argument("--preset", default="tiny",
                      help="size preset, one of the family's (see --list; default tiny)")

@@ -1,8 +1,10 @@
-"""One served model: batching queue -> tokenise and run on the model's inference thread
-(server/batching.py) -> postprocess.
+"""One served model: validation that needs its tokenizer (an input too long, before
+anything is queued) -> batching queue -> tokenise and run on the model's inference thread
+(server/batching.py) -> one raw output per input (NER: with its encoding). The routes
+postprocess them (server/postprocess.py).
 
 Nothing here knows about HTTP: errors are ``ApiError``-free exceptions that the routes
-translate (``InputTooLong``, ``QueueFull``).
+translate (``InputTooLong``, ``QueueFull``, ``ModelUnavailable``).
 """
 
 from __future__ import annotations
@@ -13,24 +15,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from models.checkpoint import CheckpointError, read_json
-from models.export import allowed_dtypes
+from models.manifest import Manifest, ManifestError
 from models.runtime import open_backend
 from models.runtime.base import BackendError
-from server import postprocess
 from server.batching import Batcher, InputTooLong, QueueFull
 from server.metrics import Metrics
 from server.settings import Settings
 
 __all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "QueueFull",
            "load_engine"]
-
-REQUIRED = ("task", "family", "backend", "max_length")
-
 
 class ModelLoadError(Exception):
     """A model folder that cannot be served; the message says why."""
@@ -58,30 +54,22 @@ class Result:
     inference_s: float
 
 
-def relevant_index(manifest: dict, labels: list[str]) -> int | None:
+def relevant_index(manifest: Manifest, labels: list[str]) -> int | None:
     """Which output of a classification model is relevance, for rerank: the single
     logit, the label the manifest names (``relevant_label``), or the second of two."""
-    if manifest["task"] != "classify":
+    if manifest.task != "classify":
         return None
-    named = manifest.get("relevant_label")
+    named = manifest.relevant_label
     if named in labels:
         return labels.index(named)
     return 0 if len(labels) == 1 else 1 if len(labels) == 2 and named is None else None
 
 
-def read_manifest(folder: Path) -> dict:
-    file = folder / "manifest.json"
+def read_manifest(folder: Path) -> Manifest:
     try:
-        manifest = read_json(file, "write model folders with distilserve export")
-    except CheckpointError as e:
+        return Manifest.read(folder)
+    except ManifestError as e:
         raise ModelLoadError(str(e)) from None
-    missing = [k for k in REQUIRED if k not in manifest]
-    if missing:
-        raise ModelLoadError(f"{file}: lacks {', '.join(missing)}")
-    artifact = manifest.get("artifact") or "checkpoint"
-    if Path(artifact).name != artifact:
-        raise ModelLoadError(f"{file}: artifact {artifact!r} must be a file in the folder")
-    return manifest
 
 
 class Engine:
@@ -89,13 +77,13 @@ class Engine:
     backend behind a batching queue. server/ray_serve.py's RemoteEngine keeps the first
     and sends batches to Ray Serve replicas that hold the second."""
 
-    def __init__(self, name: str, folder: Path, manifest: dict, settings: Settings,
+    def __init__(self, name: str, folder: Path, manifest: Manifest, settings: Settings,
                  metrics: Metrics, local: bool = True):
         self.name, self.folder, self.manifest = name, folder, manifest
-        self.task, self.family = manifest["task"], manifest["family"]
-        self.labels: list[str] = manifest.get("labels") or []
+        self.task, self.family = manifest.task, manifest.family
+        self.labels: list[str] = manifest.labels
         self.relevant = relevant_index(manifest, self.labels)
-        self.max_length = int(manifest["max_length"])
+        self.max_length = manifest.max_length
         self.metrics = metrics
         if local:  # first: a broken artifact is the likelier fault, and names the file
             self._open(settings)
@@ -134,9 +122,9 @@ class Engine:
         threads = settings.threads or os.cpu_count() or 1
         try:
             self.backend = open_backend(
-                manifest["backend"], folder, manifest.get("artifact"), threads,
-                manifest.get("num_iterations"), manifest.get("device") or settings.device,
-                manifest.get("dtype") or settings.dtype, allowed_dtypes(manifest))
+                manifest.backend, folder, manifest.artifact, threads, manifest.num_iterations,
+                manifest.device or settings.device, manifest.dtype or settings.dtype,
+                manifest.allowed_dtypes)
         except BackendError as e:
             raise ModelLoadError(f"{folder}: {e}") from None
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
@@ -151,12 +139,12 @@ class Engine:
 
     def describe(self) -> dict:
         info = {"id": self.name, "object": "model", "owned_by": "distilserve",
-                "task": self.task, "family": self.family, "backend": self.manifest["backend"],
+                "task": self.task, "family": self.family, "backend": self.manifest.backend,
                 "max_length": self.max_length, "device": self.backend.device,
                 "dtype": self.backend.dtype}
         for key in ("loop", "pooling", "dimensions", "parameters"):
-            if self.manifest.get(key) is not None:
-                info[key] = self.manifest[key]
+            if getattr(self.manifest, key) is not None:
+                info[key] = getattr(self.manifest, key)
         if self.task != "embed":
             info["labels"] = self.labels
         return info
@@ -166,7 +154,7 @@ class Engine:
         if warmup:  # first runs allocate and optimise; do them before traffic
             sample = "warm up" if self.task != "classify" else ("warm up", "pair")
             for _ in range(2):
-                await self.run([sample], truncate=True)
+                await self.infer([sample], truncate=True)
 
     async def stop(self) -> None:
         await self.batcher.stop()
@@ -174,7 +162,7 @@ class Engine:
     @property
     def dimensions(self) -> int | None:
         """An embedding model's width."""
-        return self.manifest.get("dimensions")
+        return self.manifest.dimensions
 
     # tokenise (on the inference thread, a batch's new texts at once) -------------------
     def tokenize(self, texts: list, truncate: bool) -> list:
@@ -209,9 +197,18 @@ class Engine:
         return out
 
     # run ----------------------------------------------------------------------------
-    async def run(self, texts: list, truncate: bool) -> Result:
+    async def infer(self, texts: list, truncate: bool) -> Result:
+        encodings = None
+        if not truncate:  # an input over max_length is refused before anything is queued
+            try:
+                encodings = await asyncio.to_thread(self.tokenize, texts, False)
+            except Exception:  # the model's thread encodes them one by one and fails the bad
+                encodings = []
+            for i, enc in enumerate(encodings):
+                if len(enc.ids) > self.max_length:
+                    raise InputTooLong.of(i, len(enc.ids), self.max_length)
         try:
-            items = self.batcher.submit(texts, truncate)
+            items = self.batcher.submit(texts, truncate, encodings)
         except QueueFull:
             self.metrics.rejected.labels(self.name).inc(len(texts))
             raise
@@ -227,14 +224,6 @@ class Engine:
             outputs = list(zip(outputs, encodings))
         return Result(outputs, sum(len(e.ids) for e in encodings),
                       max(it.queued_s for it in items), max(it.inference_s for it in items))
-
-    # postprocess ----------------------------------------------------------------------
-    def entities(self, text: str, output, strategy: str) -> list[dict]:
-        logits, enc = output
-        info = postprocess.TokenInfo(
-            ids=enc.ids, tokens=enc.tokens, offsets=enc.offsets, special=enc.special_tokens_mask,
-            unk_id=self.unk_id, word_aware=self.word_aware)
-        return postprocess.entities(text, info, np.asarray(logits), self.labels, strategy)
 
 
 def load_engine(name: str, folder: Path, settings: Settings, metrics: Metrics) -> Engine:

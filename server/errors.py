@@ -1,5 +1,5 @@
 """One error shape, {"error": {"type", "message"}}, and the handlers that produce it (the
-inference routes' direct lane, server/routes/direct.py, renders the same responses)."""
+inference routes' fast path, server/routes/fast_path.py, renders the same responses)."""
 
 from __future__ import annotations
 

@@ -89,6 +89,12 @@ class TokenInfo:
     unk_id: int
     word_aware: bool  # the tokenizer marks word continuations (WordPiece's "##")
 
+    @classmethod
+    def of(cls, encoding, unk_id: int, word_aware: bool) -> TokenInfo:
+        """From a Rust tokenizer's Encoding (tokenizers.Encoding)."""
+        return cls(ids=encoding.ids, tokens=encoding.tokens, offsets=encoding.offsets,
+                   special=encoding.special_tokens_mask, unk_id=unk_id, word_aware=word_aware)
+
 
 def _tag(label: str) -> tuple[str, str]:
     if label.startswith("B-"):

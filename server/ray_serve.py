@@ -80,8 +80,8 @@ class ModelReplica:
         self.engine = await asyncio.to_thread(load_engine, path.name, path, settings, Metrics())
         await self.engine.start(settings.warmup)
 
-    async def run(self, texts: list, truncate: bool):
-        return await self.engine.run(texts, truncate)
+    async def infer(self, texts: list, truncate: bool):
+        return await self.engine.infer(texts, truncate)
 
     def describe(self) -> dict:
         return self.engine.describe()
@@ -108,9 +108,9 @@ class RemoteEngine(Engine):
     async def stop(self) -> None:
         pass
 
-    async def run(self, texts: list, truncate: bool):
+    async def infer(self, texts: list, truncate: bool):
         try:
-            return await self.handle.run.remote(texts, truncate)
+            return await self.handle.infer.remote(texts, truncate)
         except RayTaskError as e:  # the replica raised it: InputTooLong, QueueFull, ...
             raise e.cause from None
         except GONE as e:

@@ -17,9 +17,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(2)
 
 from loadtests.run import free_port  # noqa: E402, F401 (the tests' helper too)
-from models import checkpoint  # noqa: E402
+from models import checkpoint, families  # noqa: E402
 
-FAMILIES = checkpoint.FAMILIES
+FAMILIES = families.FAMILIES
 TASKS = ("embed", "classify", "ner")
 
 

@@ -70,7 +70,7 @@ def choose_reranker(request: Request, name: str | None) -> Engine:
         return engine
     for kind, able in (("cross-encoder", [e for e in svc.engines.values()
                                           if e.task == "classify" and e.relevant is not None
-                                          and e.manifest.get("relevant_label")]),
+                                          and e.manifest.relevant_label]),
                        ("embedding", [e for e in svc.engines.values() if e.task == "embed"])):
         if len(able) == 1:
             return able[0]
@@ -126,19 +126,19 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def run(request: Request, engine: Engine, texts: list, truncate: bool) -> Result:
+async def infer(request: Request, engine: Engine, texts: list, truncate: bool) -> Result:
     """Runs the texts on the engine; drops them from the queue if the client goes away."""
     check_limits(request, texts)
     task, running = asyncio.current_task(), True
 
     def client_gone(watch: asyncio.Task) -> None:
         if running and not watch.cancelled():
-            task.cancel()  # engine.run below is cancelled: its inputs leave the queue
+            task.cancel()  # engine.infer below is cancelled: its inputs leave the queue
 
     watch = asyncio.ensure_future(_disconnected(request))
     watch.add_done_callback(client_gone)
     try:
-        return await engine.run(texts, truncate)
+        return await engine.infer(texts, truncate)
     except asyncio.CancelledError:
         if not watch.done() or watch.cancelled():
             raise  # not the client's doing

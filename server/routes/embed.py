@@ -7,7 +7,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
-from server.routes.common import check_embedding_request, choose, reply, run, usage
+from server.routes.common import check_embedding_request, choose, infer, reply, usage
 from server.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest, EmbedResponse
 
 router = APIRouter(tags=["embeddings"])
@@ -18,7 +18,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
     engine = choose(request, body.model, "embed")
     texts = body.texts
     check_embedding_request(engine, texts, body.dimensions)
-    result = await run(request, engine, texts, truncate=True)
+    result = await infer(request, engine, texts, truncate=True)
     vectors = postprocess.normalize(np.stack(result.outputs))  # [N, D]
     vectors = postprocess.first_dimensions(vectors, body.dimensions)  # [N, dimensions]
     data = [{"object": "embedding", "index": i,
@@ -32,7 +32,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
 async def embed(body: EmbedRequest, request: Request):
     engine = choose(request, body.model, "embed")
     check_embedding_request(engine, body.texts, body.dimensions)
-    result = await run(request, engine, body.texts, body.truncate)
+    result = await infer(request, engine, body.texts, body.truncate)
     vectors = np.stack(result.outputs)  # [N, D]
     if body.dimensions is not None:
         vectors = vectors[:, : body.dimensions]

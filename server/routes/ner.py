@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 from fastapi import APIRouter, Request
 
-from server import errors
-from server.routes.common import choose, reply, run
+from server import errors, postprocess
+from server.routes.common import choose, infer, reply
 from server.schemas import NerRequest, NerResponse
 
 router = APIRouter(tags=["ner"])
@@ -17,8 +18,15 @@ router = APIRouter(tags=["ner"])
 async def ner(body: NerRequest, request: Request):
     engine = choose(request, body.model, "ner")
     texts = body.texts
-    result = await run(request, engine, texts, body.truncate)
+    result = await infer(request, engine, texts, body.truncate)
     results = await asyncio.to_thread(  # postprocessing off the event loop
-        lambda: [engine.entities(text, output, body.aggregation_strategy)
+        lambda: [entities(engine, text, output, body.aggregation_strategy)
                  for text, output in zip(texts, result.outputs)])
     return reply({"model": engine.name, "results": results}, result)
+
+
+def entities(engine, text: str, output, strategy: str) -> list[dict]:
+    """One text's token logits [T, C] and its encoding -> the pipeline's entities."""
+    logits, encoding = output
+    info = postprocess.TokenInfo.of(encoding, engine.unk_id, engine.word_aware)
+    return postprocess.entities(text, info, np.asarray(logits), engine.labels, strategy)

@@ -9,7 +9,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
-from server.routes.common import choose_reranker, reply, run, usage
+from server.routes.common import choose_reranker, infer, reply, usage
 from server.schemas import RerankRequest, RerankResponse
 
 router = APIRouter(tags=["rerank"])
@@ -21,11 +21,11 @@ async def rerank(body: RerankRequest, request: Request):
     engine = choose_reranker(request, body.model)
     documents = body.documents
     if engine.task == "embed":
-        result = await run(request, engine, body.texts, body.truncate)
+        result = await infer(request, engine, body.texts, body.truncate)
         vectors = np.stack(result.outputs)  # [1 + N, D]: the query, then the documents
         scores = postprocess.cosine_ranking(vectors[0], vectors[1:])
     else:
-        result = await run(request, engine, [(body.query, d) for d in documents],
+        result = await infer(request, engine, [(body.query, d) for d in documents],
                            body.truncate)
         scores = postprocess.relevance(np.stack(result.outputs), engine.labels,
                                        engine.relevant)

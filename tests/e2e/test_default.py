@@ -12,7 +12,7 @@ import pytest
 from server import default
 from tests.conftest import running_server
 
-# Written by hand for this test; none of them comes from models/synthetic.py.
+# Written by hand for this test; none of them comes from training/synthetic.py.
 POSITIVE = ["I absolutely loved every minute of it.",
             "The waiter was friendly and the soup was delicious.",
             "Best holiday we have had in years!",

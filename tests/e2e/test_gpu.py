@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import checkpoint, export
+from models import export, families
 from tests.conftest import FAMILIES, running_server
 
 pytestmark = [pytest.mark.gpu,
@@ -25,7 +25,7 @@ def test_every_family_on_cuda_matches_the_cpu(tiny_checkpoints, tmp_path):
         with running_server(tmp_path, device=device) as url:
             models = httpx.get(url + "/v1/models").json()["data"]
             for m in models:
-                want = ("fp16" if "fp16" in checkpoint.DTYPES[m["family"]] else "bf16")
+                want = ("fp16" if "fp16" in families.get(m["family"]).dtypes else "bf16")
                 assert (m["device"], m["dtype"]) == (
                     ("cpu", "fp32") if device == "cpu" else ("cuda:0", want))
             for family in FAMILIES:

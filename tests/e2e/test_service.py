@@ -16,7 +16,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, pipeline
 
-from models import checkpoint, export
+from models import checkpoint, export, families
 from tests.conftest import FAMILIES, running_server, wait_for
 
 # (task, backend, loop) served for every family
@@ -37,8 +37,8 @@ def name(family, task, fmt, loop="unroll"):
 def repository(tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     cases = [(f, *s) for f in FAMILIES for s in SERVED]
-    cases += [(f, "ner", "onnx", "keep") for f in export.RECURSIVE]
-    cases += [(f, "embed", "torchscript", "keep") for f in export.RECURSIVE]
+    cases += [(f, "ner", "onnx", "keep") for f in families.RECURSIVE]
+    cases += [(f, "embed", "torchscript", "keep") for f in families.RECURSIVE]
     for family, task, fmt, loop in cases:
         export.export(tiny_checkpoints[family, task], repo / name(family, task, fmt, loop),
                       fmt, loop)
@@ -93,7 +93,7 @@ def test_strict_readiness_is_503_while_a_model_failed(repository, tmp_path):
 def test_every_family_and_backend_serves_what_pytorch_computes(url, tiny_checkpoints, family):
     served = [(t, f, loop) for t, f, loop in SERVED] + (
         [("ner", "onnx", "keep"), ("embed", "torchscript", "keep")]
-        if family in export.RECURSIVE else [])
+        if family in families.RECURSIVE else [])
     text = "The quick brown fox jumps over the lazy dog."
     for task, fmt, loop in served:
         ckpt = checkpoint.load(tiny_checkpoints[family, task])
@@ -281,8 +281,8 @@ def test_bad_requests_get_the_documented_error(url, route, body, status, words):
     assert set(err) == {"type", "message"} and words in err["message"]
 
 
-def test_the_direct_lane_answers_as_fastapi_does(url):
-    # the inference routes are answered by server/routes/direct.py: its errors are the
+def test_the_fast_path_answers_as_fastapi_does(url):
+    # the inference routes are answered by server/routes/fast_path.py: its errors are the
     # documented ones, the same on every route
     for body, status in (({"inputs": 5}, 422), ({"model": "nope", "inputs": "x"}, 404),
                          ({"inputs": "x" * 2001}, 413)):

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import checkpoint
+from models import checkpoint, families
 from models.layers import attention_bias
 from tests.conftest import FAMILIES, TASKS, batch
 
@@ -38,14 +38,14 @@ def _compare(family: str, task: str, dtype: str, device: str) -> None:
 @pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_half_precision_matches_fp32(family, task, dtype, device):
-    if dtype not in checkpoint.DTYPES[family]:
+    if dtype not in families.get(family).dtypes:
         pytest.skip(f"{family} does not run in {dtype}")
     _compare(family, task, dtype, device)
 
 
 def test_cmow_leaves_out_fp16_because_its_products_overflow_it():
     """At the paper's size, products of 200 matrices pass fp16's largest number."""
-    assert checkpoint.DTYPES["cmow"] == ("fp32", "bf16")
+    assert families.get("cmow").dtypes == ("fp32", "bf16")
     model = checkpoint.new("cmow", "cmow-hybrid-bidi").model
     ids, mask, types = batch(1, 200, pad_row=None)
     with torch.no_grad():

@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from models import checkpoint, export, samples
+from models import checkpoint, export, families, samples
 from server.cli import main
 from tests.conftest import FAMILIES
 
 CASES = [(family, fmt, loop)
          for family in FAMILIES for fmt in ("onnx", "torchscript")
-         for loop in (("unroll", "keep") if family in export.RECURSIVE else ("unroll",))]
+         for loop in (("unroll", "keep") if family in families.RECURSIVE else ("unroll",))]
 TASK_OF = {"bert": "ner", "distilbert": "classify", "minialbert": "ner",
            "falbert": "classify", "cmow": "ner"}
 
@@ -36,9 +36,9 @@ def test_export_reloads_and_matches_pytorch_at_other_shapes(tiny_checkpoints, tm
     src = tiny_checkpoints[family, task]
     manifest = export.export(src, tmp_path / "repo" / "m", fmt, loop)
     folder = tmp_path / "repo" / "m"
-    assert json.loads((folder / "manifest.json").read_text()) == manifest
-    assert manifest["parity"]["max_abs_diff"] <= 1e-4
-    assert (manifest["task"], manifest["family"], manifest["backend"]) == (task, family, fmt)
+    assert json.loads((folder / "manifest.json").read_text()) == manifest.model_dump(mode="json")
+    assert manifest.parity["max_abs_diff"] <= 1e-4
+    assert (manifest.task, manifest.family, manifest.backend) == (task, family, fmt)
     inputs = _fresh_inputs()
     with torch.no_grad():
         ref = checkpoint.load(src).model(*(torch.from_numpy(inputs[k]) for k in
@@ -48,7 +48,7 @@ def test_export_reloads_and_matches_pytorch_at_other_shapes(tiny_checkpoints, tm
         names = [i.name for i in session.get_inputs()]
         feed = {k: v for k, v in inputs.items() if k in names}
         if "num_iterations" in names:
-            feed["num_iterations"] = np.array(manifest["num_iterations"])
+            feed["num_iterations"] = np.array(manifest.num_iterations)
         got = session.run(None, feed)[0]
     else:
         module = torch.jit.load(str(folder / "model.ts"))
@@ -58,7 +58,7 @@ def test_export_reloads_and_matches_pytorch_at_other_shapes(tiny_checkpoints, tm
     assert np.abs(got - ref.numpy()).max() <= 1e-4
 
 
-@pytest.mark.parametrize("family", export.RECURSIVE)
+@pytest.mark.parametrize("family", families.RECURSIVE)
 def test_keep_has_a_loop_and_unroll_is_not_bigger(tiny_checkpoints, tmp_path, family):
     src = tiny_checkpoints[family, "embed"]
     graphs = {}
@@ -86,7 +86,7 @@ def test_keep_form_depth_is_a_runtime_input(tiny_checkpoints, tmp_path):
         got = session.run(None, {**inputs, "token_type_ids": np.zeros_like(inputs["input_ids"]),
                                  "num_iterations": np.array(depth)})[0]
         with torch.no_grad():
-            ref = model.run(*(torch.from_numpy(x) for x in (
+            ref = model.forward_iterations(*(torch.from_numpy(x) for x in (
                 inputs["input_ids"], inputs["attention_mask"],
                 np.zeros_like(inputs["input_ids"]))), depth).numpy()
         assert np.abs(got - ref).max() <= 1e-4
@@ -95,9 +95,9 @@ def test_keep_form_depth_is_a_runtime_input(tiny_checkpoints, tmp_path):
 def test_real_minilm_exports_to_onnx_and_int8_keeps_embeddings(tmp_path):
     manifest = export.export(checkpoint.minilm_path(), tmp_path / "minilm", "onnx",
                              quantize="int8", max_length=256)
-    assert manifest["parity"]["max_abs_diff"] <= 1e-4
-    assert manifest["artifact"] == "model.int8.onnx"
-    assert manifest["quantization"]["min_cosine"] >= 0.99
+    assert manifest.parity["max_abs_diff"] <= 1e-4
+    assert manifest.artifact == "model.int8.onnx"
+    assert manifest.quantization["min_cosine"] >= 0.99
     tok = AutoTokenizer.from_pretrained(str(tmp_path / "minilm" / "checkpoint"))
     enc = tok(samples.SENTENCES, padding=True, return_tensors="np")
     feed = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}

@@ -103,9 +103,9 @@ def test_depth_is_a_runtime_choice_and_scripting_keeps_the_loop():
     scripted = torch.jit.script(m)
     with torch.no_grad():
         assert torch.allclose(scripted(ids, mask, types), m(ids, mask, types), atol=1e-6)
-        two, three = m.run(ids, mask, types, 2), m.run(ids, mask, types, 3)
+        two, three = m.forward_iterations(ids, mask, types, 2), m.forward_iterations(ids, mask, types, 3)
     assert not torch.allclose(two, three)
-    assert "prim::Loop" in str(scripted.run.graph)
+    assert "prim::Loop" in str(scripted.forward_iterations.graph)
 
 
 def test_no_adapter_variant():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from models import export
+from models.manifest import Manifest
 from models.runtime import open_backend
 from models.runtime.base import BackendError, check_device, choose_dtype
 
@@ -63,10 +64,10 @@ def _cosines(a, b):
 
 def _check_dtypes(exported, fmt, device):
     inputs = _inputs()
-    manifest = __import__("json").loads((exported[fmt] / "manifest.json").read_text())
-    ref = open_backend(fmt, exported[fmt], manifest["artifact"], device=device).run(inputs)
+    manifest = Manifest.read(exported[fmt])
+    ref = open_backend(fmt, exported[fmt], manifest.artifact, device=device).run(inputs)
     for dtype in ("fp16", "bf16"):
-        backend = open_backend(fmt, exported[fmt], manifest["artifact"], device=device,
+        backend = open_backend(fmt, exported[fmt], manifest.artifact, device=device,
                                dtype=dtype)
         assert backend.dtype == dtype
         got = backend.run(inputs)

@@ -1,13 +1,13 @@
 import pytest
 
-from models import checkpoint
+from models import checkpoint, families
 from server.cli import main
 
 
 def test_new_list_prints_every_family_and_preset(capsys):
     assert main(["new", "--list"]) == 0
     out = capsys.readouterr().out
-    for family in checkpoint.FAMILIES:
+    for family in families.FAMILIES:
         assert family in out
     for preset in ["bert-base", "tinybert-4l", "minilm-l6", "mobilebert", "distilbert",
                    "minialbert-128", "minialbert-312", "minialbert-768",

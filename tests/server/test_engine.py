@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from models import export
-from models.export import allowed_dtypes
-from server.engine import ModelLoadError, load_engine
+from models.manifest import Manifest
+from server.engine import InputTooLong, ModelLoadError, load_engine
 from server.metrics import Metrics
 from server.settings import Settings
 
@@ -25,17 +25,21 @@ def torch_model(tiny_checkpoints, tmp_path_factory):
 
 
 def test_allowed_dtypes_are_the_familys_less_those_that_failed_parity():
-    assert allowed_dtypes({"family": "bert"}) == ["fp32", "fp16", "bf16"]
-    assert allowed_dtypes({"family": "cmow"}) == ["fp32", "bf16"]
+    def allowed(family, dtypes=None):
+        return Manifest(task="embed", family=family, backend="onnx", max_length=8,
+                        dtypes=dtypes).allowed_dtypes
+
+    assert allowed("bert") == ["fp32", "fp16", "bf16"]
+    assert allowed("cmow") == ["fp32", "bf16"]
     failed = {"fp32": {"passed": True}, "fp16": {"passed": False}, "bf16": {"passed": True}}
-    assert allowed_dtypes({"family": "bert", "dtypes": failed}) == ["fp32", "bf16"]
+    assert allowed("bert", failed) == ["fp32", "bf16"]
 
 
 def _run(engine, texts):
     async def go():
         await engine.start(warmup=False)
         try:
-            return await engine.run(texts, truncate=True)
+            return await engine.infer(texts, truncate=True)
         finally:
             await engine.stop()
     return asyncio.run(go())
@@ -79,3 +83,27 @@ def test_batch_limits_default_by_device():
 def test_settings_refuse_an_unknown_device():
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
         Settings(device="gpu")
+
+
+def test_an_input_too_long_is_refused_before_it_is_queued(torch_model):
+    engine = load_engine("m", torch_model, Settings(), Metrics())
+    submitted = []
+    submit = engine.batcher.submit
+    engine.batcher.submit = lambda *args: submitted.append(args) or submit(*args)
+    long = "word " * (engine.max_length + 10)
+
+    async def go():
+        await engine.start(warmup=False)
+        try:
+            with pytest.raises(InputTooLong, match=r"input 1 has \d+ tokens, more than the "
+                               r"model's max_length \d+"):
+                await engine.infer(["short", long], truncate=False)
+            assert submitted == []  # nothing was queued, not even the short input
+            fine = await engine.infer(["short", "also short"], truncate=False)
+            assert len(fine.outputs) == 2 and submitted[0][2] is not None  # tokenised once
+            cut = await engine.infer([long], truncate=True)
+            assert cut.tokens == engine.max_length
+        finally:
+            await engine.stop()
+
+    asyncio.run(go())

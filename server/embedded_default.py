@@ -81,7 +81,9 @@ class BuildProgress:
 def build(folder: Path, seed: int = 0,
           progress: Callable[[str], None] | None = None) -> dict:
     """Builds the three models into ``folder`` (which must not exist yet)."""
-    from models import checkpoint, export, finetune
+    from models import checkpoint, export
+    from models.manifest import Manifest
+    from training import finetune
 
     work = folder.parent / f".{folder.name}.checkpoints"
     shutil.rmtree(work, ignore_errors=True)
@@ -95,19 +97,18 @@ def build(folder: Path, seed: int = 0,
 
         for name, train, what in (
                 ("minilm-sentiment", finetune.train_sentiment,
-                 "MiniLM fine-tuned on template sentiment sentences (models/synthetic.py)"),
+                 "MiniLM fine-tuned on template sentiment sentences (training/synthetic.py)"),
                 ("minilm-ner", finetune.train_ner,
-                 "MiniLM fine-tuned on templates filled by Faker (models/synthetic.py)")):
+                 "MiniLM fine-tuned on templates filled by Faker (training/synthetic.py)")):
             started = time.perf_counter()
             ckpt, scores = train(seed=seed, progress=lambda s, n=name: say(f"{n}: {s}"))
             source = checkpoint.save(ckpt, work / name)
             export.export(source, folder / name, "onnx", max_length=256,
                           progress=lambda s, n=name: say(f"{n}: {s}"))
-            manifest_file = folder / name / "manifest.json"
-            manifest = json.loads(manifest_file.read_text())
-            manifest["training"] = {"how": what, "labels": ckpt.labels, **scores,
-                                    "generator": "models/synthetic.py, models/finetune.py"}
-            manifest_file.write_text(json.dumps(manifest, indent=2) + "\n")
+            manifest = Manifest.read(folder / name)
+            manifest.training = {"how": what, "labels": ckpt.labels, **scores,
+                                 "generator": "training/synthetic.py, training/finetune.py"}
+            manifest.write(folder / name)
             timings[name] = time.perf_counter() - started
         say("default repository built")
     shutil.rmtree(work, ignore_errors=True)

@@ -1,6 +1,6 @@
 """Distils a teacher (by default the packaged all-MiniLM-L6-v2: 6 layers, 384 wide, 12
 heads) into a student of each family, with the papers' own objectives adapted to a
-teacher that has no MLM head, on real prose available offline (``models.corpus``).
+teacher that has no MLM head, on real prose available offline (``training.corpus``).
 
     minialbert  layer-to-layer alignment (paper 001): iteration i <-> teacher layer g(i),
                 3.0 x (attention KL + (1 - hidden cosine)) summed over iterations, plus
@@ -43,8 +43,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoTokenizer
 
-from models import checkpoint, corpus, heads
+from models import checkpoint, heads
 from models.checkpoint import Checkpoint
+from training import corpus
+from training.loop import optimise
 
 STUDENT_PRESET = {"minialbert": "student-384", "falbert": "student-384",
                   "cmow": "cmow-hybrid-bidi", "bert": "student-3l"}
@@ -404,22 +406,19 @@ def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, trai
     fixed = tokens(train[: opts.batch_size])  # the same batch before and after: did it learn?
 
     def fixed_loss() -> float:
+        training = model.training  # as it was: the student leaves _train in eval mode
         model.eval()
         with torch.no_grad():
             value = float(loss_fn(fixed, teacher(fixed))[0])
-        model.train()
+        model.train(training)
         return value
 
-    before = fixed_loss()
-    for step in range(first, last):
+    def loss_of(step: int):
         rng = random.Random(opts.seed * 1_000_003 + step)  # the batch of a step never changes
         batch = tokens(rng.sample(train, opts.batch_size))
-        loss, parts = loss_fn(batch, teacher(batch))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
+        return loss_fn(batch, teacher(batch))
+
+    def after(_, step: int, loss, parts) -> None:
         history.append({"step": step + 1, "loss": loss.item(),
                         **{k: v.item() for k, v in parts.items()}})
         if step % 10 == 0 or step + 1 == last:
@@ -432,6 +431,9 @@ def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, trai
                         "extra": extra.state_dict() if extra else {},
                         "history": json.dumps(history)}, state_file)
             model.train()
+
+    before = fixed_loss()
+    optimise(range(first, last), loss_of, params, optimizer, schedule, clip=1.0, after=after)
     model.eval()
     history.append({"stage": stage, "fixed_batch_loss_before": before,
                     "fixed_batch_loss_after": fixed_loss()})

@@ -7,7 +7,7 @@ loop's time under load (measured on /v1/embed); on 2 cores that time is taken fr
 model. This ASGI middleware answers the inference routes itself, with the same pydantic
 request models, the same route functions and the same error responses
 (server/errors.py), inside the app's own middlewares (API key, body limit, metrics).
-FastAPI still documents them (/docs) and serves every other route. A request the lane
+FastAPI still documents them (/docs) and serves every other route. A request the fast path
 does not take (another method, a body that is not JSON) and a body that does not parse or
 validate go on to FastAPI, so that those errors are FastAPI's own; the errors the route
 functions raise get the response FastAPI's handler gives them (errors.api_error). A body
@@ -62,7 +62,7 @@ def _replay(body: bytes, receive):
     return replay
 
 
-class DirectLane:
+class FastPath:
     def __init__(self, app):
         self.app = app
         # path -> FastAPI's route (the metrics read its label from it) and its body's model
@@ -70,10 +70,10 @@ class DirectLane:
                        for router in ROUTERS for r in router.routes}
 
     async def __call__(self, scope, receive, send):
-        lane = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if lane is None or scope["method"] != "POST" or not _json_body(scope):
+        entry = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if entry is None or scope["method"] != "POST" or not _json_body(scope):
             return await self.app(scope, receive, send)
-        route, model = lane
+        route, model = entry
         scope["route"] = route
         request = Request(scope, receive)
         try:

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from server.default import BuildProgress, build_lock
+from server.embedded_default import BuildProgress, build_lock
 
 
 def test_without_a_terminal_progress_is_logged_per_model_and_every_few_seconds(caplog):

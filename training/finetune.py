@@ -1,6 +1,6 @@
 """Fine-tunes the packaged all-MiniLM-L6-v2 into the embedded default's classifier
-(sentiment) and NER model, on data made by ``models.synthetic``. Seeded and reproducible
-(on one machine and thread count); run by ``server/default.py``.
+(sentiment) and NER model, on data made by ``training.synthetic``. Seeded and reproducible
+(on one machine and thread count); run by ``server/embedded_default.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ from transformers import (
     AutoTokenizer,
 )
 
-from models import checkpoint, synthetic
+from models import checkpoint
 from models.bert import HFEncoder
+from server import postprocess
+from training import synthetic
+from training.loop import optimise
 
 
 def _train(model, batches: list[dict], epochs: int, lr: float, seed: int,
@@ -28,21 +31,21 @@ def _train(model, batches: list[dict], epochs: int, lr: float, seed: int,
     total = epochs * len(batches)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 - step / total)
     model.train()
-    loss = torch.tensor(0.0)
+    last = [0.0]
     for epoch in range(epochs):
         order = list(range(len(batches)))
         rng.shuffle(order)
-        for i, b in enumerate(order):
-            loss = model(**batches[b]).loss
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
+
+        def report(i, _, loss, parts, epoch=epoch):
+            last[0] = loss.item()
             if i % 20 == 0:
                 progress(f"epoch {epoch + 1}/{epochs}, step {i}/{len(batches)}, "
-                         f"loss {loss.item():.4f}")
+                         f"loss {last[0]:.4f}")
+
+        optimise(order, lambda b: (model(**batches[b]).loss, {}), list(model.parameters()),
+                 optimizer, schedule, after=report)
     model.eval()
-    return float(loss.item())
+    return float(last[0])
 
 
 def _batches(tokenizer, texts: list[str], labels: list, size: int, token_level: bool):
@@ -90,21 +93,6 @@ def train_sentiment(seed: int = 0, n_train: int = 1600, n_test: int = 400, epoch
                   "test_sentences": n_test, "final_loss": final_loss, "seed": seed}
 
 
-def _spans(tags: list[str], offsets: list[tuple[int, int]]) -> set[tuple[int, int, str]]:
-    """Token BIO tags -> character spans, grouped as the pipeline's "simple" strategy."""
-    out, current = [], None
-    for tag, (start, end) in zip(tags, offsets):
-        kind = tag.split("-", 1)[-1]
-        if tag == "O" or start == end:
-            current = None
-        elif current and current[2] == kind and not tag.startswith("B-"):
-            current[1] = end
-        else:
-            current = [start, end, kind]
-            out.append(current)
-    return {tuple(span) for span in out}
-
-
 def train_ner(seed: int = 0, n_train: int = 2400, n_test: int = 400, epochs: int = 2,
               progress: Callable[[str], None] = print) -> tuple[checkpoint.Checkpoint, dict]:
     """A PER/ORG/LOC tagger; returns it and its held-out entity precision/recall/F1."""
@@ -123,14 +111,17 @@ def train_ner(seed: int = 0, n_train: int = 2400, n_test: int = 400, epochs: int
                         epochs, 1e-4, seed, progress)
     test = synthetic.ner(n_test, seed + 1000)
     enc, _ = encode(test)
+    # the entities as the service finds them (server/postprocess.py, "simple" grouping)
+    word_aware = bool(getattr(tokenizer.backend_tokenizer.model, "continuing_subword_prefix",
+                              None))
     found = gold = correct = 0
-    for i, (_, spans) in enumerate(test):
+    for i, (text, spans) in enumerate(test):
         ids = torch.tensor([enc["input_ids"][i]])
         with torch.no_grad():
-            predicted = model(input_ids=ids).logits[0].argmax(-1).tolist()
-        offsets = [o if not s else (0, 0) for o, s in
-                   zip(enc["offset_mapping"][i], enc["special_tokens_mask"][i])]
-        got = _spans([labels[p] for p in predicted], offsets)
+            logits = model(input_ids=ids).logits[0].numpy()
+        info = postprocess.TokenInfo.of(enc.encodings[i], tokenizer.unk_token_id, word_aware)
+        got = {(e["start"], e["end"], e["entity_group"])
+               for e in postprocess.entities(text, info, logits, labels, "simple")}
         want = {tuple(s) for s in spans}
         found, gold, correct = found + len(got), gold + len(want), correct + len(got & want)
     precision, recall = correct / max(found, 1), correct / max(gold, 1)

@@ -1,0 +1,89 @@
+"""A model folder's manifest.json: written by ``distilserve export`` (models/export.py),
+read by the service (server/engine.py), the bench and the load tests. An unreadable or
+invalid manifest is a ManifestError naming the file and the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+FILE = "manifest.json"
+
+
+class ManifestError(Exception):
+    """A manifest that cannot be used; the message names the file and the field."""
+
+
+class Manifest(BaseModel):
+    # extra: what a newer export, or a builder (the embedded default's "training"), adds
+    model_config = ConfigDict(extra="allow", protected_namespaces=())
+
+    task: Literal["embed", "classify", "ner"]
+    family: str
+    backend: Literal["onnx", "torchscript", "torch"]
+    max_length: int = Field(gt=0, description="longest input in tokens")
+    artifact: str | None = Field(None, description="the served file, in the folder; none: "
+                                 "the checkpoint/ folder (backend torch)")
+    labels: list[str] = []
+    relevant_label: str | None = None  # a cross-encoder's relevance output (rerank)
+    pooling: str | None = None  # embedding models: how tokens are pooled
+    dimensions: int | None = None  # embedding models: the width
+    loop: Literal["unroll", "keep"] | None = None  # recursive families
+    num_iterations: int | None = None  # a kept loop's trip count
+    device: str | None = None  # run here, over DISTILSERVE_DEVICE
+    dtype: str | None = None  # in this dtype, over DISTILSERVE_DTYPE
+    # how the export went: parity, fp16/bf16 against fp32, int8 agreement
+    parity: dict[str, Any] | None = None
+    dtypes: dict[str, dict[str, Any]] | None = None
+    quantization: dict[str, Any] | None = None
+    files: list[str] = []
+    parameters: int | None = None
+    export_seconds: float | None = None
+    versions: dict[str, str] = {}
+    source: str | None = None
+    checkpoint_extra: dict[str, Any] = {}
+
+    @property
+    def allowed_dtypes(self) -> list[str]:
+        """The dtypes the model may run in: its family's, less any its export found too far
+        from fp32 (a manifest written before dtypes were checked: the family's)."""
+        from models import families
+
+        family = families.REGISTRY[self.family].dtypes if self.family in \
+            families.REGISTRY else ("fp32",)
+        if self.dtypes is None:
+            return list(family)
+        return [d for d in family if d == "fp32" or (self.dtypes.get(d) or {}).get("passed")]
+
+    @field_validator("artifact")
+    @classmethod
+    def _in_the_folder(cls, artifact: str | None) -> str | None:
+        if artifact is not None and Path(artifact).name != artifact:
+            raise ValueError(f"{artifact!r} must be a file in the folder")
+        return artifact
+
+    @classmethod
+    def read(cls, folder: Path) -> Manifest:
+        file = Path(folder) / FILE
+        try:
+            data = json.loads(file.read_text())
+        except FileNotFoundError:
+            raise ManifestError(f"{file}: missing (write model folders with distilserve "
+                                "export)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ManifestError(f"{file}: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ManifestError(f"{file}: not a JSON object")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "manifest"
+            raise ManifestError(f"{file}: {where}: {first['msg']}") from None
+
+    def write(self, folder: Path) -> None:
+        text = json.dumps(self.model_dump(mode="json"), indent=2)
+        (Path(folder) / FILE).write_text(text + "\n")

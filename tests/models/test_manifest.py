@@ -1,0 +1,59 @@
+"""models/manifest.py: one typed manifest; a bad one is an error naming file and field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from models.manifest import Manifest, ManifestError
+
+GOOD = {"task": "embed", "family": "bert", "backend": "onnx", "max_length": 128,
+        "artifact": "model.onnx", "dimensions": 32}
+
+
+def write(folder, data):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "manifest.json").write_text(json.dumps(data))
+    return folder
+
+
+def test_a_manifest_round_trips_with_what_others_add(tmp_path):
+    folder = write(tmp_path / "m", {**GOOD, "training": {"seed": 0}})
+    manifest = Manifest.read(folder)
+    assert (manifest.task, manifest.max_length, manifest.dimensions) == ("embed", 128, 32)
+    assert manifest.training == {"seed": 0}  # kept: the embedded default's record
+    manifest.write(folder)
+    assert Manifest.read(folder) == manifest
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"task": "translate"}, "task: Input should be 'embed', 'classify' or 'ner'"),
+    ({"max_length": 0}, "max_length: Input should be greater than 0"),
+    ({"max_length": "long"}, "max_length: Input should be a valid integer"),
+    ({"artifact": "../../etc/passwd"}, "artifact: Value error, '../../etc/passwd' must be a "
+                                       "file in the folder"),
+    ({"backend": None}, "backend: Input should be 'onnx', 'torchscript' or 'torch'"),
+])
+def test_an_invalid_manifest_names_its_file_and_field(tmp_path, change, words):
+    folder = write(tmp_path / "m", {**GOOD, **change})
+    with pytest.raises(ManifestError) as raised:
+        Manifest.read(folder)
+    assert str(raised.value).startswith(str(folder / "manifest.json"))
+    assert words in str(raised.value)
+
+
+def test_missing_and_unreadable_manifests(tmp_path):
+    with pytest.raises(ManifestError, match="manifest.json: missing"):
+        Manifest.read(tmp_path)
+    (tmp_path / "manifest.json").write_text("{not json")
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        Manifest.read(tmp_path)
+    (tmp_path / "manifest.json").write_text("[1, 2]")
+    with pytest.raises(ManifestError, match="not a JSON object"):
+        Manifest.read(tmp_path)
+    data = dict(GOOD)
+    del data["family"]
+    write(tmp_path, data)
+    with pytest.raises(ManifestError, match="family: Field required"):
+        Manifest.read(tmp_path)

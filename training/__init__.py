@@ -1,0 +1,1 @@
+"""Training: distillation, fine-tuning for the embedded default, and their data."""
