@@ -1,1 +1,1 @@
-"""The benchmark harness: ``distilserve bench`` (see ../shared/BENCHMARKS.md)."""
+"""The benchmark harness: ``distilserve bench`` (the README's Benchmarks section)."""

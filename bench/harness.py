@@ -140,8 +140,9 @@ def flops_per_sentence(model, length: int) -> int:
 
 def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
     """Writes the artifact for one measurement (once) and returns the worker's spec."""
-    from models import checkpoint, export
-    from models.manifest import Manifest
+    from models import export
+    from models.io import checkpoint
+    from models.io.manifest import Manifest
 
     folder = opts.output / "artifacts" / _key(row, backend, loop).replace("/", "_")
     manifest = folder / "manifest.json"
@@ -198,7 +199,8 @@ def _loops(row: Row, backend: str) -> tuple:
 
 def measure_all(opts: Options, progress=print) -> list[dict]:
     """Measures every row x backend x loop not already in results.jsonl."""
-    from models import checkpoint, families
+    from models import families
+    from models.io import checkpoint
 
     opts.output.mkdir(parents=True, exist_ok=True)
     log = opts.output / "results.jsonl"

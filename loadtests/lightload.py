@@ -1,7 +1,7 @@
 """The lightest load generator: asyncio clients over raw keep-alive sockets, each sending
 one request at a time for a fixed time. It reports requests/s, latency percentiles and
-its own CPU use, because on 2 cores the client competes with the service
-(../shared/BENCHMARKS.md: an httpx client halved the throughput it measured)."""
+its own CPU use, because on 2 cores the client competes with the service (a heavier
+client, httpx, measured the service at half its throughput)."""
 
 from __future__ import annotations
 

@@ -35,25 +35,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(repository: Path, port: int, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "DISTILSERVE_HOST": "127.0.0.1"}
+def wait_until_ready(url: str, alive, what: str, path: str = "/ready",
+                     seconds: float = 900) -> None:
+    """Polls ``url + path`` until it answers 200; raises RuntimeError naming ``what`` once
+    ``alive()`` is false or after ``seconds`` (a bound for a hung server, not for a slow
+    machine). The one start-and-wait of the load tests and the tests."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError(f"{what} stopped before it was ready")
+        try:
+            if httpx.get(url + path, timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not become ready in {seconds:.0f} s")
+
+
+def start_server(repository: Path, port: int, log: Path,
+                 env: dict | None = None) -> subprocess.Popen:
+    """``distilserve serve`` on 127.0.0.1:``port`` (output to ``log``, extra variables in
+    ``env``), returned once /ready answers 200."""
+    env = {**os.environ, "DISTILSERVE_HOST": "127.0.0.1", **(env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", "server.cli", "serve", "--model-repository", str(repository),
          "--port", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
         cwd=HERE.parent)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the service exited; see {log}")
-        try:
-            if httpx.get(url + "/ready", timeout=2).status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    process.terminate()
-    raise RuntimeError(f"the service did not become ready; see {log}")
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}", lambda: process.poll() is None,
+                         f"the service (log: {log})")
+    except RuntimeError:
+        process.terminate()
+        raise
+    return process
 
 
 class InProcess:
@@ -64,7 +79,7 @@ class InProcess:
                  batch: int = 32):
         from tokenizers import Tokenizer
 
-        from models.manifest import Manifest
+        from models.io.manifest import Manifest
         from models.runtime import open_backend
 
         manifest = Manifest.read(folder)

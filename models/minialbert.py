@@ -6,7 +6,7 @@ per-iteration bottleneck adapters and a factorised embedding.
     phi(x) = LayerNorm(W_up gelu(W_down x) + x)                  (nlpie's code; the paper
                                                                    omits the LayerNorm)
 
-The state dict uses nlpie's key names (FAMILIES.md), so their checkpoints load directly:
+The state dict uses nlpie's key names (their published checkpoints), so those load directly:
 ``albert.albert.embeddings.*``, ``albert.albert.encoder.albert_layer_groups.0.
 albert_layers.0.*``, ``albert.projector``, ``albert.{att,mlp}_adapters.{i}.block.{0,2}``,
 ``albert.{att,mlp}_adapters.{i}.norm``, ``classifier``.

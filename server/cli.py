@@ -7,7 +7,9 @@ import contextlib
 import sys
 from pathlib import Path
 
-from models import checkpoint, families
+from models import families
+from models.io import checkpoint
+from training.distill import DEFAULT_STEPS as OBJECTIVES  # the families distillation knows
 
 DESCRIPTION = """Serves compact, distilled text encoders (BERT, DistilBERT, TinyBERT, MiniLM,
 MobileBERT, MiniALBERT, F-ALBERT, CMOW): embeddings (OpenAI-compatible too),
@@ -386,7 +388,7 @@ def parser() -> argparse.ArgumentParser:
                           description="Distils all-MiniLM-L6-v2 (or --teacher) into a "
                           "student with the family's paper objective, on sentences from "
                           "installed docstrings; saves and resumes every 200 steps.")
-    dist.add_argument("family", choices=["bert", "minialbert", "falbert", "cmow"],
+    dist.add_argument("family", choices=list(OBJECTIVES),
                       help="the student's family")
     dist.add_argument("--output", "-o", type=Path, required=True,
                       help="folder for the student checkpoint (resumed if it holds one)")

@@ -81,8 +81,9 @@ class BuildProgress:
 def build(folder: Path, seed: int = 0,
           progress: Callable[[str], None] | None = None) -> dict:
     """Builds the three models into ``folder`` (which must not exist yet)."""
-    from models import checkpoint, export
-    from models.manifest import Manifest
+    from models import export
+    from models.io import checkpoint
+    from models.io.manifest import Manifest
     from training import finetune
 
     work = folder.parent / f".{folder.name}.checkpoints"

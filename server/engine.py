@@ -18,7 +18,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
-from models.manifest import Manifest, ManifestError
+from models.io.manifest import Manifest, ManifestError
 from models.runtime import open_backend
 from models.runtime.base import BackendError
 from server.batching import Batcher, InputTooLong, QueueFull

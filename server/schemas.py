@@ -1,4 +1,4 @@
-"""Request and response bodies (CONTRACT.md)."""
+"""Request and response bodies (the routes the README lists)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ import socket
 import threading
 import time
 
-import httpx
 import pytest
 import torch
 
@@ -16,8 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(2)
 
-from loadtests.run import free_port  # noqa: E402, F401 (the tests' helper too)
-from models import checkpoint, families  # noqa: E402
+from loadtests.run import free_port, wait_until_ready  # noqa: E402, F401 (tests' too)
+from models import families  # noqa: E402
+from models.io import checkpoint  # noqa: E402
 
 FAMILIES = families.FAMILIES
 TASKS = ("embed", "classify", "ner")
@@ -76,17 +76,7 @@ def running_server(repository, until: str = "/ready", **settings):
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900  # a bound for a hung server, not for a slow machine
-    while time.monotonic() < deadline and thread.is_alive():
-        try:
-            if httpx.get(url + until, timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    else:
-        raise RuntimeError("the test server did not become ready" +
-                           ("" if thread.is_alive() else ": its thread ended"))
+    wait_until_ready(url, thread.is_alive, "the test server", until)
     try:
         yield url
     finally:

@@ -43,8 +43,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AutoTokenizer
 
-from models import checkpoint, heads
-from models.checkpoint import Checkpoint
+from models import heads
+from models.io import checkpoint
+from models.io.checkpoint import Checkpoint
 from training import corpus
 from training.loop import optimise
 

@@ -16,8 +16,8 @@ from transformers import (
     AutoTokenizer,
 )
 
-from models import checkpoint
 from models.bert import HFEncoder
+from models.io import checkpoint
 from server import postprocess
 from training import synthetic
 from training.loop import optimise

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from models import checkpoint
+from models.io import checkpoint
 from models.runtime.base import DTYPES
 from models.runtime.torch_device import TorchRuntime
 

@@ -32,7 +32,8 @@ class TorchScriptBackend(TorchRuntime):
         self.forward = module.to(self.place.dtype).eval()
 
     def _trace_again(self, folder: Path):
-        from models import checkpoint, export
+        from models import export
+        from models.io import checkpoint
 
         model = checkpoint.load(folder).model.to(self.place.device, self.place.dtype)
         example = tuple(t.to(self.place.device) for t in export.example_inputs())

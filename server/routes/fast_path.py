@@ -1,18 +1,19 @@
 """The inference routes (POST /v1/embeddings, /v1/embed, /v1/classify, /v1/ner,
 /v1/rerank, /v1/tokenize) without FastAPI's per-request machinery.
 
-Requests come hundreds a second, often one short text each. FastAPI's routing, dependency
-solving and exception middleware took 0.12 ms of event-loop time per request, 40% of the
-loop's time under load (measured on /v1/embed); on 2 cores that time is taken from the
-model. This ASGI middleware answers the inference routes itself, with the same pydantic
-request models, the same route functions and the same error responses
-(server/errors.py), inside the app's own middlewares (API key, body limit, metrics).
-FastAPI still documents them (/docs) and serves every other route. A request the fast path
-does not take (another method, a body that is not JSON) and a body that does not parse or
-validate go on to FastAPI, so that those errors are FastAPI's own; the errors the route
-functions raise get the response FastAPI's handler gives them (errors.api_error). A body
-that is not JSON at all (not UTF-8, a number of thousands of digits, nesting too deep for
-the parser) is answered here: 422, where FastAPI would say 400.
+Requests come hundreds a second, often one short text each, and FastAPI's routing,
+dependency solving and exception middleware cost a large share of the event loop's time
+per request (the README's Configuration section has the measurement); on a few cores
+that time is taken from the model. This ASGI middleware answers the inference routes
+itself, with the same pydantic request models, the same route functions and the same
+error responses (server/errors.py), inside the app's own middlewares (API key, body
+limit, metrics). FastAPI still documents them (/docs) and serves every other route. A
+request the fast path does not take (another method, a body that is not JSON) and a body
+that does not validate go on to FastAPI, so that those errors are FastAPI's own; the
+errors the route functions raise get the response FastAPI's handler gives them
+(errors.api_error). A body that is not JSON at all (not UTF-8, a number of thousands of
+digits, nesting too deep for the parser) is answered here: 422, where FastAPI would say
+400.
 """
 
 from __future__ import annotations

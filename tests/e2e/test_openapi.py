@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from models import checkpoint, export
+from models import export
+from models.io import checkpoint
 from tests.conftest import running_server
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")

@@ -16,7 +16,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, pipeline
 
-from models import checkpoint, export, families
+from models import export, families
+from models.io import checkpoint
 from tests.conftest import FAMILIES, running_server, wait_for
 
 # (task, backend, loop) served for every family
@@ -251,7 +252,7 @@ BAD = [
     ("/v1/embeddings", {"model": "minilm", "input": []}, 422, "input"),
     ("/v1/tokenize", {"model": "nope", "inputs": "x"}, 404, "unknown model"),
     ("/v1/tokenize", {"model": "minilm", "inputs": []}, 422, "at least 1"),
-    # not JSON at all: 422 (CONTRACT.md), not FastAPI's 400
+    # not JSON at all: 422 (as the README says), not FastAPI's 400
     ("/v1/embed", b'{"model": "minilm", "inputs": "\xff\xfe"}', 422, "not UTF-8"),
     ("/v1/embed", b'{"model": "minilm", "inputs": "x", "dimensions": ' + b"9" * 5000 + b"}",
      422, "malformed JSON"),
@@ -390,7 +391,7 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         assert httpx.get(u + "/v1/models").status_code == 401
         assert httpx.get(u + "/health").status_code == 200
         assert httpx.get(u + "/ready").status_code == 200
-        # the docs and the OpenAPI document too (CONTRACT.md: all but /health and /ready)
+        # the docs and the OpenAPI document too: all but /health and /ready
         for page in ("/docs", "/redoc", "/openapi.json", "/metrics"):
             assert httpx.get(u + page).status_code == 401, page
             assert httpx.get(u + page, headers=auth).status_code == 200, page

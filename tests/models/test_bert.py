@@ -2,8 +2,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from models import bert, checkpoint
-from models.checkpoint import CheckpointError
+from models import bert
+from models.io import checkpoint
+from models.io.checkpoint import CheckpointError
 from tests.conftest import batch
 
 

@@ -2,8 +2,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models import checkpoint
-from models.checkpoint import CheckpointError
+from models.io import checkpoint
+from models.io.checkpoint import CheckpointError
 from tests.conftest import FAMILIES, TASKS, batch
 
 

@@ -1,7 +1,7 @@
 import torch
 
-from models import checkpoint
 from models.cmow import PRESETS, Cmow, CmowConfig, prefix_products, sequential_product, tree_product
+from models.io import checkpoint
 from tests.conftest import batch
 
 

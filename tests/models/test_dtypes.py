@@ -7,7 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import checkpoint, families
+from models import families
+from models.io import checkpoint
 from models.layers import attention_bias
 from tests.conftest import FAMILIES, TASKS, batch
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from models import checkpoint, export, families, samples
+from models import export, families, samples
+from models.io import checkpoint
 from server.cli import main
 from tests.conftest import FAMILIES
 

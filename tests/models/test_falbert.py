@@ -2,8 +2,8 @@ import pytest
 import torch
 from transformers import AlbertConfig, AlbertModel
 
-from models import checkpoint
 from models.falbert import PRESETS, FAlbert, FAlbertConfig
+from models.io import checkpoint
 from models.layers import attention_bias
 from tests.conftest import batch
 

@@ -1,4 +1,4 @@
-"""models/manifest.py: one typed manifest; a bad one is an error naming file and field."""
+"""models/io/manifest.py: one typed manifest; a bad one is an error naming file and field."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from models.manifest import Manifest, ManifestError
+from models.io.manifest import Manifest, ManifestError
 
 GOOD = {"task": "embed", "family": "bert", "backend": "onnx", "max_length": 128,
         "artifact": "model.onnx", "dimensions": 32}

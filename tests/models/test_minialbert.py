@@ -4,7 +4,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from models import checkpoint
+from models.io import checkpoint
 from models.minialbert import PRESETS, MiniAlbert, MiniAlbertConfig
 from tests.conftest import batch
 

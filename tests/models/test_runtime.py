@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from models import export
-from models.manifest import Manifest
+from models.io.manifest import Manifest
 from models.runtime import open_backend
 from models.runtime.base import BackendError, check_device, choose_dtype
 
@@ -121,7 +121,7 @@ def test_export_records_how_each_dtype_compares_with_fp32(exported):
 def test_traced_graphs_keep_no_device_so_they_run_on_a_gpu(family):
     """A traced graph keeps every device it was given as a constant: torch.arange(...,
     device=x.device) traced on the CPU would run on the CPU on a GPU machine too."""
-    from models import checkpoint
+    from models.io import checkpoint
 
     for task in ("embed", "classify", "ner"):
         model = checkpoint.new(family, "tiny", task).model

@@ -1,6 +1,7 @@
 import pytest
 
-from models import checkpoint, families
+from models import families
+from models.io import checkpoint
 from server.cli import main
 
 

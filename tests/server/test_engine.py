@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from models import export
-from models.manifest import Manifest
+from models.io.manifest import Manifest
 from server.engine import InputTooLong, ModelLoadError, load_engine
 from server.metrics import Metrics
 from server.settings import Settings

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from models import checkpoint, export
+from models import export
+from models.io import checkpoint
 from tests.conftest import running_server
 from training import corpus, distill
 

@@ -1,4 +1,4 @@
-"""A model folder's manifest.json: written by ``distilserve export`` (models/export.py),
+"""A model folder's manifest.json: written by ``distilserve export`` (models/export/),
 read by the service (server/engine.py), the bench and the load tests. An unreadable or
 invalid manifest is a ManifestError naming the file and the field."""
 

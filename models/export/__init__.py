@@ -1,0 +1,179 @@
+"""Export a checkpoint into a servable model folder and prove the artifact computes what
+PyTorch computes.
+
+    REPO/NAME/
+      manifest.json     task, family, labels, max_length, pooling, backend, files,
+                        parity figures, exporter versions
+      checkpoint/       the checkpoint (config.json, model.safetensors, tokenizer files)
+      model.onnx | model.ts | (nothing more for the torch backend)
+      model.int8.onnx   with --quantize int8 (then the served artifact)
+
+Recursive families (MiniALBERT, F-ALBERT) export their loop unrolled (traced: L copies of
+the ops, the shared weights stored once) or kept (TorchScript by scripting; ONNX with a
+``Loop`` node whose trip count is the run-time input ``num_iterations``). CMOW's products
+are tree reductions whose step count is fixed by max_length, so one graph is right at
+every length.
+
+Everything is written into a temporary folder beside the output and moved into place only
+after the parity check passed: a failed export leaves nothing servable behind. Here: the
+steps in order; artifacts.py writes the graphs, parity.py checks them (and fp16/bf16),
+quantize.py makes the int8 model.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from models import families
+from models.export.artifacts import example_inputs, to_onnx, to_torchscript
+from models.export.parity import TOLERANCE, agreement, compare, dtype_parity, parity_inputs
+from models.export.quantize import quantize_int8
+from models.io import checkpoint
+from models.io.manifest import Manifest
+from models.runtime import open_backend
+
+__all__ = ["ARTIFACT", "FORMATS", "ExportError", "example_inputs", "export", "replace"]
+
+FORMATS = ("onnx", "torchscript", "torch")
+ARTIFACT = {"onnx": "model.onnx", "torchscript": "model.ts", "torch": None}
+
+
+class ExportError(Exception):
+    """An export that cannot be done or did not pass its parity check."""
+
+
+def _versions() -> dict[str, str]:
+    import onnxruntime
+    import transformers
+
+    return {"torch": torch.__version__, "onnx": onnx.__version__,
+            "onnxruntime": onnxruntime.__version__, "transformers": transformers.__version__}
+
+
+def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str = "unroll",
+           quantize: str | None = None, task: str | None = None, max_length: int | None = None,
+           progress: Callable[[str], None] = lambda step: None, force: bool = False,
+           relevant_label: str | None = None) -> Manifest:
+    """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
+    manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
+    and then replaced only once the new folder is complete. Raises CheckpointError
+    (unreadable checkpoint) or ExportError."""
+    output = Path(output)
+    if output.exists() and not force:
+        raise ExportError(f"{output} already exists (a server may be serving it); pass "
+                          "--force to replace it")
+    if fmt not in FORMATS:
+        raise ExportError(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
+    if loop not in ("unroll", "keep"):
+        raise ExportError(f"unknown loop form {loop!r} (unroll, keep)")
+    if quantize not in (None, "int8") or (quantize and fmt != "onnx"):
+        raise ExportError("--quantize int8 applies to --format onnx only")
+    progress("loading the checkpoint")
+    ckpt = checkpoint.load(source, task=task)
+    if relevant_label is not None and (ckpt.task != "classify"
+                                       or relevant_label not in ckpt.labels):
+        raise ExportError(f"--relevant-label {relevant_label!r} must be one of a "
+                          f"classification model's labels (this is a {ckpt.task} model"
+                          + (f" with labels {ckpt.labels})" if ckpt.labels else ")"))
+    if loop == "keep" and (ckpt.family not in families.RECURSIVE or fmt == "torch"):
+        raise ExportError(f"--loop keep applies to the recursive families "
+                          f"({', '.join(families.RECURSIVE)}) exported to onnx or torchscript, "
+                          f"not to {ckpt.family} as {fmt}")
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(ckpt.tokenizer_dir))
+    max_length = min(max_length or ckpt.max_length, ckpt.max_length)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    try:
+        manifest = _export_into(staging, ckpt, tokenizer, fmt, loop, quantize, max_length,
+                                progress, relevant_label)
+        progress("moving into place")
+        replace(staging, output)
+        return manifest
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def replace(new: Path, output: Path) -> None:
+    """Puts the complete folder ``new`` at ``output`` by two renames: ``output`` holds the
+    old model until an instant before it holds the new one, and never a half-written one
+    (a server's next load finds one or the other, or for that instant none)."""
+    old = None
+    if output.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
+        output.rename(old / "model")
+    new.rename(output)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str, loop: str,
+                 quantize: str | None, max_length: int,
+                 progress: Callable[[str], None], relevant_label: str | None = None) -> Manifest:
+    checkpoint.save(ckpt, folder / "checkpoint")
+    artifact = ARTIFACT[fmt]
+    model = ckpt.model.eval()
+    started = time.perf_counter()
+    progress(f"exporting to {fmt}" + (f" (loop {loop})" if ckpt.family in families.RECURSIVE else ""))
+    with torch.no_grad():
+        if fmt == "onnx":
+            to_onnx(model, ckpt.task, folder / artifact, loop)
+        elif fmt == "torchscript":
+            to_torchscript(model, folder / artifact, loop)
+    depth = getattr(model, "num_iterations", None)
+    served = artifact or "checkpoint"
+
+    progress("checking parity against PyTorch")
+    batches = parity_inputs(tokenizer, max_length, ckpt.task)
+    backend = open_backend(fmt, folder, artifact, num_iterations=depth)
+    try:
+        parity, references = compare(model, backend, batches)
+    except ValueError as e:  # a shape PyTorch does not give
+        raise ExportError(f"{fmt} {e}") from None
+    parity["example_shape"] = list(example_inputs()[0].shape)
+    if not parity["max_scaled_diff"] <= TOLERANCE:
+        raise ExportError(f"{fmt} artifact differs from PyTorch by "
+                          f"{parity['max_abs_diff']:.3g} ({parity['max_scaled_diff']:.3g} of "
+                          f"the output's scale; tolerance {TOLERANCE}); nothing was written")
+
+    progress("checking fp16 and bf16 against fp32")
+    dtypes = {"fp32": {"passed": True}, **dtype_parity(
+        model, ckpt.task, families.get(ckpt.family).dtypes, batches, references)}
+
+    quantization = None
+    if quantize:
+        progress("quantizing to int8")
+        fp32_nodes = quantize_int8(folder / artifact, folder / "model.int8.onnx")
+        int8 = open_backend("onnx", folder, "model.int8.onnx", num_iterations=depth)
+        real = batches[-1]
+        quantized = int8.run(real)
+        quantization = {"method": "onnxruntime quantize_dynamic, QInt8, per_channel",
+                        "kept_fp32": fp32_nodes,
+                        "max_abs_diff_vs_fp32": float(np.abs(quantized - references[-1]).max()),
+                        **agreement(ckpt.task, references[-1], quantized,
+                                    real["attention_mask"])}
+        served = "model.int8.onnx"
+
+    manifest = Manifest(
+        task=ckpt.task, family=ckpt.family, labels=ckpt.labels,
+        relevant_label=relevant_label, max_length=max_length,
+        pooling=families.get(ckpt.family).pooling if ckpt.task == "embed" else None,
+        dimensions=int(references[0].shape[-1]) if ckpt.task == "embed" else None,
+        backend=fmt, loop=loop if ckpt.family in families.RECURSIVE else None,
+        num_iterations=depth, artifact=served,
+        files=sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),
+        parity=parity, dtypes=dtypes, quantization=quantization,
+        parameters=ckpt.num_parameters(),
+        export_seconds=round(time.perf_counter() - started, 2), versions=_versions(),
+        source=str(ckpt.path) if ckpt.path else None, checkpoint_extra=ckpt.extra)
+    manifest.write(folder)
+    return manifest

@@ -1,0 +1,84 @@
+"""server/app.py's middlewares on their own: plain ASGI calls, no server, no models."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+from starlette.exceptions import HTTPException
+
+from server.app import ApiKey, BodyLimit, RequestMetrics
+from server.metrics import Metrics
+
+
+async def echo(scope, receive, send):
+    """An app that reads the whole body and answers 200 with its length."""
+    size = 0
+    while True:
+        message = await receive()
+        size += len(message.get("body", b""))
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": str(size).encode()})
+
+
+def call(asgi, path="/v1/embed", headers=(), chunks=(b"{}",), **scope):
+    """(status, body) of one request through the ASGI app ``asgi``."""
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1}
+                for i, c in enumerate(chunks)]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    full = {"type": "http", "method": "POST", "path": path,
+            "headers": [(k.encode(), v.encode()) for k, v in headers], **scope}
+    asyncio.run(asgi(full, receive, send))
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return sent[0]["status"], body
+
+
+def test_body_limit_by_content_length_and_while_reading():
+    app = BodyLimit(echo, limit=10)
+    status, body = call(app, headers=[("content-length", "11")], chunks=(b"x" * 11,))
+    assert status == 413 and "request body of 11 bytes is over the limit of 10" in \
+        json.loads(body)["error"]["message"]
+    assert call(app, headers=[("content-length", "10")], chunks=(b"x" * 10,)) == (200, b"10")
+    try:  # chunked, no length: refused once it passes the limit, as it is read
+        call(app, chunks=(b"x" * 6, b"x" * 6))
+        raise AssertionError("a chunked body over the limit was read")
+    except HTTPException as e:  # the route's read turns this into the 413
+        assert e.status_code == 413
+
+
+def test_api_key_guards_all_but_the_probes():
+    app = ApiKey(echo, key="sekret")
+    for path in ("/v1/embed", "/docs", "/openapi.json", "/metrics", "/static-offline-docs/x"):
+        status, body = call(app, path=path)
+        assert status == 401 and json.loads(body)["error"]["type"] == "unauthorized", path
+    for path in ("/health", "/ready"):
+        assert call(app, path=path)[0] == 200
+    assert call(app, headers=[("authorization", "Bearer sekret")])[0] == 200
+    assert call(app, headers=[("authorization", "bearer sekret")])[0] == 200  # scheme: any case
+    for wrong in ("Bearer nope", "Basic sekret", "sekret", "Bearer "):
+        assert call(app, headers=[("authorization", wrong)])[0] == 401, wrong
+    assert call(ApiKey(echo, key=None), path="/v1/embed")[0] == 200  # no key: open
+
+
+def test_request_metrics_count_by_route_and_status():
+    metrics = Metrics()
+    state = SimpleNamespace(service=SimpleNamespace(metrics=metrics))
+    route = SimpleNamespace(path="/v1/embed")
+    app = RequestMetrics(BodyLimit(echo, limit=10))
+    call(app, app=SimpleNamespace(state=state), route=route, chunks=(b"x",))
+    call(app, app=SimpleNamespace(state=state), route=route,
+         headers=[("content-length", "99")], chunks=(b"x" * 99,))
+    text = metrics.render().decode()
+    assert 'distilserve_requests_total{route="/v1/embed",status="200"} 1.0' in text
+    assert 'distilserve_requests_total{route="/v1/embed",status="413"} 1.0' in text
+    assert 'distilserve_request_seconds_count{route="/v1/embed"} 2.0' in text
