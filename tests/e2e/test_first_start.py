@@ -1,7 +1,7 @@
 """The first start of ``distilserve serve``: the port opens at once while the embedded
 default is built (/health 200, /ready 503 saying what is being built, progress in the log
 when no terminal shows it), and a port in use is a one-line error before anything loads.
-The full build itself is tested once, in test_default.py."""
+The full build itself is tested once, in test_embedded_default.py."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from server import default
+from server import embedded_default as default
 from tests.conftest import running_server
 
 # Written by hand for this test; none of them comes from training/synthetic.py.
