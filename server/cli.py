@@ -196,10 +196,11 @@ def cmd_ray(args: argparse.Namespace) -> int:
 
     from server.ray_serve import application
 
-    if args.address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=args.address)
-    else:  # a new local instance, on the loopback interface only
+    local = not (args.address or os.environ.get("RAY_ADDRESS"))
+    if local:  # a new local instance, on the loopback interface only
         ray.init(_node_ip_address="127.0.0.1")
+    else:
+        ray.init(address=args.address)
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(application(repository, settings, scaling), name="distilserve",
               route_prefix="/")
@@ -212,7 +213,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
         pass
     print("removing the application", flush=True)
     serve.delete("distilserve")
-    if args.address is None:
+    if local:  # a cluster's Serve keeps running for its other applications
         serve.shutdown()
     return 0
 
