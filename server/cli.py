@@ -37,6 +37,14 @@ def status(label: str):
         yield progress
 
 
+def refused(command: str, error) -> int:
+    """A setting that does not validate (pydantic's ValidationError): one line, exit 2."""
+    first = error.errors()[0]
+    where = f"{first['loc'][0]}: " if first["loc"] else ""
+    print(f"distilserve {command}: {where}{first['msg']}", file=sys.stderr)
+    return 2
+
+
 def cmd_new(args: argparse.Namespace) -> int:
     if args.list:
         for family in families.FAMILIES:
@@ -95,9 +103,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**overrides)
     except ValidationError as e:
-        first = e.errors()[0]
-        print(f"distilserve serve: {first['loc'][0]}: {first['msg']}", file=sys.stderr)
-        return 2
+        return refused("serve", e)
     if settings.device.startswith("cuda"):
         from models.runtime.base import BackendError
         from models.runtime.torch_device import resolve_device
@@ -176,10 +182,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
         scaling = Scaling(**{k: v for k, v in vars(args).items()
                              if k in Scaling.model_fields and v is not None})
     except ValidationError as e:
-        first = e.errors()[0]
-        where = f"{first['loc'][0]}: " if first["loc"] else ""
-        print(f"distilserve ray: {where}{first['msg']}", file=sys.stderr)
-        return 2
+        return refused("ray", e)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     repository = settings.model_repository
     if repository is None:  # the embedded default, built here first (on the first run)

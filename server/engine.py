@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 from models.io.manifest import Manifest, ManifestError
 from models.runtime import open_backend
 from models.runtime.base import BackendError
+from server import postprocess
 from server.batching import Batcher, InputTooLong, QueueFull
 from server.metrics import Metrics
 from server.settings import Settings
@@ -101,7 +102,7 @@ class Engine:
         self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
         # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
         self.tokenizer_digest = hashlib.sha256(rust.to_str().encode()).hexdigest()
-        self.word_aware = bool(getattr(rust.model, "continuing_subword_prefix", None))
+        self.word_aware = postprocess.TokenInfo.marks_words(rust)
         self.tokenizers = {}
         for truncate in (True, False):
             t = Tokenizer.from_str(rust.to_str())

@@ -89,6 +89,11 @@ class TokenInfo:
     unk_id: int
     word_aware: bool  # the tokenizer marks word continuations (WordPiece's "##")
 
+    @staticmethod
+    def marks_words(tokenizer) -> bool:
+        """Whether a Rust tokenizer (tokenizers.Tokenizer) marks word continuations."""
+        return bool(getattr(tokenizer.model, "continuing_subword_prefix", None))
+
     @classmethod
     def of(cls, encoding, unk_id: int, word_aware: bool) -> TokenInfo:
         """From a Rust tokenizer's Encoding (tokenizers.Encoding)."""

@@ -112,8 +112,7 @@ def train_ner(seed: int = 0, n_train: int = 2400, n_test: int = 400, epochs: int
     test = synthetic.ner(n_test, seed + 1000)
     enc, _ = encode(test)
     # the entities as the service finds them (server/postprocess.py, "simple" grouping)
-    word_aware = bool(getattr(tokenizer.backend_tokenizer.model, "continuing_subword_prefix",
-                              None))
+    word_aware = postprocess.TokenInfo.marks_words(tokenizer.backend_tokenizer)
     found = gold = correct = 0
     for i, (text, spans) in enumerate(test):
         ids = torch.tensor([enc["input_ids"][i]])
