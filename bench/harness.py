@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +65,21 @@ class Options:
     rows: list = dataclasses.field(default_factory=lambda: list(PAPER_ROWS))
 
 
+def fastest(fn: Callable[[], object], runs: int,
+            sync: Callable[[], object] = lambda: None) -> float:
+    """The shortest of ``runs`` timed calls of ``fn``, after one untimed warm-up; ``sync``
+    ends each call (``torch.cuda.synchronize``: a GPU's work is asynchronous)."""
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
 def gemm_rates(threads: int, runs: int = 5) -> dict[str, float]:
     """The machine's fp32 matmul rate in FLOP/s, per library and shape: large square
     products, and one shaped like a 768-wide encoder's FFN at batch 256 x 64. The best of
@@ -77,19 +93,9 @@ def gemm_rates(threads: int, runs: int = 5) -> dict[str, float]:
     torch.set_num_threads(threads)
     shapes = {"square 2048": (2048, 2048, 2048), "ffn 16384x768x3072": (16384, 768, 3072)}
     rates = {}
-
-    def best(fn) -> float:
-        fn()
-        fastest = float("inf")
-        for _ in range(runs):
-            t = time.perf_counter()
-            fn()
-            fastest = min(fastest, time.perf_counter() - t)
-        return fastest
-
     for name, (m, k, n) in shapes.items():
         a, b = torch.randn(m, k), torch.randn(k, n)
-        rates[f"torch {name}"] = 2 * m * k * n / best(lambda a=a, b=b: a @ b)
+        rates[f"torch {name}"] = 2 * m * k * n / fastest(lambda a=a, b=b: a @ b, runs)
         graph = helper.make_graph(
             [helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
             [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
@@ -101,7 +107,8 @@ def gemm_rates(threads: int, runs: int = 5) -> dict[str, float]:
         options.intra_op_num_threads = threads
         session = ort.InferenceSession(model.SerializeToString(), options)
         feed = {"a": np.ascontiguousarray(a.numpy())}
-        rates[f"onnxruntime {name}"] = 2 * m * k * n / best(lambda s=session, f=feed: s.run(None, f))
+        rates[f"onnxruntime {name}"] = 2 * m * k * n / fastest(
+            lambda s=session, f=feed: s.run(None, f), runs)
     return rates
 
 
@@ -116,13 +123,8 @@ def gpu_gemm_rates(device: str, dtype: str, runs: int = 10) -> dict[str, float]:
                             "ffn 16384x768x3072": (16384, 768, 3072)}.items():
         a = torch.randn(m, k, device=device, dtype=TORCH_DTYPES[dtype])
         b = torch.randn(k, n, device=device, dtype=TORCH_DTYPES[dtype])
-        a @ b
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(runs):
-            a @ b
-        torch.cuda.synchronize()
-        rates[f"torch {dtype} {name}"] = 2 * m * k * n * runs / (time.perf_counter() - t)
+        rates[f"torch {dtype} {name}"] = 2 * m * k * n / fastest(
+            lambda a=a, b=b: a @ b, runs, torch.cuda.synchronize)
     return rates
 
 
