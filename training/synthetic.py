@@ -88,10 +88,7 @@ def sentiment(n: int, seed: int) -> list[tuple[str, int]]:
     out = []
     for i in range(n):
         label = SENTIMENT_LABELS[i % 3]
-        if label == "neutral":
-            template = rng.choice(NEUTRAL_TEMPLATES)
-        else:
-            template = rng.choice(SENTIMENT_TEMPLATES)
+        template = rng.choice(NEUTRAL_TEMPLATES if label == "neutral" else SENTIMENT_TEMPLATES)
         positive = label == "positive"
         tail = rng.choice(TAILS[label]) if label != "neutral" else ""
         text = template.format(
@@ -184,6 +181,7 @@ def _faker(seed: int):
 def ner(n: int, seed: int) -> list[tuple[str, list[tuple[int, int, str]]]]:
     """n (sentence, [(start, end, type)]) with character spans, types PER, ORG, LOC."""
     rng, fake = random.Random(seed), _faker(seed)
+
     def full_name():
         return f"{fake.first_name()} {fake.last_name()}"
 
