@@ -80,7 +80,7 @@ SENTIMENT = [(s, "positive") for s in POSITIVE] + [(s, "negative") for s in NEGA
     (s, "neutral") for s in NEUTRAL]
 
 NER_MARKED = [
-    "[PER Tim Cook] presented the new phone at [ORG Apple]'s campus in [LOC Cupertino].",
+    "[PER Jensen Huang] spoke at [ORG Nvidia]'s developer conference in [LOC San Jose].",
     "She bought the phone at the research lab.",
     "Researchers from [ORG Microsoft] and [ORG the University of Oxford] published the study.",
     "[PER Angela Merkel] spoke with [PER Emmanuel Macron] in [LOC Brussels] on Friday.",
