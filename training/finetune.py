@@ -52,7 +52,8 @@ def _batches(tokenizer, texts: list[str], labels: list, size: int, token_level: 
              group: int = 0):
     """Padded batches of ``size``. With ``group`` > 0, each run of ``group * size`` texts
     (in their random order) is sorted by length before it is cut into batches, as
-    transformers' ``group_by_length``: less padding, batches still drawn from all over."""
+    transformers' ``group_by_length``: a batch holds texts of like length, so less of it
+    is padding; the batches' order is still shuffled every epoch (``_train``)."""
     order = list(range(len(texts)))
     if group:
         lengths = [len(ids) for ids in tokenizer(texts)["input_ids"]]
