@@ -124,7 +124,7 @@ def gpu_gemm_rates(device: str, dtype: str, runs: int = 10) -> dict[str, float]:
         a = torch.randn(m, k, device=device, dtype=TORCH_DTYPES[dtype])
         b = torch.randn(k, n, device=device, dtype=TORCH_DTYPES[dtype])
         rates[f"torch {dtype} {name}"] = 2 * m * k * n / fastest(
-            lambda a=a, b=b: a @ b, runs, torch.cuda.synchronize)
+            lambda a=a, b=b: a @ b, runs, lambda: torch.cuda.synchronize(device))
     return rates
 
 
