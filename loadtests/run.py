@@ -53,6 +53,16 @@ def wait_until_ready(url: str, alive, what: str, path: str = "/ready",
     raise RuntimeError(f"{what} did not become ready in {seconds:.0f} s")
 
 
+def repository_or_default(repository: Path | None) -> Path:
+    """``repository``, or the embedded default's (built first if it is not yet)."""
+    if repository is not None:
+        return repository
+    from server.embedded_default import ensure_default_repository
+    from server.settings import Settings
+
+    return ensure_default_repository(Settings().cache_dir)
+
+
 def start_server(repository: Path, port: int, log: Path,
                  env: dict | None = None) -> subprocess.Popen:
     """``distilserve serve`` on 127.0.0.1:``port`` (output to ``log``, extra variables in
@@ -167,12 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="in-process / lone client / many clients, repeated")
     args = p.parse_args(argv)
 
-    repository = args.model_repository
-    if repository is None:
-        from server.embedded_default import ensure_default_repository
-        from server.settings import Settings
-
-        repository = ensure_default_repository(Settings().cache_dir)
+    repository = repository_or_default(args.model_repository)
     args.out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     server = start_server(repository, port, args.out / "service.log")

@@ -24,10 +24,8 @@ import httpx
 import numpy as np
 import psutil
 
-from loadtests.run import HERE, free_port, start_server
+from loadtests.run import HERE, free_port, repository_or_default, start_server
 from models import samples
-
-DEFAULT_REPOSITORY = Path.home() / ".cache" / "distilserve" / "default-v1"
 
 
 def payloads(models: list[dict]) -> list[tuple[str, str, dict | None]]:
@@ -126,9 +124,9 @@ async def soak(url: str, pid: int, clients: int, seconds: float) -> tuple:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m loadtests.soak", description=__doc__)
-    parser.add_argument("--model-repository", type=Path, default=DEFAULT_REPOSITORY,
+    parser.add_argument("--model-repository", type=Path,
                         help="folder of model folders (default: the embedded default, "
-                        "built by a first `distilserve serve`)")
+                        "built first if it is not yet)")
     parser.add_argument("--seconds", type=float, default=240, help="length of the run")
     parser.add_argument("--warmup", type=float, default=None,
                         help="seconds before memory must be flat (default: half the run)")
@@ -141,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     warmup = args.seconds / 2 if args.warmup is None else args.warmup
     args.output.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    server = start_server(args.model_repository, port, args.output / "server.log")
+    server = start_server(repository_or_default(args.model_repository), port, args.output / "server.log")
     try:
         counts, failures, memory = asyncio.run(
             soak(f"http://127.0.0.1:{port}", server.pid, args.clients, args.seconds))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from server.embedded_default import VERSION
 from tests.conftest import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +51,7 @@ def test_the_port_opens_while_the_default_is_built(tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             raise AssertionError("SIGTERM did not stop the build") from None
-    assert not (tmp_path / "cache" / "default-v1").exists()  # nothing half-built is used
+    assert not (tmp_path / "cache" / f"default-v{VERSION}").exists()  # nothing half-built is used
 
 
 def test_a_port_in_use_is_one_line_before_anything_loads(tmp_path):
