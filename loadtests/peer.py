@@ -5,8 +5,10 @@ sentences, one after the other: ``python -m loadtests.peer --model-repository RE
 Both are asked for OpenAI-shaped embeddings (distilserve at /v1/embeddings, the peer at
 ``--peer-path``) by closed-loop raw-socket clients on 127.0.0.1: a lone client (latency),
 32, 128 and 512 clients sending one sentence each, and 4 clients sending 32 sentences
-each. The in-process ceiling (tokenise + forward + pool, batches of 256) is measured too.
-Writes ``peer.json`` and ``peer.md`` under ``--out``.
+each. The in-process ceiling (tokenise + forward + pool, batches of 256) is measured too,
+and what distilserve did inside each phase (batches, inputs per batch, time per batch; how
+busy its event loop and its busiest other thread were), so that a shortfall shows its
+cause. Writes ``peer.json`` and ``peer.md`` under ``--out``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests import lightload
 from loadtests.run import HERE, InProcess, free_port, start_server
@@ -37,13 +41,66 @@ def payloads(model: str, per_request: int) -> list[dict]:
             for i in range(len(texts))]
 
 
-def measure(url: str, path: str, model: str, seconds: float, processes: int) -> list[dict]:
+class Inside:
+    """What the service did between ``start()`` and ``stop()``: from its /metrics, batches
+    per second, inputs per batch and milliseconds per batch (started to collected); from
+    its threads' CPU time (psutil; every process: workers too), the cores it used, its
+    busiest event loop (a process's main thread) and its busiest other thread (the
+    model's inference thread, or a runtime's), as fractions of one core."""
+
+    def __init__(self, url: str, pid: int, model: str):
+        self.url, self.process, self.model = url, psutil.Process(pid), model
+
+    def _snapshot(self) -> dict:
+        metrics = {}
+        for family in text_string_to_metric_families(httpx.get(self.url + "/metrics").text):
+            for sample in family.samples:
+                if sample.labels.get("model") == self.model:
+                    metrics[sample.name] = sample.value
+        cpu = {}
+        for process in [self.process, *self.process.children(recursive=True)]:
+            try:
+                for t in process.threads():
+                    cpu[process.pid, t.id] = t.user_time + t.system_time
+            except psutil.NoSuchProcess:
+                pass
+        return {"at": time.perf_counter(), "metrics": metrics, "cpu": cpu}
+
+    def start(self) -> None:
+        self.before = self._snapshot()
+
+    def stop(self) -> dict:
+        after, before = self._snapshot(), self.before
+        wall = after["at"] - before["at"]
+
+        def grew(name: str) -> float:
+            return after["metrics"].get(name, 0.0) - before["metrics"].get(name, 0.0)
+
+        batches = grew("distilserve_batch_size_count")
+        used = {k: max(0.0, v - before["cpu"].get(k, 0.0)) for k, v in after["cpu"].items()}
+        loops = [v for (pid, tid), v in used.items() if pid == tid]
+        others = [v for (pid, tid), v in used.items() if pid != tid]
+        return {"batches_per_s": batches / wall,
+                "inputs_per_batch": grew("distilserve_batch_size_sum") / batches if batches else 0.0,
+                "ms_per_batch": 1000 * grew("distilserve_inference_seconds_sum") / batches
+                if batches else 0.0,
+                "cpu_cores": sum(used.values()) / wall,
+                "event_loop_cpu": max(loops, default=0.0) / wall,
+                "busiest_other_thread_cpu": max(others, default=0.0) / wall}
+
+
+def measure(url: str, path: str, model: str, seconds: float, processes: int,
+            inside: Inside | None = None) -> list[dict]:
     rows = []
     for label, clients, per_request in PHASES:
         lightload.drive(url, path, payloads(model, per_request), clients, min(2.0, seconds),
                       processes)  # warm-up
+        if inside:
+            inside.start()
         r = lightload.drive(url, path, payloads(model, per_request), clients, seconds,
                           processes)
+        if inside:
+            r["inside"] = inside.stop()
         r.update(phase=label, sentences_per_s=r["requests_per_s"] * per_request)
         rows.append(r)
         print(f"  {label}: {r['requests_per_s']:.0f} req/s, {r['sentences_per_s']:.0f} "
@@ -80,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         described = next(m for m in httpx.get(url + "/v1/models").json()["data"]
                          if m["id"] == model)
         print(f"distilserve ({described['device']}, {described['dtype']})", flush=True)
-        ours = measure(url, "/v1/embeddings", model, args.seconds, args.processes)
+        ours = measure(url, "/v1/embeddings", model, args.seconds, args.processes,
+                       Inside(url, server.pid, model))
     finally:
         server.terminate()
         server.wait(30)
@@ -109,6 +167,15 @@ def main(argv: list[str] | None = None) -> int:
                  f"{r['sentences_per_s'] / q['sentences_per_s']:.1f}x" if q else "| | | |")
         lines.append(f"| {r['phase']} | {r['requests_per_s']:.0f} | {r['sentences_per_s']:.0f}"
                      f" | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cells} |")
+    lines += ["", "Inside distilserve in each phase (CPU as a fraction of one core; the event "
+              "loop is a process's main thread):", "",
+              "| phase | batches/s | inputs per batch | ms per batch | CPU, cores | event loop "
+              "| busiest other thread |", "|---|---|---|---|---|---|---|"]
+    for r in ours:
+        i = r["inside"]
+        lines.append(f"| {r['phase']} | {i['batches_per_s']:.0f} | {i['inputs_per_batch']:.1f} | "
+                     f"{i['ms_per_batch']:.2f} | {i['cpu_cores']:.2f} | "
+                     f"{i['event_loop_cpu']:.0%} | {i['busiest_other_thread_cpu']:.0%} |")
     (args.out / "peer.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -81,6 +81,15 @@ def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):
         assert set(ours["statuses"]) == set(theirs["statuses"]) == {"200"}  # JSON keys
     assert result["served"]["device"] == "cpu" and "| 4 clients x 32 sentences |" in \
         (out / "peer.md").read_text()
+    # what the service did inside each phase: a lone client's inputs run one per batch,
+    # a request's 32 sentences share batches
+    inside = {r["phase"]: r["inside"] for r in result["distilserve"]}
+    assert inside["1 client x 1 sentence"]["inputs_per_batch"] == 1.0
+    assert inside["4 clients x 32 sentences"]["inputs_per_batch"] > 1
+    for figures in inside.values():
+        assert figures["batches_per_s"] > 0 and figures["ms_per_batch"] > 0
+        assert 0 < figures["event_loop_cpu"] <= figures["cpu_cores"]
+    assert "| batches/s | inputs per batch |" in (out / "peer.md").read_text()
 
 
 def test_soak_at_tiny_scale(tiny_checkpoints, tmp_path):
