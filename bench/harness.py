@@ -188,6 +188,15 @@ def student_rows(folder: Path) -> list[Row]:
     return rows
 
 
+def rescore(results: list[dict], gemm: float, device: str, dtype: str) -> None:
+    """Efficiency against ``gemm``, this run's GEMM rate, for the rows measured on its
+    device in its dtype (those a resumed run skipped included); rows of another dtype (a
+    GPU's fp32 beside its fp16) keep their own run's rate."""
+    for r in results:
+        if "gflop_per_s" in r and (r.get("device", "cpu"), r.get("dtype", "fp32")) == (device, dtype):
+            r.update(gemm_gflop_per_s=gemm / 1e9, efficiency=r["gflop_per_s"] * 1e9 / gemm)
+
+
 def _key(row: Row, backend: str, loop: str, opts: Options | None = None) -> str:
     where = f"|{opts.device}|{opts.dtype}" if opts and opts.device != "cpu" else ""
     return f"{row.name}|{backend}|{loop}{where}"
@@ -258,9 +267,7 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
         with log.open("a") as f:
             f.write(json.dumps(record) + "\n")
     results = list(done.values())  # in the order measured, earlier (resumed) runs included
-    for r in results:  # efficiency against this run's GEMM figure (a resumed run re-measures)
-        if "gflop_per_s" in r:
-            r.update(gemm_gflop_per_s=gemm / 1e9, efficiency=r["gflop_per_s"] * 1e9 / gemm)
+    rescore(results, gemm, opts.device, opts.dtype)
     (opts.output / "results.json").write_text(json.dumps(
         {"machine": {"cores": os.cpu_count(), "device": opts.device, "dtype": opts.dtype,
                      "gemm_gflop_per_s": gemm / 1e9,

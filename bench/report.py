@@ -3,6 +3,7 @@ next to the measured ones."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 # (what, numerator model, denominator model, quantity, the paper's ratio, source)
@@ -45,16 +46,21 @@ def _get(results, model, col, loop="unroll"):
 
 def _machine(results: list[dict], gemm: float, rates: dict | None,
              versions: dict | None) -> str:
-    on_gpu = [r for r in results if r.get("device", "cpu") != "cpu"]
-    where = (f"{(versions or {}).get('gpu', 'a GPU')} (CUDA {(versions or {}).get('cuda')}), "
-             f"GEMM at the compute dtype {gemm / 1e12:.0f} TFLOP/s" if on_gpu else
-             f"{__import__('os').cpu_count()} cores, fp32 GEMM {gemm / 1e9:.0f} GFLOP/s")
-    used = ", ".join(f"{k} {v}" for k, v in (versions or {}).items() if k not in ("gpu", "cuda"))
-    return (f"Machine: {where} measured in this run (" +
-            ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (rates or {}).items()) +
-            f"); {used}. Memory is " +
-            ("peak GPU memory (torch.cuda.max_memory_allocated)" if on_gpu else
-             "peak RSS of the measuring process") + ".")
+    versions = versions or {}
+    measured = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (rates or {}).items())
+    on_gpu = {r["dtype"]: r["gemm_gflop_per_s"] for r in results
+              if r.get("device", "cpu") != "cpu" and "gemm_gflop_per_s" in r}
+    if on_gpu:  # the rows of each dtype against the GEMM rate of their own run
+        where = (f"{versions.get('gpu', 'a GPU')} (CUDA {versions.get('cuda')}), GEMM at the "
+                 "compute dtype " + ", ".join(f"{d} {g / 1e3:.0f}" for d, g in on_gpu.items())
+                 + f" TFLOP/s, each measured in its dtype's run (this run: {measured})")
+        memory = "peak GPU memory (torch.cuda.max_memory_allocated)"
+    else:
+        where = (f"{os.cpu_count()} cores, fp32 GEMM {gemm / 1e9:.0f} GFLOP/s measured in "
+                 f"this run ({measured})")
+        memory = "peak RSS of the measuring process"
+    used = ", ".join(f"{k} {v}" for k, v in versions.items() if k not in ("gpu", "cuda"))
+    return f"Machine: {where}; {used}. Memory is {memory}."
 
 
 def write(folder: Path, results: list[dict], gemm: float, rates: dict | None = None,

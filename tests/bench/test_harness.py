@@ -1,4 +1,5 @@
-"""The bench's timing: the fastest of several runs, each ended by its synchronisation."""
+"""The bench's timing (the fastest of several runs, each ended by its synchronisation) and
+its efficiency figures."""
 
 from __future__ import annotations
 
@@ -37,3 +38,27 @@ def test_cpu_gemm_rates_are_plausible_flop_rates():
 def test_gpu_gemm_rates_are_plausible_flop_rates():
     rates = harness.gpu_gemm_rates("cuda", "fp16", runs=2)
     assert all(1e12 < r < 1e16 for r in rates.values())
+
+
+def _gpu_row(dtype: str, gemm: float, achieved: float) -> dict:
+    return {"model": "DistilBERT", "device": "cuda:0", "dtype": dtype, "gflop_per_s": achieved,
+            "gemm_gflop_per_s": gemm, "efficiency": achieved / gemm}
+
+
+def test_a_resumed_run_rescores_its_own_dtype_only():
+    """fp32 then fp16 into one folder: the fp16 run's GEMM rate is 15 times the fp32
+    run's, and must not become the fp32 rows' reference."""
+    fp32, fp16 = _gpu_row("fp32", 52_000, 44_000), _gpu_row("fp16", 700_000, 280_000)
+    harness.rescore([fp32, fp16], 760_000e9, "cuda:0", "fp16")
+    assert fp32["efficiency"] == 44_000 / 52_000 and fp32["gemm_gflop_per_s"] == 52_000
+    assert fp16["efficiency"] == 280_000 / 760_000 and fp16["gemm_gflop_per_s"] == 760_000
+
+
+def test_a_gpu_report_names_each_dtypes_gemm_rate():
+    from bench import report
+
+    rows = [_gpu_row("fp32", 52_000, 44_000), _gpu_row("fp16", 760_000, 280_000)]
+    line = report._machine(rows, 760_000e9, {"torch fp16 square 8192": 760_000e9},
+                           {"gpu": "NVIDIA H100", "cuda": "13.0", "torch": "2.11.0"})
+    assert "GEMM at the compute dtype fp32 52, fp16 760 TFLOP/s" in line
+    assert "NVIDIA H100" in line and "torch 2.11.0" in line and "peak GPU memory" in line
