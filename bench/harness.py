@@ -193,7 +193,8 @@ def rescore(results: list[dict], gemm: float, device: str, dtype: str) -> None:
     device in its dtype (those a resumed run skipped included); rows of another dtype (a
     GPU's fp32 beside its fp16) keep their own run's rate."""
     for r in results:
-        if "gflop_per_s" in r and (r.get("device", "cpu"), r.get("dtype", "fp32")) == (device, dtype):
+        measured_here = (r.get("device", "cpu"), r.get("dtype", "fp32")) == (device, dtype)
+        if "gflop_per_s" in r and measured_here:
             r.update(gemm_gflop_per_s=gemm / 1e9, efficiency=r["gflop_per_s"] * 1e9 / gemm)
 
 

@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     warmup = args.seconds / 2 if args.warmup is None else args.warmup
     args.output.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    server = start_server(repository_or_default(args.model_repository), port, args.output / "server.log")
+    repository, port = repository_or_default(args.model_repository), free_port()
+    server = start_server(repository, port, args.output / "server.log")
     try:
         counts, failures, memory = asyncio.run(
             soak(f"http://127.0.0.1:{port}", server.pid, args.clients, args.seconds))
