@@ -43,10 +43,11 @@ def payloads(model: str, per_request: int) -> list[dict]:
 
 class Inside:
     """What the service did between ``start()`` and ``stop()``: from its /metrics, batches
-    per second, inputs per batch and milliseconds per batch (started to collected); from
-    its threads' CPU time (psutil; every process: workers too), the cores it used, its
-    busiest event loop (a process's main thread) and its busiest other thread (the
-    model's inference thread, or a runtime's), as fractions of one core."""
+    per second, inputs per batch, milliseconds per batch (started to collected) and the
+    mean time a request waited for its batch to start; from its threads' CPU time
+    (psutil; every process: workers too), the cores it used, its busiest event loop (a
+    process's main thread) and its busiest other thread (the model's inference thread, or
+    a runtime's), as fractions of one core."""
 
     def __init__(self, url: str, pid: int, model: str):
         self.url, self.process, self.model = url, psutil.Process(pid), model
@@ -76,14 +77,17 @@ class Inside:
         def grew(name: str) -> float:
             return after["metrics"].get(name, 0.0) - before["metrics"].get(name, 0.0)
 
-        batches = grew("distilserve_batch_size_count")
+        def mean(histogram: str) -> float:  # of what it observed in between
+            count = grew(histogram + "_count")
+            return grew(histogram + "_sum") / count if count else 0.0
+
         used = {k: max(0.0, v - before["cpu"].get(k, 0.0)) for k, v in after["cpu"].items()}
         loops = [v for (pid, tid), v in used.items() if pid == tid]
         others = [v for (pid, tid), v in used.items() if pid != tid]
-        return {"batches_per_s": batches / wall,
-                "inputs_per_batch": grew("distilserve_batch_size_sum") / batches if batches else 0.0,
-                "ms_per_batch": 1000 * grew("distilserve_inference_seconds_sum") / batches
-                if batches else 0.0,
+        return {"batches_per_s": grew("distilserve_batch_size_count") / wall,
+                "inputs_per_batch": mean("distilserve_batch_size"),
+                "ms_per_batch": 1000 * mean("distilserve_inference_seconds"),
+                "ms_queued": 1000 * mean("distilserve_queue_seconds"),
                 "cpu_cores": sum(used.values()) / wall,
                 "event_loop_cpu": max(loops, default=0.0) / wall,
                 "busiest_other_thread_cpu": max(others, default=0.0) / wall}
@@ -169,12 +173,12 @@ def main(argv: list[str] | None = None) -> int:
                      f" | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cells} |")
     lines += ["", "Inside distilserve in each phase (CPU as a fraction of one core; the event "
               "loop is a process's main thread):", "",
-              "| phase | batches/s | inputs per batch | ms per batch | CPU, cores | event loop "
-              "| busiest other thread |", "|---|---|---|---|---|---|---|"]
+              "| phase | batches/s | inputs per batch | ms per batch | ms queued | CPU, cores "
+              "| event loop | busiest other thread |", "|---|---|---|---|---|---|---|---|"]
     for r in ours:
         i = r["inside"]
         lines.append(f"| {r['phase']} | {i['batches_per_s']:.0f} | {i['inputs_per_batch']:.1f} | "
-                     f"{i['ms_per_batch']:.2f} | {i['cpu_cores']:.2f} | "
+                     f"{i['ms_per_batch']:.2f} | {i['ms_queued']:.2f} | {i['cpu_cores']:.2f} | "
                      f"{i['event_loop_cpu']:.0%} | {i['busiest_other_thread_cpu']:.0%} |")
     (args.out / "peer.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -223,8 +223,10 @@ class Engine:
         outputs = [r[: len(e.ids)] if self.task == "ner" else r for r, e in zip(raw, encodings)]
         if self.task == "ner":
             outputs = list(zip(outputs, encodings))
-        return Result(outputs, sum(len(e.ids) for e in encodings),
-                      max(it.queued_s for it in items), max(it.inference_s for it in items))
+        queued = max(it.queued_s for it in items)
+        self.metrics.queued.labels(self.name).observe(queued)
+        return Result(outputs, sum(len(e.ids) for e in encodings), queued,
+                      max(it.inference_s for it in items))
 
 
 def load_engine(name: str, folder: Path, settings: Settings, metrics: Metrics) -> Engine:

@@ -34,6 +34,9 @@ class Metrics:
                                     ["model"], buckets=BATCH_BUCKETS, registry=r)
         self.inference = Histogram("distilserve_inference_seconds", "forward pass time",
                                    ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.queued = Histogram("distilserve_queue_seconds", "time a request's inputs waited "
+                                "for their batch to start (the longest of them)", ["model"],
+                                buckets=LATENCY_BUCKETS, registry=r)
         self.rejected = Counter("distilserve_rejected_inputs", "inputs refused, queue full",
                                 ["model"], registry=r)
 

@@ -88,6 +88,7 @@ def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):
     assert inside["4 clients x 32 sentences"]["inputs_per_batch"] > 1
     for figures in inside.values():
         assert figures["batches_per_s"] > 0 and figures["ms_per_batch"] > 0
+        assert figures["ms_queued"] > 0
         assert 0 < figures["event_loop_cpu"] <= figures["cpu_cores"]
     assert "| batches/s | inputs per batch |" in (out / "peer.md").read_text()
 

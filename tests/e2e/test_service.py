@@ -183,10 +183,21 @@ def test_official_openai_client(url):
     assert client.models.retrieve("minilm").id == "minilm"
 
 
-def _forward_passes(url, model):
+def _metric(url, name, model):
     text = httpx.get(url + "/metrics").text
-    m = re.search(rf'distilserve_batch_size_count{{model="{model}"}} ([0-9.e+]+)', text)
+    m = re.search(rf'{name}{{model="{model}"}} ([0-9.e+]+)', text)
     return float(m.group(1)) if m else 0.0
+
+
+def _forward_passes(url, model):
+    return _metric(url, "distilserve_batch_size_count", model)
+
+
+def test_metrics_time_each_requests_wait_for_its_batch(url):
+    before = _metric(url, "distilserve_queue_seconds_count", "minilm")
+    assert post(url, "/v1/embed", {"model": "minilm", "inputs": ["a", "b", "c"]}).status_code == 200
+    assert _metric(url, "distilserve_queue_seconds_count", "minilm") == before + 1  # per request
+    assert _metric(url, "distilserve_queue_seconds_sum", "minilm") > 0
 
 
 def test_concurrent_requests_are_batched_and_unchanged(url):
