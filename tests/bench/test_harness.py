@@ -62,3 +62,16 @@ def test_a_gpu_report_names_each_dtypes_gemm_rate():
                            {"gpu": "NVIDIA H100", "cuda": "13.0", "torch": "2.11.0"})
     assert "GEMM at the compute dtype fp32 52, fp16 760 TFLOP/s" in line
     assert "NVIDIA H100" in line and "torch 2.11.0" in line and "peak GPU memory" in line
+
+
+def test_a_dtype_a_family_does_not_run_in_leaves_its_rows_out(tmp_path):
+    """Every row in fp16 (as on a GPU; torch runs fp16 on the CPU too): CMOW has no fp16,
+    so its row is left out and said so, not recorded as a failure."""
+    said = []
+    opts = harness.Options(output=tmp_path, batch_size=2, length=8, repeats=1, latency_runs=1,
+                           threads=1, dtype="fp16", backends=("torch",),
+                           rows=[harness.Row("bert tiny", "bert", "tiny"),
+                                 harness.Row("cmow tiny", "cmow", "tiny")])
+    results = harness.measure_all(opts, said.append)
+    assert [(r["model"], "error" in r) for r in results] == [("bert tiny", False)]
+    assert "cmow tiny: left out, cmow does not run in fp16" in said
