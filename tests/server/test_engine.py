@@ -1,4 +1,5 @@
-"""The engine: where a model runs (device, dtype, batch limits) and what it reports."""
+"""The engine: where a model runs (device, dtype, batch limits), what it reports, and how it
+drives an asynchronous (GPU) backend."""
 
 from __future__ import annotations
 
@@ -107,3 +108,36 @@ def test_an_input_too_long_is_refused_before_it_is_queued(torch_model):
             await engine.stop()
 
     asyncio.run(go())
+
+
+def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_last(
+        torch_model, monkeypatch):
+    """The GPU path, emulated on the CPU: a backend whose ``launch`` returns before the
+    work is done (``asynchronous``) gets the next batch launched while one is in flight;
+    every input still gets its own output, the same as with a synchronous backend."""
+    import server.engine
+
+    texts = [f"sentence {i} " + "word " * (i % 7) for i in range(40)]  # batches of 32 and 8
+    expected = np.stack(_run(load_engine("m", torch_model, Settings(), Metrics()), texts).outputs)
+    in_flight, most = [], []
+
+    class Deferred:  # runs a batch only when it is collected
+        asynchronous = True
+
+        def __init__(self, backend):
+            self.backend, self.device, self.dtype = backend, backend.device, backend.dtype
+
+        def launch(self, inputs):
+            in_flight.append(id(inputs))
+            most.append(len(in_flight))
+            return inputs
+
+        def collect(self, inputs):
+            in_flight.remove(id(inputs))
+            return self.backend.run(inputs)
+
+    opened = server.engine.open_backend
+    monkeypatch.setattr(server.engine, "open_backend", lambda *a, **k: Deferred(opened(*a, **k)))
+    got = np.stack(_run(load_engine("m", torch_model, Settings(), Metrics()), texts).outputs)
+    assert max(most) == 2 and not in_flight  # overlapped, and everything collected
+    assert np.allclose(got, expected, atol=1e-6)
