@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
               "peer": {"name": args.peer_name, "url": args.peer_url, "rows": peer},
               "seconds_per_phase": args.seconds, "client_processes": args.processes}
     (args.out / "peer.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"# distilserve beside {args.peer_name} ({time.strftime('%Y-%m-%d %H:%M')})", "",
+    beside = f" beside {args.peer_name}" if peer else ""
+    lines = [f"# distilserve{beside} ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"Model {model} ({described['family']}, {described['backend']} backend, "
              f"{described['device']}, {described['dtype']}); in-process ceiling "
              f"{inproc['batched_sentences_per_s']:.0f} sentences/s (batches of 256), one "

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
@@ -22,12 +25,14 @@ from models.io.manifest import Manifest, ManifestError
 from models.runtime import open_backend
 from models.runtime.base import BackendError
 from server import postprocess
-from server.batching import Batcher, InputTooLong, QueueFull
+from server.batching import Batcher, InputTooLong, QueueFull, warmup_shapes
 from server.metrics import Metrics
 from server.settings import Settings
 
 __all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "QueueFull",
            "load_engine"]
+
+log = logging.getLogger("distilserve")
 
 class ModelLoadError(Exception):
     """A model folder that cannot be served; the message says why."""
@@ -116,6 +121,7 @@ class Engine:
         probe = self.tokenizers[False].encode("a")
         at = probe.special_tokens_mask.index(0)
         self.specials = (probe.ids[:at], probe.ids[at + 1:])
+        self.filler = probe.ids[at]  # a token of text, for warm-up batches
 
     def _open(self, settings: Settings) -> None:
         """The runtime backend and its batching queue (on the model's own thread)."""
@@ -129,6 +135,7 @@ class Engine:
         except BackendError as e:
             raise ModelLoadError(f"{folder}: {e}") from None
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
+        self.shapes = warmup_shapes(batch_size, batch_tokens, self.max_length)
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         self.batcher = Batcher(
             self.tokenize, self.backend.launch if overlap else self.backend.run,
@@ -151,11 +158,41 @@ class Engine:
         return info
 
     async def start(self, warmup: bool = True) -> None:
+        if warmup and self.backend.device != "cpu":
+            await asyncio.to_thread(self._warm_shapes)
         self.batcher.start()
         if warmup:  # first runs allocate and optimise; do them before traffic
             sample = "warm up" if self.task != "classify" else ("warm up", "pair")
             for _ in range(2):
                 await self.infer([sample], truncate=True)
+
+    def _warm_shapes(self) -> None:
+        """On a GPU, before traffic: two batches of each of ``self.shapes``. The first shape
+        needs the most memory that the batch limits allow: if it fails, the model is not
+        served and the message says which limits to lower. The others make the device's
+        first runs at each size (kernel selection; a TorchScript graph profiles a shape's
+        first run and compiles for it at the second) happen now rather than under load.
+        The log says how long they took."""
+        began, slowest = time.perf_counter(), (0.0, self.shapes[0])
+        for n, (b, t) in enumerate(self.shapes):
+            ids = np.full((b, t), self.filler, dtype=np.int64)  # [B, T]
+            batch = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                     "token_type_ids": np.zeros_like(ids)}
+            for _ in range(2):
+                started = time.perf_counter()
+                try:
+                    self.backend.run(batch)
+                except Exception as e:
+                    hint = (" (the largest batch the limits allow: lower "
+                            "DISTILSERVE_MAX_BATCH_TOKENS or DISTILSERVE_MAX_BATCH_SIZE)"
+                            if n == 0 else "")
+                    raise ModelLoadError(
+                        f"{self.folder}: a warm-up batch of {b} inputs x {t} tokens failed "
+                        f"on {self.backend.device}{hint}: {type(e).__name__}: {e}") from None
+                slowest = max(slowest, (time.perf_counter() - started, (b, t)))
+        log.info("warmed %s on %s: %d batch shapes twice in %.2f s, the slowest run %d x %d "
+                 "in %.0f ms", self.name, self.backend.device, len(self.shapes),
+                 time.perf_counter() - began, *slowest[1], slowest[0] * 1000)
 
     async def stop(self) -> None:
         await self.batcher.stop()

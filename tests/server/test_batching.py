@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from server.batching import Batcher, InputTooLong, Item, QueueFull, pad, take_batch
+from server.batching import Batcher, InputTooLong, Item, QueueFull, pad, take_batch, warmup_shapes
 
 
 def _encoding(length):
@@ -25,6 +25,16 @@ def test_take_batch_respects_the_token_budget():
     pending = [_item(10), _item(100), _item(12)]
     batch = take_batch(pending, max_size=8, max_tokens=40)
     assert [it.length for it in batch] == [10, 12]  # 100 would pad to 2 x 100
+
+
+def test_warmup_shapes_start_with_the_most_memory_and_stay_within_the_limits():
+    shapes = warmup_shapes(256, 65_536, 512)
+    assert shapes[0] == (128, 512)  # the longest inputs, as many as the budget allows
+    assert all(b <= 256 and t <= 512 and b * t <= 65_536 for b, t in shapes)
+    assert len(set(shapes)) == len(shapes) and (256, 256) in shapes and (1, 8) in shapes
+    assert shapes[1:] == sorted(shapes[1:], reverse=True)
+    assert warmup_shapes(5, 100, 6) == [(5, 6), (4, 6), (2, 6), (1, 6)]  # limits not powers of 2
+    assert warmup_shapes(32, 100, 512)[0] == (1, 100)  # a budget under max_length
 
 
 def test_pad_right_pads_with_a_mask():

@@ -141,3 +141,55 @@ def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_las
     got = np.stack(_run(load_engine("m", torch_model, Settings(), Metrics()), texts).outputs)
     assert max(most) == 2 and not in_flight  # overlapped, and everything collected
     assert np.allclose(got, expected, atol=1e-6)
+
+
+def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
+        torch_model, monkeypatch, caplog):
+    """A backend that says it is on a GPU (it runs on the CPU) gets two batches of each
+    warm-up shape before the first request, the one needing the most memory first; one
+    that cannot run that batch is not served, and the message says which limits to lower."""
+    import server.engine
+
+    shapes, fail = [], []
+
+    class OnGpu:
+        asynchronous, device, dtype = False, "cuda:0", "fp16"
+
+        def __init__(self, backend):
+            self.backend = backend
+
+        def run(self, inputs):
+            shapes.append(inputs["input_ids"].shape)
+            if fail:
+                raise RuntimeError("CUDA out of memory")
+            return self.backend.run(inputs)
+
+    opened = server.engine.open_backend
+    monkeypatch.setattr(server.engine, "open_backend", lambda *a, **k: OnGpu(opened(*a, **k)))
+    settings = Settings(max_batch_size=8, max_batch_tokens=256)
+    engine = load_engine("m", torch_model, settings, Metrics())
+
+    async def start():
+        await engine.start()
+        await engine.stop()
+
+    with caplog.at_level("INFO", logger="distilserve"):
+        asyncio.run(start())
+    # two of each shape, then the two warm-up requests of one text each
+    assert shapes[:-2] == [s for s in engine.shapes for _ in range(2)]
+    assert engine.shapes[0] == (256 // engine.max_length, engine.max_length)
+    assert [b for b, _ in shapes[-2:]] == [1, 1]
+    assert f"warmed m on cuda:0: {len(engine.shapes)} batch shapes" in caplog.text
+
+    fail.append(True)
+    shapes.clear()
+    with pytest.raises(ModelLoadError, match=r"a warm-up batch of \d+ inputs x \d+ tokens "
+                       r"failed on cuda:0 \(the largest .*DISTILSERVE_MAX_BATCH_TOKENS.*"
+                       "out of memory"):
+        asyncio.run(load_engine("m", torch_model, settings, Metrics()).start())
+    assert len(shapes) == 1  # nothing after the failure
+
+    monkeypatch.undo()
+    cpu = load_engine("m", torch_model, settings, Metrics())  # the real backend: on the CPU
+    monkeypatch.setattr(cpu, "_warm_shapes", lambda: pytest.fail("swept on the CPU"))
+    _run(cpu, ["one"])

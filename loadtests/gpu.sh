@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The GPU figures, in few device calls. Prepare here with `../shared/gpu/prepare.sh --peer`,
+# then e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer nofuser",
+# carry=[".gpu"]) and run(command="... bash loadtests/gpu.sh workers eager", ...) and
+# run(command="... bash loadtests/gpu.sh bench", ...): each stays within a call's 10 minutes.
+# Steps, run in the order given (the service steps use /tmp/minilm, a MiniLM-shaped model
+# that .gpu/setup.sh writes):
+#   tests     the tests marked gpu
+#   peer      distilserve (TorchScript) beside Infinity 0.0.78 (.gpu/peer.sh), one after
+#             the other with the same clients (python -m loadtests.peer)
+#   nofuser   the same distilserve with TorchScript's fuser off (PYTORCH_TENSOREXPR=0): does
+#             compiling for new batch shapes cost throughput?
+#   workers   the same with 4 worker processes (DISTILSERVE_WORKERS=4)
+#   eager     the torch backend (no TorchScript)
+#   bench     the papers' rows: fp32 and fp16 (every row), bf16 (DistilBERT and CMOW)
+# Each step writes under /tmp/gpu/STEP; a step that fails is said and the next one runs.
+# At the end /tmp/gpu goes to $OUT as one archive (a call brings back at most 8 files),
+# the tables are printed, and the exit status is the number of failed steps.
+# PHASE_SECONDS (10) is the length of each load phase.
+set -uo pipefail
+: "${OUT:?run on the device machine, where \$OUT is set}"
+PHASE_SECONDS=${PHASE_SECONDS:-10}
+mkdir -p /tmp/gpu
+cli() { python3 -m server.cli "$@"; }
+
+repo() {  # /tmp/repo-FORMAT/minilm, exported once
+  local folder=/tmp/repo-$1
+  [ -d "$folder/minilm" ] || cli export /tmp/minilm --output "$folder/minilm" --format "$1" >&2
+  echo "$folder"
+}
+
+load() {  # load STEP FORMAT [loadtests.peer flags]: writes /tmp/gpu/STEP
+  local step=$1 folder
+  folder=$(repo "$2")
+  shift 2
+  python3 -m loadtests.peer --model-repository "$folder" --seconds "$PHASE_SECONDS" \
+    --out "/tmp/gpu/$step" "$@"
+}
+
+step() {
+  case $1 in
+    tests)
+      python3 -m pytest -m gpu -q -p no:cacheprovider tests/models/test_runtime.py \
+        tests/models/test_dtypes.py tests/e2e/test_gpu.py tests/bench/test_harness.py \
+        > /tmp/gpu/tests.txt 2>&1
+      local status=$?
+      tail -5 /tmp/gpu/tests.txt
+      return $status ;;
+    peer)
+      local peer status=0
+      peer=$(bash .gpu/peer.sh 7997 128) || return
+      load peer torchscript --peer-url http://127.0.0.1:7997 || status=$?
+      kill "$peer"
+      return $status ;;
+    nofuser) PYTORCH_TENSOREXPR=0 load nofuser torchscript ;;
+    workers) DISTILSERVE_WORKERS=4 load workers torchscript ;;
+    eager) load eager torch ;;
+    bench)
+      cli bench --device cuda --dtype fp32 --backends torch --output /tmp/gpu/bench &&
+        cli bench --device cuda --dtype fp16 --backends torch --output /tmp/gpu/bench &&
+        cli bench --device cuda --dtype bf16 --backends torch --output /tmp/gpu/bench \
+          --models distilbert,cmow-hybrid-bidi &&
+        cat /tmp/gpu/bench/REPORT.md ;;
+    *) echo "unknown step (tests peer nofuser workers eager bench)" >&2; return 2 ;;
+  esac
+}
+
+failed=0
+for name in "$@"; do
+  echo "== $name ($(date +%T))"
+  step "$name" || { echo "== $name FAILED ($?)"; failed=$((failed + 1)); }
+done
+for table in /tmp/gpu/*/peer.md; do [ -e "$table" ] && cat "$table"; done
+tar -czf "$OUT/gpu-$(IFS=-; echo "$*").tgz" -C /tmp gpu
+exit $failed
