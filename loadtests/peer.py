@@ -8,7 +8,9 @@ Both are asked for OpenAI-shaped embeddings (distilserve at /v1/embeddings, the 
 each. The in-process ceiling (tokenise + forward + pool, batches of 256) is measured too,
 and what distilserve did inside each phase (batches, inputs per batch, time per batch; how
 busy its event loop and its busiest other thread were), so that a shortfall shows its
-cause. Writes ``peer.json`` and ``peer.md`` under ``--out``.
+cause. Writes ``peer.json`` and ``peer.md`` under ``--out``. ``--emulate-gpu`` serves and
+measures with a stand-in for a GPU (loadtests/emulated_gpu.py), to study the batching
+where there is none.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests import lightload
+from loadtests.emulated_gpu import EmulatedGpu
 from loadtests.run import HERE, InProcess, free_port, start_server
 from models import samples
 
@@ -123,19 +126,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=15.0, help="per phase")
     p.add_argument("--processes", type=int, default=4, help="client processes")
     p.add_argument("--out", type=Path, default=HERE / "reports")
+    p.add_argument("--emulate-gpu", action="store_true",
+                   help="serve (and measure in process) with a stand-in for a GPU: "
+                   "loadtests/emulated_gpu.py")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model or sorted(d.name for d in args.model_repository.iterdir() if d.is_dir())[0]
     folder = args.model_repository / model
     device = os.environ.get("DISTILSERVE_DEVICE", "auto")
     print("in-process ceiling", flush=True)
-    ceiling = InProcess(folder, device, os.environ.get("DISTILSERVE_DTYPE", "auto"), 256)
+    ceiling = InProcess(folder, device, os.environ.get("DISTILSERVE_DTYPE", "auto"), 256,
+                        EmulatedGpu() if args.emulate_gpu else None)
     inproc = {**ceiling.measure(args.seconds / 2), "device": ceiling.backend.device,
               "dtype": ceiling.backend.dtype}
     del ceiling
     print(f"  {inproc}", flush=True)
     port = free_port()
-    server = start_server(args.model_repository, port, args.out / "service.log")
+    server = start_server(args.model_repository, port, args.out / "service.log",
+                          module="loadtests.emulated_gpu" if args.emulate_gpu else "server.cli")
     url = f"http://127.0.0.1:{port}"
     try:
         described = next(m for m in httpx.get(url + "/v1/models").json()["data"]

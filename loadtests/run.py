@@ -63,13 +63,14 @@ def repository_or_default(repository: Path | None) -> Path:
     return ensure_default_repository(Settings().cache_dir)
 
 
-def start_server(repository: Path, port: int, log: Path,
-                 env: dict | None = None) -> subprocess.Popen:
+def start_server(repository: Path, port: int, log: Path, env: dict | None = None,
+                 module: str = "server.cli") -> subprocess.Popen:
     """``distilserve serve`` on 127.0.0.1:``port`` (output to ``log``, extra variables in
-    ``env``), returned once /ready answers 200."""
+    ``env``; ``module``: another command line that takes ``serve``, e.g.
+    loadtests.emulated_gpu), returned once /ready answers 200."""
     env = {**os.environ, "DISTILSERVE_HOST": "127.0.0.1", **(env or {})}
     process = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--model-repository", str(repository),
+        [sys.executable, "-m", module, "serve", "--model-repository", str(repository),
          "--port", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
         cwd=HERE.parent)
     try:
@@ -83,10 +84,11 @@ def start_server(repository: Path, port: int, log: Path,
 
 class InProcess:
     """The same model without the service (the ceiling): batched throughput (``batch``
-    sentences a batch) and the latency of one sentence (tokenise, run, normalise)."""
+    sentences a batch) and the latency of one sentence (tokenise, run, normalise); the
+    folder's backend, or ``backend``."""
 
     def __init__(self, folder: Path, device: str = "cpu", dtype: str = "fp32",
-                 batch: int = 32):
+                 batch: int = 32, backend=None):
         from tokenizers import Tokenizer
 
         from models.io.manifest import Manifest
@@ -94,8 +96,8 @@ class InProcess:
 
         manifest = Manifest.read(folder)
         self.batch = batch
-        self.backend = open_backend(manifest.backend, folder, manifest.artifact, 0,
-                                    manifest.num_iterations, device, dtype)
+        self.backend = backend or open_backend(manifest.backend, folder, manifest.artifact, 0,
+                                               manifest.num_iterations, device, dtype)
         # the Rust tokenizer called directly, as the service does (no transformers wrapper)
         self.tokenizer = Tokenizer.from_file(str(folder / "checkpoint" / "tokenizer.json"))
         self.tokenizer.no_padding()

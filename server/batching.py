@@ -6,7 +6,9 @@ While a batch runs, new inputs queue up; the next batch takes them all at once. 
 request never waits for company (unless ``max_wait`` asks it to), and many clients get
 large batches. The model's thread also tokenises, all the texts that arrived since the
 last batch in one call, and starts the next batch as soon as one ends: the event loop only
-queues inputs and hands out results.
+queues inputs and hands out results. On a GPU a second thread waits for each batch's
+outputs, so that inputs arriving meanwhile are tokenised and started at once, queued on
+the device behind the running batch.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,8 +110,12 @@ class Batcher:
     batch's results.
 
     With ``collect`` (a GPU), ``run`` only starts a batch on the device and ``collect(what
-    run returned)`` waits for its outputs: the thread then tokenises and starts the next
-    batch while the device runs the last one, and collects that one afterwards."""
+    run returned)`` waits for its outputs, on a second thread: the first tokenises and
+    starts the next batch as soon as inputs arrive, while the device runs the last one.
+    At most ``IN_FLIGHT`` batches are started and not yet collected (the device's
+    backend stages a batch's inputs in one of two buffers, in turn)."""
+
+    IN_FLIGHT = 2
 
     def __init__(self, encode: Callable[[list, bool], list],
                  run: Callable[[dict[str, np.ndarray]], Any], max_length: int,
@@ -120,25 +127,36 @@ class Batcher:
         self.max_length, self.max_size, self.max_tokens = max_length, max_size, max_tokens
         self.max_queue, self.max_wait_s = max_queue, max_wait_s
         self.on_batch, self.on_depth = on_batch, on_depth
-        self.pending: list[Item] = []  # shared with the thread: under self.changed
-        self.changed = threading.Condition()
-        self.stopping = False
-        self.thread: threading.Thread | None = None
+        # shared by the threads, under self.lock: the queue, and with collect the batches
+        # started and not yet collected, oldest first. The starting thread waits for
+        # inputs or for room on the device, the collecting thread for a started batch.
+        self.pending: list[Item] = []
+        self.in_flight: deque[tuple[list[Item], Any, float]] = deque()
+        self.lock = threading.Lock()
+        self.inputs, self.room, self.started = (threading.Condition(self.lock)
+                                                for _ in range(3))
+        self.stopping = self.launcher_done = False
+        self.threads: list[threading.Thread] = []
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
-        self.thread = threading.Thread(target=self._work, name=f"infer-{self.name}",
-                                       daemon=True)
-        self.thread.start()
+        self.threads = [threading.Thread(target=self._work, name=f"infer-{self.name}",
+                                         daemon=True)]
+        if self.collect is not None:
+            self.threads.append(threading.Thread(target=self._collect_each,
+                                                 name=f"collect-{self.name}", daemon=True))
+        for thread in self.threads:
+            thread.start()
 
     async def stop(self) -> None:
         """Finishes what is queued, then stops."""
-        with self.changed:
+        with self.lock:
             self.stopping = True
-            self.changed.notify()
-        if self.thread is not None:
-            await asyncio.to_thread(self.thread.join)
+            for waiting in (self.inputs, self.room, self.started):
+                waiting.notify_all()
+        for thread in self.threads:
+            await asyncio.to_thread(thread.join)
 
     def submit(self, texts: list, truncate: bool, encodings: list | None = None) -> list[Item]:
         """Queues a request's texts together (with their ``encodings`` when the caller has
@@ -147,28 +165,30 @@ class Batcher:
         encodings = encodings or [None] * len(texts)
         items = [Item(text, truncate, loop.create_future(), i, enc)
                  for i, (text, enc) in enumerate(zip(texts, encodings))]
-        with self.changed:
+        with self.lock:
             if len(self.pending) + len(items) > self.max_queue:
                 raise QueueFull(f"{len(self.pending)} inputs queued, limit {self.max_queue}")
             self.pending.extend(items)
             depth = len(self.pending)
-            self.changed.notify()
+            self.inputs.notify()
         self.on_depth(depth)
         return items
 
-    # on the model's thread --------------------------------------------------------------
+    # on the model's threads -------------------------------------------------------------
     def _work(self) -> None:
-        launched = None  # with overlap: the batch on the device, collected after the next
+        """Tokenises and starts batches (and without ``collect`` finishes them)."""
         while True:
-            with self.changed:
-                while launched is None and not self._fresh() and not self.stopping:
-                    self.changed.wait()
-                if launched is None and not self._fresh():  # stopping, and nothing left
-                    return
-                waiting = len(self._fresh())
-            if self.max_wait_s and launched is None and waiting < self.max_size:
+            with self.lock:
+                while not ((fresh := self._fresh()) and self._room()):
+                    if not fresh and self.stopping:  # nothing left to start
+                        self.launcher_done = True
+                        self.started.notify()
+                        return
+                    (self.room if fresh else self.inputs).wait()
+                idle, waiting = not self.in_flight, len(fresh)
+            if self.max_wait_s and idle and waiting < self.max_size:
                 time.sleep(self.max_wait_s)
-            with self.changed:  # inputs whose client has gone are dropped before inference
+            with self.lock:  # inputs whose client has gone are dropped before inference
                 self.pending = [it for it in self.pending if it.launched or not it.future.done()]
                 fresh = self._fresh()
             step = None
@@ -178,18 +198,34 @@ class Batcher:
                 except Exception as e:  # whatever goes wrong fails these inputs, never hangs them
                     for item in fresh:
                         item.error = item.error or e
-            if launched is not None:  # the device ran it while this thread prepared the next
-                self._finish(*launched)
-            launched = None
             if step is not None and self.collect is not None:
-                launched = step
-            elif step is not None:
-                self._finish(*step)
-            elif fresh:
-                self._finish([], None, 0.0)  # hands out the failures
+                with self.lock:
+                    self.in_flight.append(step)
+                    self.started.notify()
+                step = None
+            if step is not None or any(it.error is not None for it in fresh):
+                self._finish(*(step or ([], None, 0.0)))  # the batch, and any failures
+
+    def _collect_each(self) -> None:
+        """With ``collect``: waits for each started batch, oldest first, and finishes it."""
+        while True:
+            with self.lock:
+                while not self.in_flight and not self.launcher_done:
+                    self.started.wait()
+                if not self.in_flight:
+                    return
+                step = self.in_flight[0]
+            self._finish(*step)
+            with self.lock:
+                self.in_flight.popleft()  # its staging buffer may be used again
+                self.room.notify()
+
+    def _room(self) -> bool:
+        return len(self.in_flight) < self.IN_FLIGHT
 
     def _fresh(self) -> list[Item]:
-        return [it for it in self.pending if not it.launched]
+        """Queued inputs not yet in a batch, less those already failed."""
+        return [it for it in self.pending if not it.launched and it.error is None]
 
     def _launch(self, pending: list[Item]) -> tuple[list[Item], Any, float] | None:
         """Tokenises what is new, chooses a batch, starts it: (batch, what ``run``
@@ -219,7 +255,7 @@ class Batcher:
         return batch, outputs, started
 
     def _finish(self, batch: list[Item], outputs: Any, started: float) -> None:
-        """Collects a launched batch (with overlap), takes it and every failed input off
+        """Collects a started batch (with ``collect``), takes it and every failed input off
         the queue, and hands their results to the event loop."""
         if self.collect is not None and batch and not isinstance(outputs, Exception):
             try:
@@ -227,7 +263,7 @@ class Batcher:
             except Exception as e:
                 outputs = e
         finished = time.perf_counter()
-        with self.changed:
+        with self.lock:
             taken = {id(it) for it in batch}
             failed = [it for it in self.pending if it.error is not None and id(it) not in taken]
             self.pending = [it for it in self.pending

@@ -37,7 +37,8 @@ class Backend(ABC):
     def launch(self, inputs: dict[str, np.ndarray]) -> Any:
         """Starts a batch; ``collect`` of what it returns gives the outputs. An
         asynchronous backend returns at once, so the caller can prepare the next batch
-        while the device works."""
+        while the device works; a caller has at most two batches started and not yet
+        collected (the GPU backends stage inputs in two buffers, in turn)."""
         return self.run(inputs)
 
     def collect(self, launched: Any) -> np.ndarray:

@@ -95,6 +95,24 @@ def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):
     assert "| batches/s | inputs per batch |" in (out / "peer.md").read_text()
 
 
+def test_peer_with_an_emulated_gpu(tiny_checkpoints, tmp_path):
+    """loadtests.peer --emulate-gpu: the service and the in-process ceiling run on a
+    stand-in for a GPU (overlapping batches, the GPU's batch limits and warm-up)."""
+    from loadtests import peer
+
+    repo = tmp_path / "repo"
+    export.export(tiny_checkpoints["bert", "embed"], repo / "bert", "onnx")
+    out = tmp_path / "peer"
+    assert peer.main(["--model-repository", str(repo), "--emulate-gpu", "--seconds", "0.5",
+                      "--processes", "1", "--out", str(out)]) == 0
+    result = json.loads((out / "peer.json").read_text())
+    assert result["served"]["device"] == result["in_process"]["device"] == "emulated-gpu"
+    assert all(set(r["statuses"]) == {"200"} for r in result["distilserve"])
+    inside = {r["phase"]: r["inside"] for r in result["distilserve"]}
+    assert inside["4 clients x 32 sentences"]["inputs_per_batch"] > 1
+    assert "warmed bert on emulated-gpu" in (out / "service.log").read_text()
+
+
 def test_soak_at_tiny_scale(tiny_checkpoints, tmp_path):
     from loadtests import soak
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -113,13 +114,14 @@ def test_an_input_too_long_is_refused_before_it_is_queued(torch_model):
 def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_last(
         torch_model, monkeypatch):
     """The GPU path, emulated on the CPU: a backend whose ``launch`` returns before the
-    work is done (``asynchronous``) gets the next batch launched while one is in flight;
-    every input still gets its own output, the same as with a synchronous backend."""
+    work is done (``asynchronous``) gets the next batch launched while one is in flight,
+    never more than two; every input still gets its own output, the same as with a
+    synchronous backend."""
     import server.engine
 
     texts = [f"sentence {i} " + "word " * (i % 7) for i in range(40)]  # batches of 32 and 8
     expected = np.stack(_run(load_engine("m", torch_model, Settings(), Metrics()), texts).outputs)
-    in_flight, most = [], []
+    in_flight, most, both = [], [], threading.Event()
 
     class Deferred:  # runs a batch only when it is collected
         asynchronous = True
@@ -130,9 +132,12 @@ def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_las
         def launch(self, inputs):
             in_flight.append(id(inputs))
             most.append(len(in_flight))
+            if len(in_flight) == 2:
+                both.set()
             return inputs
 
         def collect(self, inputs):
+            both.wait(60)  # the device still busy with the first when the second starts
             in_flight.remove(id(inputs))
             return self.backend.run(inputs)
 
