@@ -18,6 +18,12 @@ class ApiError(Exception):
         self.status, self.kind, self.message, self.headers = status, kind, message, headers
 
 
+def client_closed() -> ApiError:
+    """A client that went away before its answer (nginx's 499): counted in the metrics,
+    never sent."""
+    return ApiError(499, "client_closed", "the client closed the connection")
+
+
 def body(kind: str, message: str) -> dict:
     return {"error": {"type": kind, "message": message}}
 

@@ -10,7 +10,7 @@ import orjson
 from fastapi import Request, Response
 
 from server.engine import Engine, InputTooLong, ModelUnavailable, QueueFull, Result
-from server.errors import ApiError
+from server.errors import ApiError, client_closed
 
 
 def service(request: Request):
@@ -143,7 +143,7 @@ async def infer(request: Request, engine: Engine, texts: list, truncate: bool) -
         if not watch.done() or watch.cancelled():
             raise  # not the client's doing
         task.uncancel()
-        raise ApiError(499, "client_closed", "the client closed the connection") from None
+        raise client_closed() from None
     except InputTooLong as e:
         raise ApiError(413, "input_too_long", str(e)) from None
     except QueueFull as e:

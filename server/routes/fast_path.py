@@ -23,7 +23,7 @@ from typing import get_type_hints
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 
 from server import errors
 from server.routes import classify, embed, ner, rerank, tokenize
@@ -81,6 +81,8 @@ class FastPath:
             raw = await request.body()
         except HTTPException as e:  # the body limit, passed while reading a chunked body
             return await errors.http_error(e)(scope, receive, send)
+        except ClientDisconnect:  # gone before its body arrived
+            return await errors.api_error(errors.client_closed())(scope, receive, send)
         try:
             parsed = json.loads(raw)
         except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError too

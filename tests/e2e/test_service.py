@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import re
 import shutil
+import socket
 import time
 
 import httpx
@@ -353,6 +355,33 @@ def test_a_chunked_body_over_the_limit_gets_413(url):
                      headers={"content-type": "application/json"})
     assert res.status_code == 413, res.text
     assert "over the limit of 200000" in res.json()["error"]["message"]
+    assert post(url, "/v1/embed", {"model": "minilm", "inputs": "fine"}).status_code == 200
+
+
+def test_a_client_gone_before_its_body_arrived_is_a_499_not_a_500(url, caplog):
+    """Half a body, then the connection closes: counted as the client's doing (499), with
+    no traceback in the log, and the service goes on."""
+    def count(status):
+        text = httpx.get(url + "/metrics").text
+        m = re.search(rf'distilserve_requests_total{{route="/v1/embed",status="{status}"}} '
+                      r"([0-9.e+]+)", text)
+        return float(m.group(1)) if m else 0.0
+
+    before = {status: count(status) for status in ("499", "500")}
+    port = int(url.rsplit(":", 1)[1])
+    uvicorn_log = logging.getLogger("uvicorn.error")  # which does not propagate
+    uvicorn_log.addHandler(caplog.handler)
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                             b"application/json\r\nContent-Length: 1000\r\n\r\n"
+                             b'{"model": "minilm", "inputs": "half a bo')
+        wait_for(lambda: count("499") - before["499"] == 3, "three 499s", seconds=120)
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    assert count("500") == before["500"]
+    assert "Exception in ASGI application" not in caplog.text
     assert post(url, "/v1/embed", {"model": "minilm", "inputs": "fine"}).status_code == 200
 
 
