@@ -34,6 +34,7 @@ __all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "Queu
 
 log = logging.getLogger("distilserve")
 
+
 class ModelLoadError(Exception):
     """A model folder that cannot be served; the message says why."""
 

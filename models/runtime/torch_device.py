@@ -34,8 +34,8 @@ class Placement:
     """A device and dtype. On a GPU: inputs go through two pinned staging buffers, used in
     turn (a batch is prepared while the one before it may still be copying; a buffer is
     used again only once its batch is collected: Backend.launch), in one non-blocking
-    copy per batch; outputs come back by a non-blocking copy and an event,
-    so that nothing waits for the GPU until the outputs are wanted."""
+    copy per batch; outputs come back by a non-blocking copy and an event, so that
+    nothing waits for the GPU until the outputs are wanted."""
 
     def __init__(self, device: str, dtype: str, allowed: Sequence[str]):
         self.device = resolve_device(device)
