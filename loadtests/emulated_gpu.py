@@ -7,7 +7,8 @@ Its ``launch`` takes ``LAUNCH_S`` without the GIL (TorchScript's kernel launches
 MiniLM-sized model on an H100 took about 1.5 ms) and queues the batch on the device; the
 device runs batches one after another, each ``FIXED_S`` + ``PER_INPUT_S`` per input (so
 batches of 256 run at about 47,000 sentences/s, near the H100's 49,000 with TorchScript in
-fp16); ``collect`` waits for the batch. The outputs are zeros: only timing is emulated.
+fp16); ``collect`` waits for the batch. The outputs are zeros of the model's output shape
+(an embedding, a logit per label, or one per token and label): only timing is emulated.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import queue
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
+from models.io.manifest import Manifest
 from models.runtime.base import INPUT_NAMES, Backend
 
 LAUNCH_S, FIXED_S, PER_INPUT_S = 0.0015, 0.0008, 18e-6
@@ -27,8 +30,8 @@ LAUNCH_S, FIXED_S, PER_INPUT_S = 0.0015, 0.0008, 18e-6
 class EmulatedGpu(Backend):
     name, device, dtype, asynchronous = "emulated", "emulated-gpu", "fp16", True
 
-    def __init__(self, width: int = 384):
-        self.width = width
+    def __init__(self, width: int = 384, per_token: bool = False):
+        self.width, self.per_token = width, per_token
         self.queue: queue.Queue[tuple[int, threading.Event]] = queue.Queue()
         threading.Thread(target=self._device, name="emulated-gpu", daemon=True).start()
 
@@ -38,17 +41,26 @@ class EmulatedGpu(Backend):
             time.sleep(FIXED_S + PER_INPUT_S * size)
             done.set()
 
-    def launch(self, inputs: dict[str, np.ndarray]) -> tuple[int, threading.Event]:
+    def launch(self, inputs: dict[str, np.ndarray]) -> tuple[tuple[int, ...], threading.Event]:
         np.stack([inputs[k] for k in INPUT_NAMES])  # staging, as the torch backends do
         time.sleep(LAUNCH_S)
         done = threading.Event()
-        self.queue.put((len(inputs["input_ids"]), done))
-        return len(inputs["input_ids"]), done
+        batch, length = inputs["input_ids"].shape
+        self.queue.put((batch, done))
+        return (batch, length, self.width) if self.per_token else (batch, self.width), done
 
-    def collect(self, launched: tuple[int, threading.Event]) -> np.ndarray:
-        size, done = launched
+    def collect(self, launched: tuple[tuple[int, ...], threading.Event]) -> np.ndarray:
+        shape, done = launched
         done.wait()
-        return np.zeros((size, self.width), dtype=np.float32)
+        return np.zeros(shape, dtype=np.float32)
+
+    @classmethod
+    def like(cls, folder: Path) -> EmulatedGpu:
+        """One with the output shape of the model in ``folder``."""
+        manifest = Manifest.read(folder)
+        if manifest.task == "embed":
+            return cls(manifest.dimensions or 384)
+        return cls(len(manifest.labels), per_token=manifest.task == "ner")
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.collect(self.launch(inputs))
@@ -58,7 +70,7 @@ def main(argv: list[str]) -> int:
     import server.engine
     from server import cli
 
-    server.engine.open_backend = lambda *args, **kwargs: EmulatedGpu()
+    server.engine.open_backend = lambda kind, folder, *args, **kwargs: EmulatedGpu.like(folder)
     return cli.main(argv)
 
 

@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     device = os.environ.get("DISTILSERVE_DEVICE", "auto")
     print("in-process ceiling", flush=True)
     ceiling = InProcess(folder, device, os.environ.get("DISTILSERVE_DTYPE", "auto"), 256,
-                        EmulatedGpu() if args.emulate_gpu else None)
+                        EmulatedGpu.like(folder) if args.emulate_gpu else None)
     inproc = {**ceiling.measure(args.seconds / 2), "device": ceiling.backend.device,
               "dtype": ceiling.backend.dtype}
     del ceiling

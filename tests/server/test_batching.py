@@ -1,5 +1,6 @@
 import asyncio
 import threading
+import time
 from types import SimpleNamespace
 
 import numpy as np
@@ -175,3 +176,25 @@ def test_with_collect_inputs_that_arrive_while_a_batch_runs_start_at_once():
                      ("collect", 2), ("collect", 1)] or calls == [
         ("launch", 1), ("launch", 2), ("collect", 1), ("collect", 2), ("launch", 1),
         ("collect", 1)]
+
+
+def test_with_collect_stop_finishes_everything_queued_first():
+    """Stopping while batches are queued and on the device: every input still gets its
+    result, then both threads end."""
+    def encode(texts, truncate):
+        return [SimpleNamespace(ids=[1] * len(t), type_ids=[0] * len(t)) for t in texts]
+
+    def collect(handle):
+        time.sleep(0.02)  # the device's work
+        return handle
+
+    async def go():
+        b = Batcher(encode, lambda arrays: arrays["input_ids"].sum(1, keepdims=True), 100,
+                    max_size=2, max_tokens=1000, max_queue=100, collect=collect)
+        b.start()
+        items = b.submit([f"{i:>{i + 1}}" for i in range(11)], truncate=True)
+        await b.stop()  # at once: most inputs are still queued
+        assert not any(thread.is_alive() for thread in b.threads) and len(b.threads) == 2
+        return await asyncio.wait_for(asyncio.gather(*(it.future for it in items)), 60)
+
+    assert [float(r[0]) for r in asyncio.run(go())] == [i + 1.0 for i in range(11)]
