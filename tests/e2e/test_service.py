@@ -185,21 +185,24 @@ def test_official_openai_client(url):
     assert client.models.retrieve("minilm").id == "minilm"
 
 
-def _metric(url, name, model):
+def _metric(url, name, **labels):
+    """A sample's value in /metrics (0 before its first observation); ``labels`` in the
+    order the metric declares them."""
     text = httpx.get(url + "/metrics").text
-    m = re.search(rf'{name}{{model="{model}"}} ([0-9.e+]+)', text)
+    selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    m = re.search(rf"{re.escape(f'{name}{{{selector}}}')} ([0-9.e+]+)", text)
     return float(m.group(1)) if m else 0.0
 
 
 def _forward_passes(url, model):
-    return _metric(url, "distilserve_batch_size_count", model)
+    return _metric(url, "distilserve_batch_size_count", model=model)
 
 
 def test_metrics_time_each_requests_wait_for_its_batch(url):
-    before = _metric(url, "distilserve_queue_seconds_count", "minilm")
+    before = _metric(url, "distilserve_queue_seconds_count", model="minilm")
     assert post(url, "/v1/embed", {"model": "minilm", "inputs": ["a", "b", "c"]}).status_code == 200
-    assert _metric(url, "distilserve_queue_seconds_count", "minilm") == before + 1  # per request
-    assert _metric(url, "distilserve_queue_seconds_sum", "minilm") > 0
+    assert _metric(url, "distilserve_queue_seconds_count", model="minilm") == before + 1
+    assert _metric(url, "distilserve_queue_seconds_sum", model="minilm") > 0
 
 
 def test_concurrent_requests_are_batched_and_unchanged(url):
@@ -362,10 +365,7 @@ def test_a_client_gone_before_its_body_arrived_is_a_499_not_a_500(url, caplog):
     """Half a body, then the connection closes: counted as the client's doing (499), with
     no traceback in the log, and the service goes on."""
     def count(status):
-        text = httpx.get(url + "/metrics").text
-        m = re.search(rf'distilserve_requests_total{{route="/v1/embed",status="{status}"}} '
-                      r"([0-9.e+]+)", text)
-        return float(m.group(1)) if m else 0.0
+        return _metric(url, "distilserve_requests_total", route="/v1/embed", status=status)
 
     before = {status: count(status) for status in ("499", "500")}
     port = int(url.rsplit(":", 1)[1])
