@@ -17,7 +17,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
@@ -25,7 +24,7 @@ from models.io.manifest import Manifest, ManifestError
 from models.runtime import open_backend
 from models.runtime.base import BackendError
 from server import postprocess
-from server.batching import Batcher, InputTooLong, QueueFull, warmup_shapes
+from server.batching import Batcher, InputTooLong, QueueFull, pad, warmup_shapes
 from server.metrics import Metrics
 from server.settings import Settings
 
@@ -176,9 +175,7 @@ class Engine:
         The log says how long they took."""
         began, slowest = time.perf_counter(), (0.0, self.shapes[0])
         for n, (b, t) in enumerate(self.shapes):
-            ids = np.full((b, t), self.filler, dtype=np.int64)  # [B, T]
-            batch = {"input_ids": ids, "attention_mask": np.ones_like(ids),
-                     "token_type_ids": np.zeros_like(ids)}
+            batch = pad([TokenIds([self.filler] * t, [0] * t)] * b)  # [B, T] each
             for _ in range(2):
                 started = time.perf_counter()
                 try:
