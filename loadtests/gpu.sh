@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The GPU figures, in few device calls. Prepare here with `../shared/gpu/prepare.sh --peer`,
+# The GPU figures, in few device calls. Prepare here with `../shared/gpu/prepare.sh --peer`
+# and py-spy for the profile step:
+#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+#     --platform manylinux2014_x86_64 py-spy==0.4.3 -d .gpu/wheels
 # then e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer nofuser",
-# carry=[".gpu"]) and run(command="... bash loadtests/gpu.sh workers eager", ...) and
-# run(command="... bash loadtests/gpu.sh bench", ...): each stays within a call's 10 minutes.
-# Steps, run in the order given (the service steps use /tmp/minilm, a MiniLM-shaped model
-# that .gpu/setup.sh writes):
+# carry=[".gpu"]) and run(command="... bash loadtests/gpu.sh workers eager profile", ...)
+# and run(command="... bash loadtests/gpu.sh bench", ...): each stays within a call's 10
+# minutes. Steps, run in the order given (the service steps use /tmp/minilm, a
+# MiniLM-shaped model that .gpu/setup.sh writes):
 #   tests     the tests marked gpu
 #   peer      distilserve (TorchScript) beside Infinity 0.0.78 (.gpu/peer.sh), one after
 #             the other with the same clients (python -m loadtests.peer)
@@ -12,6 +15,9 @@
 #             compiling for new batch shapes cost throughput?
 #   workers   the same with 4 worker processes (DISTILSERVE_WORKERS=4)
 #   eager     the torch backend (no TorchScript)
+#   profile   the peer step's distilserve again, with py-spy sampling its threads in each
+#             phase (loadtests/profile.py): where the event loop and the model's threads
+#             spend their time on this machine
 #   bench     the papers' rows: fp32 and fp16 (every row), bf16 (DistilBERT and CMOW)
 # Each step writes under /tmp/gpu/STEP; a step that fails is said and the next one runs.
 # At the end /tmp/gpu goes to $OUT as one archive (a call brings back at most 8 files),
@@ -21,6 +27,7 @@ set -uo pipefail
 : "${OUT:?run on the device machine, where \$OUT is set}"
 PHASE_SECONDS=${PHASE_SECONDS:-10}
 mkdir -p /tmp/gpu
+export PATH=/tmp/site/bin:$PATH  # .gpu/setup.sh installs the wheels' commands (py-spy) there
 cli() { python3 -m server.cli "$@"; }
 
 repo() {  # /tmp/repo-FORMAT/minilm, exported once
@@ -55,13 +62,14 @@ step() {
     nofuser) PYTORCH_TENSOREXPR=0 load nofuser torchscript ;;
     workers) DISTILSERVE_WORKERS=4 load workers torchscript ;;
     eager) load eager torch ;;
+    profile) load profile torchscript --profile ;;
     bench)
       cli bench --device cuda --dtype fp32 --backends torch --output /tmp/gpu/bench &&
         cli bench --device cuda --dtype fp16 --backends torch --output /tmp/gpu/bench &&
         cli bench --device cuda --dtype bf16 --backends torch --output /tmp/gpu/bench \
           --models distilbert,cmow-hybrid-bidi &&
         cat /tmp/gpu/bench/REPORT.md ;;
-    *) echo "unknown step (tests peer nofuser workers eager bench)" >&2; return 2 ;;
+    *) echo "unknown step (tests peer nofuser workers eager profile bench)" >&2; return 2 ;;
   esac
 }
 

@@ -8,9 +8,10 @@ Both are asked for OpenAI-shaped embeddings (distilserve at /v1/embeddings, the 
 each. The in-process ceiling (tokenise + forward + pool, batches of 256) is measured too,
 and what distilserve did inside each phase (batches, inputs per batch, time per batch; how
 busy its event loop and its busiest other thread were), so that a shortfall shows its
-cause. Writes ``peer.json`` and ``peer.md`` under ``--out``. ``--emulate-gpu`` serves and
-measures with a stand-in for a GPU (loadtests/emulated_gpu.py), to study the batching
-where there is none.
+cause. ``--profile`` adds where each of its threads spent that time (py-spy:
+loadtests/profile.py). Writes ``peer.json`` and ``peer.md`` under ``--out``.
+``--emulate-gpu`` serves and measures with a stand-in for a GPU
+(loadtests/emulated_gpu.py), to study the batching where there is none.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loadtests import lightload
 from loadtests.emulated_gpu import EmulatedGpu
+from loadtests.profile import Profile, py_spy
 from loadtests.run import HERE, InProcess, free_port, start_server
 from models import samples
 
@@ -97,15 +99,19 @@ class Inside:
 
 
 def measure(url: str, path: str, model: str, seconds: float, processes: int,
-            inside: Inside | None = None) -> list[dict]:
+            inside: Inside | None = None, profile: Profile | None = None) -> list[dict]:
     rows = []
     for label, clients, per_request in PHASES:
         lightload.drive(url, path, payloads(model, per_request), clients, min(2.0, seconds),
                       processes)  # warm-up
         if inside:
             inside.start()
+        if profile:
+            profile.start(label)
         r = lightload.drive(url, path, payloads(model, per_request), clients, seconds,
                           processes)
+        if profile:
+            r["profile"] = profile.stop()
         if inside:
             r["inside"] = inside.stop()
         r.update(phase=label, sentences_per_s=r["requests_per_s"] * per_request)
@@ -113,6 +119,22 @@ def measure(url: str, path: str, model: str, seconds: float, processes: int,
         print(f"  {label}: {r['requests_per_s']:.0f} req/s, {r['sentences_per_s']:.0f} "
               f"sentences/s, p50 {r['p50_ms']:.2f} ms, statuses {r['statuses']}", flush=True)
     return rows
+
+
+def profile_table(rows: list[dict], threads: int = 3) -> list[str]:
+    """The report's lines on each phase's busiest threads, from ``--profile``."""
+    lines = ["", "Where distilserve's busiest threads were in each phase (py-spy; cores: "
+             "a thread's samples as a share of one core; then the functions it was in, as "
+             "shares of its samples):", "", "| phase | thread | cores | functions |",
+             "|---|---|---|---|"]
+    for r in rows:
+        profile = r["profile"]
+        if profile.get("error"):
+            lines.append(f"| {r['phase']} | py-spy failed: {profile['error']} | | |")
+        for t in profile.get("threads", [])[:threads]:
+            functions = ", ".join(f"{f} {share:.0%}" for f, share in t["top"])
+            lines.append(f"| {r['phase']} | {t['thread']} | {t['cores']:.2f} | {functions} |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -129,7 +151,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--emulate-gpu", action="store_true",
                    help="serve (and measure in process) with a stand-in for a GPU: "
                    "loadtests/emulated_gpu.py")
+    p.add_argument("--profile", nargs="?", const="python", choices=["python", "native"],
+                   help="record where distilserve's threads spend each phase with py-spy "
+                   "(native: C/C++ frames too, at a higher cost)")
     args = p.parse_args(argv)
+    if args.profile:
+        py_spy()  # says how to get it, before anything starts
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model or sorted(d.name for d in args.model_repository.iterdir() if d.is_dir())[0]
     folder = args.model_repository / model
@@ -149,8 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         described = next(m for m in httpx.get(url + "/v1/models").json()["data"]
                          if m["id"] == model)
         print(f"distilserve ({described['device']}, {described['dtype']})", flush=True)
+        profile = Profile(server.pid, args.out, args.profile == "native") if args.profile else None
         ours = measure(url, "/v1/embeddings", model, args.seconds, args.processes,
-                       Inside(url, server.pid, model))
+                       Inside(url, server.pid, model), profile)
     finally:
         server.terminate()
         server.wait(30)
@@ -189,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['phase']} | {i['batches_per_s']:.0f} | {i['inputs_per_batch']:.1f} | "
                      f"{i['ms_per_batch']:.2f} | {i['ms_queued']:.2f} | {i['cpu_cores']:.2f} | "
                      f"{i['event_loop_cpu']:.0%} | {i['busiest_other_thread_cpu']:.0%} |")
+    if args.profile:
+        lines += profile_table(ours)
     (args.out / "peer.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -106,9 +106,9 @@ class InProcess:
 
     def encode(self, texts: list[str]) -> np.ndarray:
         from server.batching import pad
+        from server.postprocess import normalize
 
-        out = self.backend.run(pad(self.tokenizer.encode_batch(texts)))
-        return out / np.linalg.norm(out, axis=-1, keepdims=True)
+        return normalize(self.backend.run(pad(self.tokenizer.encode_batch(texts))))
 
     def measure(self, seconds: float) -> dict:
         sentences = (samples.SENTENCES * (1 + self.batch // len(samples.SENTENCES)))[:self.batch]

@@ -104,13 +104,46 @@ def test_peer_with_an_emulated_gpu(tiny_checkpoints, tmp_path):
     export.export(tiny_checkpoints["bert", "embed"], repo / "bert", "onnx")
     out = tmp_path / "peer"
     assert peer.main(["--model-repository", str(repo), "--emulate-gpu", "--seconds", "0.5",
-                      "--processes", "1", "--out", str(out)]) == 0
+                      "--processes", "1", "--out", str(out), "--profile"]) == 0
     result = json.loads((out / "peer.json").read_text())
     assert result["served"]["device"] == result["in_process"]["device"] == "emulated-gpu"
     assert all(set(r["statuses"]) == {"200"} for r in result["distilserve"])
     inside = {r["phase"]: r["inside"] for r in result["distilserve"]}
     assert inside["4 clients x 32 sentences"]["inputs_per_batch"] > 1
     assert "warmed bert on emulated-gpu" in (out / "service.log").read_text()
+    # --profile: py-spy saw the event loop and the model's threads in every phase
+    for r in result["distilserve"]:
+        profile = r["profile"]
+        assert "error" not in profile and (out / profile["file"]).stat().st_size > 0
+        threads = {t["thread"]: t for t in profile["threads"]}
+        assert "MainThread" in threads and "infer-bert" in threads, threads
+        assert all(0 < share <= 1 for _, share in threads["MainThread"]["top"])
+    report = (out / "peer.md").read_text()
+    assert "| 512 clients x 1 | MainThread |" in report and "(httptools_impl.py)" in report
+
+
+def test_profile_summary_per_thread():
+    """py-spy's raw lines -> each thread's cores and the functions it was in; a worker
+    process's threads are told apart by their process, the command lines' ; and " aside."""
+    from loadtests.profile import summarise
+
+    parent = 'process 10:"python -m server.cli serve"'
+    worker = 'process 11:"python -c from multiprocessing.spawn import spawn_main; spawn_main()"'
+    lines = [f"{parent};{worker};thread (11): MainThread;run (asyncio/runners.py:118) 150",
+             f"{parent};{worker};thread (11): MainThread;run (asyncio/runners.py:118);"
+             "send (uvicorn/protocols/http/httptools_impl.py:12) 50",
+             f"{parent};{worker};thread (12): infer-m;launch (models/runtime/onnx.py:40) 100",
+             f"{parent};thread (10): MainThread;wait (threading.py:300) 10"]
+    threads = summarise(lines, seconds=2.0, rate=100)
+    assert [t["thread"] for t in threads] == ["MainThread (process 11)", "infer-m (process 11)",
+                                              "MainThread (process 10)"]
+    assert threads[0]["cores"] == 1.0 and threads[0]["samples"] == 200
+    assert threads[0]["top"] == [("run (runners.py)", 0.75), ("send (httptools_impl.py)", 0.25)]
+    assert threads[1]["cores"] == 0.5
+    # one process: its threads go by their names alone
+    alone = summarise(["thread (7): MainThread;f (a.py:1) 3", "thread (8): infer-m 1"], 1.0, 4)
+    assert [(t["thread"], t["cores"]) for t in alone] == [("MainThread", 0.75), ("infer-m", 0.25)]
+    assert alone[1]["top"] == [("(the thread itself)", 1.0)]
 
 
 def test_soak_at_tiny_scale(tiny_checkpoints, tmp_path):
