@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable
 
@@ -75,13 +76,28 @@ def _batches(tokenizer, texts: list[str], labels: list, size: int, token_level: 
     return out
 
 
+def _untrained_head(record: logging.LogRecord) -> bool:
+    return "were not initialized from the model checkpoint" not in record.getMessage()
+
+
 def _from_minilm(auto_class, labels: list[str], seed: int):
     """The packaged MiniLM with a fresh head for ``labels``, and its tokenizer."""
     torch.manual_seed(seed)
     base = checkpoint.minilm_path()
-    model = auto_class.from_pretrained(
-        str(base), num_labels=len(labels), id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)})
+    # transformers warns that the new head's weights were not in the checkpoint ("You
+    # should probably TRAIN this model"): it is trained next. That warning is left out;
+    # what was not loaded is checked here instead: the head alone
+    loader = logging.getLogger("transformers.modeling_utils")
+    loader.addFilter(_untrained_head)
+    try:
+        model, loaded = auto_class.from_pretrained(
+            str(base), num_labels=len(labels), id2label=dict(enumerate(labels)),
+            label2id={label: i for i, label in enumerate(labels)}, output_loading_info=True)
+    finally:
+        loader.removeFilter(_untrained_head)
+    body = [k for k in loaded["missing_keys"] if not k.startswith("classifier.")]
+    if body:
+        raise RuntimeError(f"the packaged MiniLM ({base}) lacks weights: {body}")
     return base, AutoTokenizer.from_pretrained(str(base)), model
 
 

@@ -33,14 +33,15 @@ import onnx
 import torch
 
 from models import families
-from models.export.artifacts import example_inputs, to_onnx, to_torchscript
+from models.export.artifacts import example_inputs, to_onnx, to_torchscript, trace
 from models.export.parity import TOLERANCE, agreement, compare, dtype_parity, parity_inputs
 from models.export.quantize import quantize_int8
 from models.io import checkpoint
 from models.io.manifest import Manifest
 from models.runtime import open_backend
 
-__all__ = ["ARTIFACT", "FORMATS", "ExportError", "example_inputs", "export", "replace"]
+__all__ = ["ARTIFACT", "FORMATS", "ExportError", "example_inputs", "export", "replace",
+           "trace"]
 
 FORMATS = ("onnx", "torchscript", "torch")
 ARTIFACT = {"onnx": "model.onnx", "torchscript": "model.ts", "torch": None}

@@ -6,6 +6,8 @@ scripting; ONNX with a ``Loop`` node whose trip count is the run-time input
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from pathlib import Path
 
 import torch
@@ -33,6 +35,25 @@ def example_inputs(batch: int = 2, length: int = 8) -> tuple[torch.Tensor, ...]:
     return ids, torch.ones_like(ids), torch.zeros_like(ids)
 
 
+def trace(model: nn.Module, device: torch.device | None = None) -> torch.jit.ScriptModule:
+    """The model traced on ``example_inputs`` (on ``device``): its loop, if any, unrolled."""
+    with _tracing():
+        return torch.jit.trace(model, tuple(t.to(device) for t in example_inputs()),
+                               check_trace=False)
+
+
+@contextlib.contextmanager
+def _tracing():
+    """transformers' mask code warns, when traced, that a tensor it makes becomes a
+    constant of the graph: that constant is in the dtype traced in, which is why a traced
+    artifact is traced again at load in fp16 or bf16 (models/runtime/torchscript.py). The
+    warning says nothing more, so it is left out; any other warning is not."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
+                                module=r"transformers\.")
+        yield
+
+
 def to_onnx(model: nn.Module, task: str, path: Path, loop: str = "unroll") -> None:
     """Writes an ONNX graph with dynamic batch and sequence axes."""
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
@@ -43,9 +64,10 @@ def to_onnx(model: nn.Module, task: str, path: Path, loop: str = "unroll") -> No
         model = torch.jit.script(_RuntimeDepth(model))
         args = (*args, torch.tensor(2))
         names.append("num_iterations")
-    torch.onnx.export(model, args, str(path), input_names=names, output_names=["output"],
-                      dynamic_axes=axes, opset_version=17, dynamo=False,
-                      do_constant_folding=True)
+    with _tracing():
+        torch.onnx.export(model, args, str(path), input_names=names, output_names=["output"],
+                          dynamic_axes=axes, opset_version=17, dynamo=False,
+                          do_constant_folding=True)
 
 
 def to_torchscript(model: nn.Module, path: Path, loop: str = "unroll") -> None:
@@ -53,5 +75,5 @@ def to_torchscript(model: nn.Module, path: Path, loop: str = "unroll") -> None:
     if loop == "keep":
         module = torch.jit.script(model)
     else:
-        module = torch.jit.trace(model, example_inputs(), check_trace=False)
+        module = trace(model)
     torch.jit.save(module, str(path))

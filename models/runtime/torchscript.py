@@ -36,6 +36,5 @@ class TorchScriptBackend(TorchRuntime):
         from models.io import checkpoint
 
         model = checkpoint.load(folder).model.to(self.place.device, self.place.dtype)
-        example = tuple(t.to(self.place.device) for t in export.example_inputs())
         with torch.no_grad():
-            return torch.jit.trace(model, example, check_trace=False)
+            return export.trace(model, self.place.device)

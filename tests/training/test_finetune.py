@@ -1,6 +1,9 @@
-"""Fine-tuning's batches: grouped by length, every sentence once, with its own labels."""
+"""Fine-tuning: its batches (grouped by length, every sentence once, with its own labels)
+and the MiniLM it starts from."""
 
 from __future__ import annotations
+
+import logging
 
 from transformers import AutoTokenizer
 
@@ -40,3 +43,23 @@ def test_token_labels_are_padded_with_the_ignore_index():
     assert width == len(labels[0]) > len(labels[1]) == 4
     got = {tuple(row) for row in batch["labels"].tolist()}  # the order is the length's
     assert got == {tuple(labels[0]), tuple(labels[1] + [-100] * (width - 4))}
+
+
+def test_the_packaged_minilm_loads_with_a_fresh_head_and_no_warning_to_train_it():
+    """transformers would log "You should probably TRAIN this model": the head is trained
+    next, so that warning is left out, while every weight but the head's is checked to
+    have loaded."""
+    from transformers import AutoModelForTokenClassification
+
+    heard = []
+    listener = logging.Handler()
+    listener.emit = lambda record: heard.append(record.getMessage())
+    loader = logging.getLogger("transformers.modeling_utils")
+    loader.addHandler(listener)
+    try:
+        base, _, model = finetune._from_minilm(AutoModelForTokenClassification, ["O", "B"], 0)
+    finally:
+        loader.removeHandler(listener)
+    assert model.classifier.out_features == 2 and base == checkpoint.minilm_path()
+    assert not [m for m in heard if "TRAIN" in m], heard
+    assert not loader.filters  # as it was
