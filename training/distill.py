@@ -384,20 +384,20 @@ def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, trai
     optimizer = torch.optim.AdamW(params, lr=opts.lr / 10 if stage == "ip" else opts.lr,
                                   weight_decay=0.01)
     total, warmup = last - first, max(1, (last - first) // 10)
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, then linear decay
-        optimizer, lambda s: min((s + 1) / warmup, (total - s) / (total - warmup + 1)))
     state_file = opts.output / STATE
     history: list[dict] = []
+    done = 0  # steps of this stage taken before (a resumed run)
     if state_file.exists():
         state = torch.load(state_file, weights_only=True)
         if state["stage"] == stage:
             optimizer.load_state_dict(state["optimizer"])
-            for _ in range(state["step"] - first):
-                schedule.step()
             if extra is not None:
                 extra.load_state_dict(state["extra"])
             history = json.loads(state["history"])
-            first = state["step"]
+            done, first = state["step"] - first, state["step"]
+    schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, then linear decay
+        optimizer, lambda s: min((s + 1) / warmup, (total - s) / (total - warmup + 1)),
+        last_epoch=done - 1)  # a resumed run goes on where it was
 
     def tokens(texts):
         enc = tokenizer(texts, padding=True, truncation=True, max_length=opts.max_length,

@@ -103,6 +103,45 @@ def test_resumes_from_the_last_save(teacher, tmp_path):
     assert steps and all(not s.startswith("distill step 1/") for s in steps)
 
 
+def test_a_run_cut_short_resumes_at_the_same_learning_rate(teacher, tmp_path, monkeypatch,
+                                                         recwarn):
+    """Cut after its first save (step 2 of 6), a run resumes there with its schedule where
+    it was: at its next save (step 4) the learning rate is a whole run's, and the schedule
+    is not stepped before the optimiser (torch warns when it is)."""
+    rates = {}  # (run, step) -> the learning rate saved with that step
+    torch_save = torch.save
+
+    def save_state(state, path):
+        rates[path.parent.name, state["step"]] = state["optimizer"]["param_groups"][0]["lr"]
+        torch_save(state, path)
+
+    def run(output):
+        distill.distill(distill.Options(family="minialbert", output=output, preset="tiny",
+                                        steps=6, batch_size=4, max_length=16, teacher=teacher,
+                                        save_every=2, held_out=20, corpus_limit=2000),
+                        progress=lambda s: None)
+
+    monkeypatch.setattr(distill.torch, "save", save_state)
+    run(tmp_path / "whole")
+    save_student = checkpoint.save
+    cut = []
+
+    def save_then_cut(*args, **kwargs):
+        cut.append(args)
+        if len(cut) == 2:  # the second save, at step 4, does not happen
+            raise KeyboardInterrupt
+        return save_student(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint, "save", save_then_cut)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "cut")
+    monkeypatch.setattr(checkpoint, "save", save_student)
+    run(tmp_path / "cut")
+    assert rates["cut", 4] == rates["whole", 4] > 0
+    assert rates["cut", 2] == rates["whole", 2] != rates["whole", 4]
+    assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
+
+
 def test_fidelity_of_identical_embeddings_is_perfect():
     e = np.random.default_rng(0).normal(size=(30, 8))
     scores = distill.fidelity(e, e.copy())
