@@ -48,11 +48,12 @@ class Profile:
     def start(self, name: str) -> None:
         self.path = self.folder / f"profile-{re.sub(r'[^a-z0-9]+', '-', name.lower())}.txt"
         self.log = self.path.with_suffix(".log")
-        self.recording = subprocess.Popen(
-            [self.command, "record", "--pid", str(self.pid), "--subprocesses", "--threads",
-             "--rate", str(self.rate), "--format", "raw", "--output", str(self.path),
-             "--native" if self.native else "--nonblocking"],
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        with self.log.open("w") as log:  # what py-spy says (why it failed, if it did)
+            self.recording = subprocess.Popen(
+                [self.command, "record", "--pid", str(self.pid), "--subprocesses", "--threads",
+                 "--rate", str(self.rate), "--format", "raw", "--output", str(self.path),
+                 "--native" if self.native else "--nonblocking"],
+                stdout=log, stderr=subprocess.STDOUT)
         self.started = time.perf_counter()
 
     def stop(self) -> dict:
