@@ -196,8 +196,7 @@ class RequestMetrics:
         finally:
             path = getattr(scope.get("route"), "path", "unmatched")
             metrics: Metrics = scope["app"].state.service.metrics
-            metrics.requests.labels(path, str(status[0])).inc()
-            metrics.latency.labels(path).observe(time.perf_counter() - started)
+            metrics.observe_request(path, status[0], time.perf_counter() - started)
 
 
 def create_app(settings: Settings | None = None, repository: Path | None = None,

@@ -136,13 +136,14 @@ class Engine:
             raise ModelLoadError(f"{folder}: {e}") from None
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         self.shapes = warmup_shapes(batch_size, batch_tokens, self.max_length)
+        self.queued_seconds = metrics.queued.labels(name)  # looked up once: per request
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         self.batcher = Batcher(
             self.tokenize, self.backend.launch if overlap else self.backend.run,
             self.max_length, batch_size,
             batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
             on_batch=lambda size, s: metrics.observe_batch(name, size, s),
-            on_depth=lambda depth: metrics.queue_depth.labels(name).set(depth), name=name,
+            on_depth=metrics.queue_depth.labels(name).set, name=name,
             collect=self.backend.collect if overlap else None)
 
     def describe(self) -> dict:
@@ -249,7 +250,8 @@ class Engine:
             self.metrics.rejected.labels(self.name).inc(len(texts))
             raise
         try:
-            raw = await asyncio.gather(*(item.future for item in items))
+            futures = [item.future for item in items]  # one input: no gather
+            raw = [await futures[0]] if len(items) == 1 else await asyncio.gather(*futures)
         except BaseException:  # an input too long, or the client went away: drop the rest
             for item in items:
                 item.future.cancel()
@@ -259,7 +261,7 @@ class Engine:
         if self.task == "ner":
             outputs = list(zip(outputs, encodings))
         queued = max(it.queued_s for it in items)
-        self.metrics.queued.labels(self.name).observe(queued)
+        self.queued_seconds.observe(queued)
         return Result(outputs, sum(len(e.ids) for e in encodings), queued,
                       max(it.inference_s for it in items))
 

@@ -39,6 +39,17 @@ class Metrics:
                                 buckets=LATENCY_BUCKETS, registry=r)
         self.rejected = Counter("distilserve_rejected_inputs", "inputs refused, queue full",
                                 ["model"], registry=r)
+        self._per_request: dict[tuple[str, int], tuple] = {}
+
+    def observe_request(self, route: str, status: int, seconds: float) -> None:
+        """An HTTP request answered. Its route's counter and histogram are looked up once
+        (``labels()`` costs as much as the counting, and this runs for every request)."""
+        children = self._per_request.get((route, status))
+        if children is None:
+            children = self._per_request[route, status] = (
+                self.requests.labels(route, str(status)), self.latency.labels(route))
+        children[0].inc()
+        children[1].observe(seconds)
 
     def observe_batch(self, model: str, size: int, seconds: float) -> None:
         self.batch_size.labels(model).observe(size)

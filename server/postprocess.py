@@ -28,7 +28,8 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 def normalize(v: np.ndarray) -> np.ndarray:
     """Unit length along the last axis: one vector, or the rows of [N, D]."""
-    return v / np.maximum(np.linalg.norm(v, axis=-1, keepdims=True), 1e-12)
+    length = np.sqrt((v * v).sum(axis=-1, keepdims=True))  # np.linalg.norm, in less time
+    return v / np.maximum(length, 1e-12)
 
 
 def first_dimensions(v: np.ndarray, dimensions: int | None) -> np.ndarray:

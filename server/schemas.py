@@ -36,7 +36,7 @@ class _Request(BaseModel):
     @property
     def texts(self) -> list:
         """The inputs as a list: texts, (text, text) pairs, or token-id lists."""
-        value = self.inputs if hasattr(self, "inputs") else self.input
+        value = self.inputs
         if isinstance(value, str) or value and isinstance(value[0], int):
             value = [value]
         return [x if isinstance(x, str) or not x or isinstance(x[0], int)  # text, ids
@@ -69,6 +69,10 @@ class EmbeddingsRequest(_Request):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Dimensions = None
     user: str | None = None
+
+    @property
+    def inputs(self):
+        return self.input  # OpenAI's name
 
 
 class EmbedRequest(_Request):

@@ -5,10 +5,12 @@ server.app.ApiKey.)"""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import orjson
 from fastapi import Request, Response
 
+from server.connections import DISCONNECT
 from server.engine import Engine, InputTooLong, ModelUnavailable, QueueFull, Result
 from server.errors import ApiError, client_closed
 
@@ -126,21 +128,34 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+def _on_client_gone(request: Request, callback: Callable[[], None]) -> Callable[[], None]:
+    """Calls ``callback()`` if the client goes away, until the function returned is
+    called. distilserve's own server says so itself (server/connections.py); under any
+    other (Ray Serve's proxy), a task waits for the ASGI ``http.disconnect`` message."""
+    watch = request.scope.get("extensions", {}).get(DISCONNECT)
+    if watch is not None:
+        return watch.on_gone(callback)
+    waiting = asyncio.ensure_future(_disconnected(request))
+    waiting.add_done_callback(lambda done: done.cancelled() or callback())
+    return waiting.cancel
+
+
 async def infer(request: Request, engine: Engine, texts: list, truncate: bool) -> Result:
     """Runs the texts on the engine; drops them from the queue if the client goes away."""
     check_limits(request, texts)
-    task, running = asyncio.current_task(), True
+    task, running, gone = asyncio.current_task(), True, False
 
-    def client_gone(watch: asyncio.Task) -> None:
-        if running and not watch.cancelled():
+    def client_gone() -> None:
+        nonlocal gone
+        if running:  # a disconnect noticed once they ran cancels nothing
+            gone = True
             task.cancel()  # engine.infer below is cancelled: its inputs leave the queue
 
-    watch = asyncio.ensure_future(_disconnected(request))
-    watch.add_done_callback(client_gone)
+    stop_watching = _on_client_gone(request, client_gone)
     try:
         return await engine.infer(texts, truncate)
     except asyncio.CancelledError:
-        if not watch.done() or watch.cancelled():
+        if not gone:
             raise  # not the client's doing
         task.uncancel()
         raise client_closed() from None
@@ -153,8 +168,8 @@ async def infer(request: Request, engine: Engine, texts: list, truncate: bool) -
         raise ApiError(503, "unavailable", f"model {engine.name!r} is unavailable ({e}); "
                        "retry after a moment", {"Retry-After": "1"}) from None
     finally:
-        running = False  # a disconnect noticed from now on cancels nothing
-        watch.cancel()
+        running = False
+        stop_watching()
 
 
 def reply(payload: dict, result: Result) -> Response:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from models import export
+from server.connections import ClientWatch
 from tests.conftest import running_server, wait_for
 
 
@@ -87,3 +88,16 @@ def test_connections_past_the_cap_get_503(repository):
         wait_for(lambda: httpx.post(url + "/v1/embed", json={"inputs": "x"},
                                     timeout=60).status_code == 200,
                  "a request to be served once the connections are gone", 60)
+
+
+def test_a_client_watch_calls_back_until_stopped():
+    watch, called = ClientWatch(), []
+    first = watch.on_gone(lambda: called.append("first"))
+    second = watch.on_gone(lambda: called.append("second"))
+    second()  # stopped before the client went: not called
+    assert not watch.gone and called == []
+    watch.lost()
+    assert watch.gone and called == ["first"]
+    watch.on_gone(lambda: called.append("late"))  # the client has gone: at once
+    assert called == ["first", "late"]
+    first()  # stopping after the call is harmless
