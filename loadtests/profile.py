@@ -93,9 +93,9 @@ def summarise(lines: list[str], seconds: float, rate: int, top: int = 5) -> list
         samples[name][innermost] += int(count)
     if len(processes) < 2:  # one process: its name says nothing
         samples = {re.sub(r" \(process \d+\)$", "", k): v for k, v in samples.items()}
-    threads = [{"thread": name, "samples": sum(counts.values()),
-                "cores": sum(counts.values()) / (rate * seconds),
-                "top": [(function, n / sum(counts.values()))
-                        for function, n in counts.most_common(top)]}
-               for name, counts in samples.items()]
+    threads = []
+    for name, counts in samples.items():
+        total = sum(counts.values())
+        threads.append({"thread": name, "samples": total, "cores": total / (rate * seconds),
+                        "top": [(function, n / total) for function, n in counts.most_common(top)]})
     return sorted(threads, key=lambda t: -t["samples"])
