@@ -90,9 +90,8 @@ class Engine:
         self.labels: list[str] = manifest.labels
         self.relevant = relevant_index(manifest, self.labels)
         self.max_length = manifest.max_length
-        self.metrics = metrics
         if local:  # first: a broken artifact is the likelier fault, and names the file
-            self._open(settings)
+            self._open(settings, metrics)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
         except Exception as e:
@@ -123,9 +122,9 @@ class Engine:
         self.specials = (probe.ids[:at], probe.ids[at + 1:])
         self.filler = probe.ids[at]  # a token of text, for warm-up batches
 
-    def _open(self, settings: Settings) -> None:
+    def _open(self, settings: Settings, metrics: Metrics) -> None:
         """The runtime backend and its batching queue (on the model's own thread)."""
-        manifest, folder, name, metrics = self.manifest, self.folder, self.name, self.metrics
+        manifest, folder, name = self.manifest, self.folder, self.name
         threads = settings.threads or os.cpu_count() or 1
         try:
             self.backend = open_backend(
@@ -136,14 +135,14 @@ class Engine:
             raise ModelLoadError(f"{folder}: {e}") from None
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         self.shapes = warmup_shapes(batch_size, batch_tokens, self.max_length)
-        self.queued_seconds = metrics.queued.labels(name)  # looked up once: per request
+        self.series = metrics.model(name)
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         self.batcher = Batcher(
             self.tokenize, self.backend.launch if overlap else self.backend.run,
             self.max_length, batch_size,
             batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
-            on_batch=lambda size, s: metrics.observe_batch(name, size, s),
-            on_depth=metrics.queue_depth.labels(name).set, name=name,
+            on_batch=self.series.observe_batch, on_depth=self.series.queue_depth.set,
+            name=name,
             collect=self.backend.collect if overlap else None)
 
     def describe(self) -> dict:
@@ -247,7 +246,7 @@ class Engine:
         try:
             items = self.batcher.submit(texts, truncate, encodings)
         except QueueFull:
-            self.metrics.rejected.labels(self.name).inc(len(texts))
+            self.series.rejected.inc(len(texts))
             raise
         try:
             futures = [item.future for item in items]  # one input: no gather
@@ -261,7 +260,7 @@ class Engine:
         if self.task == "ner":
             outputs = list(zip(outputs, encodings))
         queued = max(it.queued_s for it in items)
-        self.queued_seconds.observe(queued)
+        self.series.queued.observe(queued)
         return Result(outputs, sum(len(e.ids) for e in encodings), queued,
                       max(it.inference_s for it in items))
 

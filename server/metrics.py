@@ -6,6 +6,8 @@ whichever worker answers it, renders the sum over all of them."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -18,6 +20,22 @@ from prometheus_client import (
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+@dataclass(frozen=True)
+class ModelSeries:
+    """One model's series, looked up once (``labels()`` costs as much as the counting, and
+    these are counted per request or per batch)."""
+
+    queue_depth: Any  # inputs waiting (a Gauge's child)
+    queued: Any  # seconds a request's inputs waited (a Histogram's child)
+    batch_size: Any
+    inference: Any
+    rejected: Any  # inputs refused, queue full (a Counter's child)
+
+    def observe_batch(self, size: int, seconds: float) -> None:
+        self.batch_size.observe(size)
+        self.inference.observe(seconds)
 
 
 class Metrics:
@@ -51,9 +69,10 @@ class Metrics:
         children[0].inc()
         children[1].observe(seconds)
 
-    def observe_batch(self, model: str, size: int, seconds: float) -> None:
-        self.batch_size.labels(model).observe(size)
-        self.inference.labels(model).observe(seconds)
+    def model(self, name: str) -> ModelSeries:
+        """The series of the model served as ``name``."""
+        return ModelSeries(*(series.labels(name) for series in (
+            self.queue_depth, self.queued, self.batch_size, self.inference, self.rejected)))
 
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several workers: all of them

@@ -87,6 +87,23 @@ def test_settings_refuse_an_unknown_device():
         Settings(device="gpu")
 
 
+def test_a_models_series_exist_from_its_start_and_count_its_batches(torch_model):
+    metrics = Metrics()
+    engine = load_engine("m", torch_model, Settings(), metrics)
+
+    def value(name):
+        return metrics.registry.get_sample_value(name, {"model": "m"})
+
+    assert (value("distilserve_rejected_inputs_total"), value("distilserve_queue_depth"),
+            value("distilserve_batch_size_count")) == (0, 0, 0)  # there before any traffic
+    _run(engine, ["one", "two"])
+    assert value("distilserve_batch_size_count") >= 1
+    assert value("distilserve_batch_size_sum") == 2  # both inputs, in one batch or two
+    assert value("distilserve_queue_seconds_count") == 1  # per request
+    assert value("distilserve_inference_seconds_count") == value("distilserve_batch_size_count")
+    assert value("distilserve_queue_depth") == 0
+
+
 def test_an_input_too_long_is_refused_before_it_is_queued(torch_model):
     engine = load_engine("m", torch_model, Settings(), Metrics())
     submitted = []
