@@ -3,14 +3,17 @@
 # and py-spy for the profile step:
 #   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 #     --platform manylinux2014_x86_64 py-spy==0.4.3 -d .gpu/wheels
-# then e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer nofuser",
-# carry=[".gpu"]) and run(command="... bash loadtests/gpu.sh workers eager profile", ...)
-# and run(command="... bash loadtests/gpu.sh bench", ...): each stays within a call's 10
-# minutes. Steps, run in the order given (the service steps use /tmp/minilm, a
-# MiniLM-shaped model that .gpu/setup.sh writes):
+# then e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer graphs",
+# carry=[".gpu"]), run(command="... bash loadtests/gpu.sh graphseager profile nofuser eager",
+# ...) and, with the device time left, run(command="... bash loadtests/gpu.sh workers bench",
+# ...): each stays within a call's 10 minutes. Steps, run in the order given (the service
+# steps use /tmp/minilm, a MiniLM-shaped model that .gpu/setup.sh writes):
 #   tests     the tests marked gpu
 #   peer      distilserve (TorchScript) beside Infinity 0.0.78 (.gpu/peer.sh), one after
 #             the other with the same clients (python -m loadtests.peer)
+#   graphs    the same distilserve with CUDA graphs for batches of up to 4,096 padded
+#             tokens (DISTILSERVE_CUDA_GRAPH_TOKENS=4096): one launch per small batch
+#   graphseager  the same with the torch backend (eager, whose launches cost the most)
 #   nofuser   the same distilserve with TorchScript's fuser off (PYTORCH_TENSOREXPR=0): does
 #             compiling for new batch shapes cost throughput?
 #   workers   the same with 4 worker processes (DISTILSERVE_WORKERS=4)
@@ -48,6 +51,7 @@ step() {
   case $1 in
     tests)
       python3 -m pytest -m gpu -q -p no:cacheprovider tests/models/test_runtime.py \
+        tests/models/test_cuda_graphs.py \
         tests/models/test_dtypes.py tests/e2e/test_gpu.py tests/bench/test_harness.py \
         > /tmp/gpu/tests.txt 2>&1
       local status=$?
@@ -59,6 +63,8 @@ step() {
       load peer torchscript --peer-url http://127.0.0.1:7997 || status=$?
       kill "$peer"
       return $status ;;
+    graphs) DISTILSERVE_CUDA_GRAPH_TOKENS=4096 load graphs torchscript ;;
+    graphseager) DISTILSERVE_CUDA_GRAPH_TOKENS=4096 load graphseager torch ;;
     nofuser) PYTORCH_TENSOREXPR=0 load nofuser torchscript ;;
     workers) DISTILSERVE_WORKERS=4 load workers torchscript ;;
     eager) load eager torch ;;
@@ -69,7 +75,8 @@ step() {
         cli bench --device cuda --dtype bf16 --backends torch --output /tmp/gpu/bench \
           --models distilbert,cmow-hybrid-bidi &&
         cat /tmp/gpu/bench/REPORT.md ;;
-    *) echo "unknown step (tests peer nofuser workers eager profile bench)" >&2; return 2 ;;
+    *) echo "unknown step (tests peer graphs graphseager nofuser workers eager profile" \
+         "bench)" >&2; return 2 ;;
   esac
 }
 

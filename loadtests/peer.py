@@ -192,9 +192,11 @@ def main(argv: list[str] | None = None) -> int:
               "seconds_per_phase": args.seconds, "client_processes": args.processes}
     (args.out / "peer.json").write_text(json.dumps(result, indent=2) + "\n")
     beside = f" beside {args.peer_name}" if peer else ""
+    graphs = (f", CUDA graphs up to {described['cuda_graph_tokens']} tokens"
+              if described.get("cuda_graph_tokens") else "")
     lines = [f"# distilserve{beside} ({time.strftime('%Y-%m-%d %H:%M')})", "",
              f"Model {model} ({described['family']}, {described['backend']} backend, "
-             f"{described['device']}, {described['dtype']}); in-process ceiling "
+             f"{described['device']}, {described['dtype']}{graphs}); in-process ceiling "
              f"{inproc['batched_sentences_per_s']:.0f} sentences/s (batches of 256), one "
              f"sentence {inproc['single_p50_ms']:.2f} ms. {args.seconds:.0f} s per phase, "
              f"closed-loop raw-socket clients in {args.processes} processes on 127.0.0.1.", "",

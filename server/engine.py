@@ -90,6 +90,7 @@ class Engine:
         self.labels: list[str] = manifest.labels
         self.relevant = relevant_index(manifest, self.labels)
         self.max_length = manifest.max_length
+        self.graph_tokens = 0  # batches up to that many padded tokens run from CUDA graphs
         if local:  # first: a broken artifact is the likelier fault, and names the file
             self._open(settings, metrics)
         try:
@@ -135,6 +136,12 @@ class Engine:
             raise ModelLoadError(f"{folder}: {e}") from None
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         self.shapes = warmup_shapes(batch_size, batch_tokens, self.max_length)
+        tokens = settings.cuda_graph_tokens
+        self.graph_tokens = tokens if tokens and self.backend.use_graphs(
+            [(b, t) for b, t in self.shapes if b * t <= tokens]) else 0
+        if tokens and not self.graph_tokens:
+            log.info("%s: no CUDA graphs (%s backend on %s): they are for the torch and "
+                     "TorchScript backends on a GPU", name, manifest.backend, self.backend.device)
         self.series = metrics.model(name)
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         self.batcher = Batcher(
@@ -153,6 +160,8 @@ class Engine:
         for key in ("loop", "pooling", "dimensions", "parameters"):
             if getattr(self.manifest, key) is not None:
                 info[key] = getattr(self.manifest, key)
+        if self.graph_tokens:
+            info["cuda_graph_tokens"] = self.graph_tokens
         if self.task != "embed":
             info["labels"] = self.labels
         return info
@@ -171,7 +180,8 @@ class Engine:
         needs the most memory that the batch limits allow: if it fails, the model is not
         served and the message says which limits to lower. The others make the device's
         first runs at each size (kernel selection; a TorchScript graph profiles a shape's
-        first run and compiles for it at the second) happen now rather than under load.
+        first run and compiles for it at the second; with DISTILSERVE_CUDA_GRAPH_TOKENS, a
+        small shape's CUDA graph is captured) happen now rather than under load.
         The log says how long they took."""
         began, slowest = time.perf_counter(), (0.0, self.shapes[0])
         for n, (b, t) in enumerate(self.shapes):

@@ -56,6 +56,9 @@ class Settings(BaseSettings):
         "auto", description="compute dtype; auto: fp32 on the CPU, fp16 or bf16 on a GPU as "
         "the model allows")
     threads: int = Field(0, ge=0, description="intra-op threads per model (0: all cores)")
+    cuda_graph_tokens: int = Field(0, ge=0, description="on a GPU, batches of up to this many "
+                                   "padded tokens run from CUDA graphs (torch and TorchScript "
+                                   "backends); 0: none")
     warmup: bool = True
     access_log: bool = Field(False, description="log every request (uvicorn's access log; "
                              "costs throughput under load)")

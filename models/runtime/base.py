@@ -44,6 +44,12 @@ class Backend(ABC):
     def collect(self, launched: Any) -> np.ndarray:
         return launched
 
+    def use_graphs(self, shapes: Sequence[tuple[int, int]]) -> bool:
+        """Runs the batches that fit one of ``shapes`` [B, T] (padded up to it) from CUDA
+        graphs, each captured at its first batch; False where this backend cannot (it is
+        not a PyTorch backend on a GPU), and nothing changes."""
+        return False
+
 
 def check_device(device: str) -> str:
     """``device`` if it is one of cpu, cuda, cuda:N, auto; else BackendError."""

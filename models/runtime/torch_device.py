@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from models.runtime.base import DTYPES, INPUT_NAMES, Backend, BackendError, choose_dtype
+from models.runtime.cuda_graphs import CudaCapture, Graphs
 
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -34,8 +35,9 @@ class Placement:
     """A device and dtype. On a GPU: inputs go through two pinned staging buffers, used in
     turn (a batch is prepared while the one before it may still be copying; a buffer is
     used again only once its batch is collected: Backend.launch), in one non-blocking
-    copy per batch; outputs come back by a non-blocking copy and an event, so that
-    nothing waits for the GPU until the outputs are wanted."""
+    copy per batch; the batch runs from a CUDA graph where ``graphs`` has one for it
+    (models/runtime/cuda_graphs.py); outputs come back by a non-blocking copy and an
+    event, so that nothing waits for the GPU until the outputs are wanted."""
 
     def __init__(self, device: str, dtype: str, allowed: Sequence[str]):
         self.device = resolve_device(device)
@@ -44,11 +46,10 @@ class Placement:
         self.cuda = self.device.type == "cuda"
         self.staging = [torch.empty(0, dtype=torch.int64)] * 2
         self.turn = 0
+        self.graphs: Graphs | None = None
 
-    def inputs(self, arrays: dict[str, np.ndarray]) -> list[torch.Tensor]:
-        """The three int64 [B, T] arrays as tensors on the device."""
-        if not self.cuda:
-            return [torch.from_numpy(arrays[k]) for k in INPUT_NAMES]
+    def inputs(self, arrays: dict[str, np.ndarray]) -> torch.Tensor:
+        """The three int64 [B, T] arrays as one [3, B, T] tensor on the GPU."""
         shape = arrays["input_ids"].shape
         n = 3 * arrays["input_ids"].size
         self.turn ^= 1
@@ -57,18 +58,22 @@ class Placement:
                 max(n, 2 * self.staging[self.turn].numel()), dtype=torch.int64).pin_memory()
         host = self.staging[self.turn][:n].view(3, *shape)
         np.stack([arrays[k] for k in INPUT_NAMES], out=host.numpy())
-        return list(host.to(self.device, non_blocking=True).unbind(0))
+        return host.to(self.device, non_blocking=True)
 
     def launch(self, forward, arrays: dict[str, np.ndarray]):
         """Runs ``forward`` on the batch; on a GPU returns before it is done."""
         with torch.inference_mode():
-            out = forward(*self.inputs(arrays)).float()
             if not self.cuda:
-                return out.numpy()
-            host = out.to("cpu", non_blocking=True)  # into pinned memory
-            done = torch.cuda.Event()
-            done.record()
-            return host, done
+                return forward(*(torch.from_numpy(arrays[k]) for k in INPUT_NAMES)).float().numpy()
+            with torch.cuda.device(self.device):  # streams and events: the model's GPU's
+                inputs = self.inputs(arrays)  # [3, B, T]
+                out = self.graphs.run(inputs) if self.graphs else None
+                if out is None:
+                    out = forward(*inputs.unbind(0)).float()
+                host = out.to("cpu", non_blocking=True)  # into pinned memory
+                done = torch.cuda.Event()
+                done.record()
+                return host, done
 
     def collect(self, launched) -> np.ndarray:
         """The outputs as float32 on the host (one synchronisation per batch)."""
@@ -94,6 +99,13 @@ class TorchRuntime(Backend):
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.collect(self.launch(inputs))
+
+    def use_graphs(self, shapes: Sequence[tuple[int, int]]) -> bool:
+        if not self.place.cuda:
+            return False
+        with torch.cuda.device(self.place.device):
+            self.place.graphs = Graphs(self.forward, shapes, CudaCapture())
+        return True
 
     def launch(self, inputs: dict[str, np.ndarray]):
         return self.place.launch(self.forward, inputs)

@@ -1,5 +1,6 @@
 """The service on CUDA (marked gpu; skipped where no GPU is visible): every family served
-by the torch backend on the GPU in its auto dtype gives the CPU's embeddings."""
+by the torch backend on the GPU in its auto dtype, with and without CUDA graphs, gives the
+CPU's embeddings."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ def test_every_family_on_cuda_matches_the_cpu(tiny_checkpoints, tmp_path):
     for family in FAMILIES:
         export.export(tiny_checkpoints[family, "embed"], tmp_path / family, "torch")
     out = {}
-    for device in ("cpu", "cuda"):
-        with running_server(tmp_path, device=device) as url:
+    for device, graphs in (("cpu", 0), ("cuda", 0), ("cuda", 4096)):  # then CUDA graphs
+        with running_server(tmp_path, device=device, cuda_graph_tokens=graphs) as url:
             models = httpx.get(url + "/v1/models").json()["data"]
             for m in models:
                 want = ("fp16" if "fp16" in families.get(m["family"]).dtypes else "bf16")
@@ -32,7 +33,8 @@ def test_every_family_on_cuda_matches_the_cpu(tiny_checkpoints, tmp_path):
                 r = httpx.post(url + "/v1/embed", json={"model": family, "inputs": TEXTS},
                                timeout=60)
                 assert r.status_code == 200, r.text
-                out[device, family] = np.array(r.json()["embeddings"])
+                out[device, graphs, family] = np.array(r.json()["embeddings"])
     for family in FAMILIES:
-        a, b = out["cpu", family], out["cuda", family]
-        assert (a * b).sum(-1).min() >= 0.999, family  # normalised: cosine
+        for graphs in (0, 4096):
+            a, b = out["cpu", 0, family], out["cuda", graphs, family]
+            assert (a * b).sum(-1).min() >= 0.999, (family, graphs)  # normalised: cosine

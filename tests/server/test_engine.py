@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shutil
 import threading
 
@@ -74,6 +75,14 @@ def test_a_dtype_that_failed_the_exports_parity_check_is_refused(torch_model, tm
 def test_cuda_without_a_gpu_names_the_model(torch_model):
     with pytest.raises(ModelLoadError, match=r"falbert: device cuda asked for, but no GPU"):
         load_engine("m", torch_model, Settings(device="cuda"), Metrics())
+
+
+def test_cuda_graphs_asked_for_on_the_cpu_say_so_and_change_nothing(torch_model, caplog):
+    with caplog.at_level(logging.INFO, logger="distilserve"):
+        engine = load_engine("m", torch_model, Settings(cuda_graph_tokens=4096), Metrics())
+    assert engine.backend.place.graphs is None
+    assert "m: no CUDA graphs (torch backend on cpu)" in caplog.text
+    assert len(_run(engine, ["one", "two"]).outputs) == 2
 
 
 def test_batch_limits_default_by_device():

@@ -1,0 +1,162 @@
+"""CUDA graphs (models/runtime/cuda_graphs.py): which batches a graph takes, and that a
+batch padded up to a graph's shape gives every family's and task's outputs unchanged. On
+the CPU a stand-in records nothing and replays by running the forward pass again into the
+same output buffer, from the same input buffer: a graph's contract without CUDA. The tests
+marked gpu capture real graphs."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from models import export
+from models.runtime import open_backend
+from models.runtime.cuda_graphs import Graphs
+from models.runtime.torch import TorchBackend
+from server.batching import warmup_shapes
+from tests.conftest import FAMILIES, TASKS
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
+SHAPES = [(1, 8), (2, 8), (4, 8), (4, 16), (8, 16), (8, 32)]
+
+
+class StandIn:
+    """capture() without CUDA: replaying runs the forward pass again into the buffer."""
+
+    def __init__(self):
+        self.captured = 0
+
+    def __call__(self, run):
+        self.captured += 1
+        out = run()
+        return (lambda: out.copy_(run())), out
+
+
+def _batch(rng, rows: int, lengths: list[int]) -> dict[str, np.ndarray]:
+    """Right-padded token ids, as server.batching.pad makes them."""
+    width = max(lengths)
+    ids = np.zeros((rows, width), dtype=np.int64)
+    mask = np.zeros_like(ids)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = rng.integers(1000, 30000, n)
+        mask[row, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+
+
+def _stacked(arrays) -> torch.Tensor:
+    return torch.from_numpy(np.stack([arrays[k] for k in
+                                      ("input_ids", "attention_mask", "token_type_ids")]))
+
+
+def test_a_batch_goes_to_the_smallest_shape_that_holds_it():
+    graphs = Graphs(lambda *x: None, SHAPES, StandIn())
+    assert graphs.shape(1, 3) == (1, 8)
+    assert graphs.shape(3, 8) == (4, 8)
+    assert graphs.shape(3, 9) == (4, 16)
+    assert graphs.shape(5, 17) == (8, 32)
+    assert graphs.shape(9, 4) is None and graphs.shape(1, 33) is None  # runs without one
+
+
+def test_the_engines_shapes_cover_every_batch_up_to_the_token_limit():
+    """What the engine gives (the warm-up's shapes up to DISTILSERVE_CUDA_GRAPH_TOKENS)
+    holds every batch within the batch limits whose padded shape is that small."""
+    shapes = [(b, t) for b, t in warmup_shapes(256, 65_536, 384) if b * t <= 4096]
+    graphs = Graphs(lambda *x: None, shapes, StandIn())
+    for b in range(1, 257):
+        for t in range(1, 385):
+            shape = graphs.shape(b, t)
+            if shape is not None:
+                assert shape[0] >= b and shape[1] >= t and shape[1] <= 384
+            padded = (1 << (b - 1).bit_length()) * max(8, 1 << (t - 1).bit_length())
+            if padded <= 4096:
+                assert shape is not None, (b, t)
+
+
+@pytest.fixture(scope="module")
+def backends(tiny_checkpoints):
+    """(family, task) -> the torch backend of its tiny checkpoint, on the CPU."""
+    return {key: TorchBackend(Path(folder)) for key, folder in tiny_checkpoints.items()}
+
+
+@pytest.mark.parametrize("task", TASKS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_padded_up_to_a_graphs_shape_every_model_gives_the_same_outputs(backends, family,
+                                                                        task):
+    backend = backends[family, task]
+    capture = StandIn()
+    graphs = Graphs(backend.forward, SHAPES, capture)
+    rng = np.random.default_rng(0)
+    # a long batch, then shorter ones of the same shape: nothing of the first stays
+    for rows, lengths in ((4, [16, 9, 12, 16]), (3, [10, 4, 7]), (2, [5, 3]), (1, [6]),
+                          (5, [20, 30, 7, 25, 11])):
+        arrays = _batch(rng, rows, lengths)
+        with torch.inference_mode():
+            got = graphs.run(_stacked(arrays))
+        want = backend.run(arrays)
+        assert got is not None and got.shape == want.shape
+        if task == "ner":  # only the real tokens count, as the engine takes them
+            for row, n in enumerate(lengths):
+                np.testing.assert_allclose(got[row, :n].numpy(), want[row, :n], atol=2e-5)
+        else:
+            np.testing.assert_allclose(got.numpy(), want, atol=2e-5)
+    assert set(graphs.graphs) == {(4, 16), (2, 8), (1, 8), (8, 32)}
+    assert capture.captured == 4  # (4, 16) once, for two batches
+
+
+def test_a_forward_pass_that_cannot_be_captured_runs_without_a_graph(caplog):
+    def capture(run):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    graphs = Graphs(lambda *x: x[0].float(), SHAPES, capture)
+    inputs = torch.ones((3, 2, 5), dtype=torch.int64)
+    with caplog.at_level(logging.WARNING, logger="distilserve"):
+        assert graphs.run(inputs) is None
+        assert graphs.run(inputs) is None  # not tried again
+    assert [r.getMessage() for r in caplog.records] == [
+        "no CUDA graph for batches of 2 x 8, which run without one: RuntimeError: "
+        "operation not permitted when stream is capturing"]
+
+
+def test_only_a_pytorch_backend_on_a_gpu_uses_graphs(backends, tiny_checkpoints, tmp_path):
+    assert backends["bert", "embed"].use_graphs(SHAPES) is False  # on the CPU
+    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "onnx", "onnx")
+    assert open_backend("onnx", tmp_path / "onnx", "model.onnx").use_graphs(SHAPES) is False
+
+
+def _same_with_graphs(plain, graphed, task: str, label: str) -> None:
+    """``graphed`` (a backend with graphs for SHAPES) gives what ``plain`` gives."""
+    assert graphed.use_graphs(SHAPES)
+    rng = np.random.default_rng(0)
+    for rows, lengths in ((4, [16, 9, 12, 16]), (3, [10, 4, 7]), (1, [6]), (9, [5] * 9)):
+        arrays = _batch(rng, rows, lengths)
+        want, got = plain.run(arrays), graphed.run(arrays)
+        assert got.shape == want.shape, label
+        for row, n in enumerate(lengths):  # per token: the real tokens
+            a, b = (want[row, :n], got[row, :n]) if task == "ner" else (want[row], got[row])
+            np.testing.assert_allclose(b, a, atol=2e-2, rtol=2e-2, err_msg=label)
+    assert set(graphed.place.graphs.graphs) == {(4, 16), (4, 8), (1, 8)}, label  # 9: none
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("task", TASKS)
+def test_on_cuda_graphs_give_what_the_eager_model_gives_without(tiny_checkpoints, task):
+    for family in FAMILIES:
+        folder = Path(tiny_checkpoints[family, task])
+        plain, graphed = (TorchBackend(folder, device="cuda", dtype="auto") for _ in range(2))
+        _same_with_graphs(plain, graphed, task, family)
+
+
+@pytest.mark.gpu
+@CUDA
+def test_on_cuda_graphs_give_what_torchscript_gives_without(tiny_checkpoints, tmp_path):
+    for family in FAMILIES:
+        folder = tmp_path / family
+        export.export(tiny_checkpoints[family, "embed"], folder, "torchscript")
+        plain, graphed = (open_backend("torchscript", folder, "model.ts", device="cuda",
+                                       dtype="auto") for _ in range(2))
+        _same_with_graphs(plain, graphed, "embed", family)
