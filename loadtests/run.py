@@ -85,7 +85,8 @@ def start_server(repository: Path, port: int, log: Path, env: dict | None = None
 class InProcess:
     """The same model without the service (the ceiling): batched throughput (``batch``
     sentences a batch) and the latency of one sentence (tokenise, run, normalise); the
-    folder's backend, or ``backend``."""
+    folder's backend, or ``backend``. With DISTILSERVE_CUDA_GRAPH_TOKENS, on a GPU, the
+    batches that small run from CUDA graphs, as in the service."""
 
     def __init__(self, folder: Path, device: str = "cpu", dtype: str = "fp32",
                  batch: int = 32, backend=None):
@@ -93,11 +94,19 @@ class InProcess:
 
         from models.io.manifest import Manifest
         from models.runtime import open_backend
+        from server.batching import warmup_shapes
+        from server.settings import Settings
 
         manifest = Manifest.read(folder)
         self.batch = batch
         self.backend = backend or open_backend(manifest.backend, folder, manifest.artifact, 0,
                                                manifest.num_iterations, device, dtype)
+        settings = Settings()  # the service's, from the DISTILSERVE_* variables
+        if settings.cuda_graph_tokens:
+            shapes = warmup_shapes(*settings.batch_limits(self.backend.device),
+                                   manifest.max_length)
+            self.backend.use_graphs([(b, t) for b, t in shapes
+                                     if b * t <= settings.cuda_graph_tokens])
         # the Rust tokenizer called directly, as the service does (no transformers wrapper)
         self.tokenizer = Tokenizer.from_file(str(folder / "checkpoint" / "tokenizer.json"))
         self.tokenizer.no_padding()
