@@ -61,6 +61,7 @@ class Options:
     threads: int = 0
     device: str = "cpu"  # cpu or cuda[:N]: on a GPU, the torch and torchscript backends
     dtype: str = "fp32"
+    cuda_graphs: bool = False  # on a GPU: each timed shape replayed from a CUDA graph
     backends: tuple = BACKENDS
     rows: list = dataclasses.field(default_factory=lambda: list(PAPER_ROWS))
 
@@ -200,7 +201,14 @@ def rescore(results: list[dict], gemm: float, device: str, dtype: str) -> None:
 
 def _key(row: Row, backend: str, loop: str, opts: Options | None = None) -> str:
     where = f"|{opts.device}|{opts.dtype}" if opts and opts.device != "cpu" else ""
-    return f"{row.name}|{backend}|{loop}{where}"
+    return f"{row.name}|{backend}|{loop}{where}{'|graphs' if opts and opts.cuda_graphs else ''}"
+
+
+def _column(backend: str, opts: Options) -> str:
+    """The report's column: the backend; on a GPU with its dtype, and graphs if used."""
+    if opts.device == "cpu":
+        return backend
+    return f"{backend} {opts.dtype}{' graphs' if opts.cuda_graphs else ''}"
 
 
 def _loops(row: Row, backend: str) -> tuple:
@@ -247,7 +255,7 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
         progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}: measuring")
         spec.update(batch_size=opts.batch_size, length=opts.length, batches=opts.batches,
                     repeats=opts.repeats, latency_runs=opts.latency_runs, threads=threads,
-                    device=opts.device, dtype=opts.dtype)
+                    device=opts.device, dtype=opts.dtype, cuda_graphs=opts.cuda_graphs)
         out = subprocess.run([sys.executable, "-m", "bench.worker", json.dumps(spec)],
                              capture_output=True, text=True, cwd=Path(__file__).parent.parent)
         if out.returncode != 0:
@@ -262,7 +270,7 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
         record = {"key": key, "model": row.name, "family": row.family, "preset": row.preset,
                   "overrides": dict(row.overrides), "backend": backend,
                   "device": opts.device, "dtype": opts.dtype,
-                  "column": backend if opts.device == "cpu" else f"{backend} {opts.dtype}",
+                  "column": _column(backend, opts),
                   "loop": loop if row.family in families.RECURSIVE else None,
                   "parameters": spec["parameters"], "flops_per_sentence": flops,
                   "gemm_gflop_per_s": gemm / 1e9, "batch_size": opts.batch_size,

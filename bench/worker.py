@@ -42,8 +42,12 @@ def measure(spec: dict) -> dict:
                 "token_type_ids": np.zeros_like(ids)}
 
     size, length = spec["batch_size"], spec["length"]
+    if spec.get("cuda_graphs") and not backend.use_graphs([(size, length), (1, length)]):
+        raise SystemExit(f"CUDA graphs need the torch or TorchScript backend on a GPU, not "
+                         f"{backend.name} on {backend.device}")
     batches = [batch(size, length) for _ in range(spec["batches"])]
-    backend.run(batches[0])  # warm-up, at the timed shape (TorchScript specialises to it)
+    backend.run(batches[0])  # warm-up, at the timed shape (TorchScript specialises to it;
+    # with cuda_graphs, its graph is captured)
     rates = []
     for _ in range(spec["repeats"]):
         t = time.perf_counter()

@@ -5,9 +5,10 @@
 #     --platform manylinux2014_x86_64 py-spy==0.4.3 -d .gpu/wheels
 # then e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer graphs",
 # carry=[".gpu"]), run(command="... bash loadtests/gpu.sh graphseager profile nofuser eager",
-# ...) and, with the device time left, run(command="... bash loadtests/gpu.sh workers bench",
-# ...): each stays within a call's 10 minutes. Steps, run in the order given (the service
-# steps use /tmp/minilm, a MiniLM-shaped model that .gpu/setup.sh writes):
+# ...) and, with the device time left, run(command="... bash loadtests/gpu.sh workers
+# bench benchgraphs", ...): each stays within a call's 10 minutes (bench alone may need a
+# call of its own). Steps, run in the order given (the service steps use /tmp/minilm, a
+# MiniLM-shaped model that .gpu/setup.sh writes):
 #   tests     the tests marked gpu
 #   peer      distilserve (TorchScript) beside Infinity 0.0.78 (.gpu/peer.sh), one after
 #             the other with the same clients (python -m loadtests.peer)
@@ -22,6 +23,8 @@
 #             phase (loadtests/profile.py): where the event loop and the model's threads
 #             spend their time on this machine
 #   bench     the papers' rows: fp32 and fp16 (every row), bf16 (DistilBERT and CMOW)
+#   benchgraphs  the papers' rows in fp16 again, each batch from a CUDA graph (a column
+#             "torch fp16 graphs" in the same report: launches no longer counted)
 # Each step writes under /tmp/gpu/STEP; a step that fails is said and the next one runs.
 # At the end /tmp/gpu goes to $OUT as one archive (a call brings back at most 8 files),
 # the tables are printed, and the exit status is the number of failed steps.
@@ -75,8 +78,11 @@ step() {
         cli bench --device cuda --dtype bf16 --backends torch --output /tmp/gpu/bench \
           --models distilbert,cmow-hybrid-bidi &&
         cat /tmp/gpu/bench/REPORT.md ;;
+    benchgraphs)
+      cli bench --device cuda --dtype fp16 --backends torch --cuda-graphs \
+        --output /tmp/gpu/bench && cat /tmp/gpu/bench/REPORT.md ;;
     *) echo "unknown step (tests peer graphs graphseager nofuser workers eager profile" \
-         "bench)" >&2; return 2 ;;
+         "bench benchgraphs)" >&2; return 2 ;;
   esac
 }
 

@@ -242,7 +242,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
                            batches=args.batches, repeats=args.repeats, threads=args.threads,
-                           device=args.device, dtype=args.dtype)
+                           device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
+    if args.cuda_graphs and args.device == "cpu":
+        print("distilserve bench: --cuda-graphs needs a GPU (--device cuda)", file=sys.stderr)
+        return 2
     if args.device != "cpu":  # ONNX Runtime on a GPU needs onnxruntime-gpu (the gpu extra)
         opts.backends = ("torch", "torchscript")
     if args.quick:
@@ -425,6 +428,9 @@ def parser() -> argparse.ArgumentParser:
                        help="cpu, or cuda[:N]: the torch and torchscript backends on a GPU")
     bench.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"],
                        help="compute dtype (fp16 and bf16 on a GPU)")
+    bench.add_argument("--cuda-graphs", action="store_true",
+                       help="on a GPU, run each timed shape from a CUDA graph (one launch "
+                       "per batch, as DISTILSERVE_CUDA_GRAPH_TOKENS serves small batches)")
     bench.add_argument("--backends", help="comma-separated: torch,torchscript,onnx,onnx-int8")
     bench.add_argument("--models", help="comma-separated model names or presets")
     bench.add_argument("--students", type=Path,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from bench import harness
+from server.cli import main
 
 
 def test_fastest_times_each_run_to_its_sync_and_leaves_the_warm_up_out():
@@ -75,3 +76,28 @@ def test_a_dtype_a_family_does_not_run_in_leaves_its_rows_out(tmp_path):
     results = harness.measure_all(opts, said.append)
     assert [(r["model"], "error" in r) for r in results] == [("bert tiny", False)]
     assert "cmow tiny: left out, cmow does not run in fp16" in said
+
+
+def _graphs_run(tmp_path, device: str) -> list[dict]:
+    opts = harness.Options(output=tmp_path, batch_size=2, length=8, repeats=1, latency_runs=1,
+                           threads=1, device=device, dtype="fp16" if device != "cpu" else "fp32",
+                           cuda_graphs=True, backends=("torch",),
+                           rows=[harness.Row("bert tiny", "bert", "tiny")])
+    return harness.measure_all(opts, lambda said: None)
+
+
+def test_cuda_graphs_without_a_gpu_are_a_clear_error(tmp_path, capsys):
+    assert main(["bench", "--quick", "--cuda-graphs", "--output", str(tmp_path)]) == 2
+    assert "--cuda-graphs needs a GPU (--device cuda)" in capsys.readouterr().err
+    [result] = _graphs_run(tmp_path, "cpu")  # the worker says so too
+    assert result["error"] == ("CUDA graphs need the torch or TorchScript backend on a GPU, "
+                               "not torch on cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
+def test_cuda_graphs_get_a_column_of_their_own(tmp_path):
+    [result] = _graphs_run(tmp_path, "cuda")
+    assert "error" not in result, result
+    assert result["column"] == "torch fp16 graphs" and result["key"].endswith("|graphs")
+    assert result["sentences_per_s"] > 0
