@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,9 +16,10 @@ import torch
 
 from models import export
 from models.runtime import open_backend
+from models.runtime.base import INPUT_NAMES
 from models.runtime.cuda_graphs import Graphs
 from models.runtime.torch import TorchBackend
-from server.batching import warmup_shapes
+from server.batching import pad, warmup_shapes
 from tests.conftest import FAMILIES, TASKS
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
@@ -36,20 +38,14 @@ class StandIn:
         return (lambda: out.copy_(run())), out
 
 
-def _batch(rng, rows: int, lengths: list[int]) -> dict[str, np.ndarray]:
-    """Right-padded token ids, as server.batching.pad makes them."""
-    width = max(lengths)
-    ids = np.zeros((rows, width), dtype=np.int64)
-    mask = np.zeros_like(ids)
-    for row, n in enumerate(lengths):
-        ids[row, :n] = rng.integers(1000, 30000, n)
-        mask[row, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+def _batch(rng, lengths: list[int]) -> dict[str, np.ndarray]:
+    """Random token ids of these lengths, padded as the service pads a batch."""
+    return pad([SimpleNamespace(ids=rng.integers(1000, 30000, n).tolist(), type_ids=[0] * n)
+                for n in lengths])
 
 
 def _stacked(arrays) -> torch.Tensor:
-    return torch.from_numpy(np.stack([arrays[k] for k in
-                                      ("input_ids", "attention_mask", "token_type_ids")]))
+    return torch.from_numpy(np.stack([arrays[k] for k in INPUT_NAMES]))  # [3, B, T]
 
 
 def test_a_batch_goes_to_the_smallest_shape_that_holds_it():
@@ -91,9 +87,8 @@ def test_padded_up_to_a_graphs_shape_every_model_gives_the_same_outputs(backends
     graphs = Graphs(backend.forward, SHAPES, capture)
     rng = np.random.default_rng(0)
     # a long batch, then shorter ones of the same shape: nothing of the first stays
-    for rows, lengths in ((4, [16, 9, 12, 16]), (3, [10, 4, 7]), (2, [5, 3]), (1, [6]),
-                          (5, [20, 30, 7, 25, 11])):
-        arrays = _batch(rng, rows, lengths)
+    for lengths in ([16, 9, 12, 16], [10, 4, 7], [5, 3], [6], [20, 30, 7, 25, 11]):
+        arrays = _batch(rng, lengths)
         with torch.inference_mode():
             got = graphs.run(_stacked(arrays))
         want = backend.run(arrays)
@@ -131,14 +126,15 @@ def _same_with_graphs(plain, graphed, task: str, label: str) -> None:
     """``graphed`` (a backend with graphs for SHAPES) gives what ``plain`` gives."""
     assert graphed.use_graphs(SHAPES)
     rng = np.random.default_rng(0)
-    for rows, lengths in ((4, [16, 9, 12, 16]), (3, [10, 4, 7]), (1, [6]), (9, [5] * 9)):
-        arrays = _batch(rng, rows, lengths)
+    for lengths in ([16, 9, 12, 16], [10, 4, 7], [6], [5] * 9):
+        arrays = _batch(rng, lengths)
         want, got = plain.run(arrays), graphed.run(arrays)
         assert got.shape == want.shape, label
         for row, n in enumerate(lengths):  # per token: the real tokens
             a, b = (want[row, :n], got[row, :n]) if task == "ner" else (want[row], got[row])
-            np.testing.assert_allclose(b, a, atol=2e-2, rtol=2e-2, err_msg=label)
-    assert set(graphed.place.graphs.graphs) == {(4, 16), (4, 8), (1, 8)}, label  # 9: none
+            # the same dtype; other shapes may take other kernels, so not bit for bit
+            assert np.linalg.norm(b - a) <= 3e-2 * np.linalg.norm(a) + 1e-3, (label, row)
+    assert set(graphed.place.graphs.graphs) == {(4, 16), (1, 8)}, label  # 9 rows: none
 
 
 @pytest.mark.gpu
