@@ -29,6 +29,7 @@ def test_every_family_on_cuda_matches_the_cpu(tiny_checkpoints, tmp_path):
                 want = ("fp16" if "fp16" in families.get(m["family"]).dtypes else "bf16")
                 assert (m["device"], m["dtype"]) == (
                     ("cpu", "fp32") if device == "cpu" else ("cuda:0", want))
+                assert m.get("cuda_graph_tokens", 0) == graphs
             for family in FAMILIES:
                 r = httpx.post(url + "/v1/embed", json={"model": family, "inputs": TEXTS},
                                timeout=60)
