@@ -103,10 +103,9 @@ class InProcess:
                                                manifest.num_iterations, device, dtype)
         settings = Settings()  # the service's, from the DISTILSERVE_* variables
         if settings.cuda_graph_tokens:
-            shapes = warmup_shapes(*settings.batch_limits(self.backend.device),
-                                   manifest.max_length)
-            self.backend.use_graphs([(b, t) for b, t in shapes
-                                     if b * t <= settings.cuda_graph_tokens])
+            self.backend.use_graphs(warmup_shapes(*settings.batch_limits(self.backend.device),
+                                                  manifest.max_length),
+                                    settings.cuda_graph_tokens)
         # the Rust tokenizer called directly, as the service does (no transformers wrapper)
         self.tokenizer = Tokenizer.from_file(str(folder / "checkpoint" / "tokenizer.json"))
         self.tokenizer.no_padding()

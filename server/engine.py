@@ -137,8 +137,8 @@ class Engine:
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         self.shapes = warmup_shapes(batch_size, batch_tokens, self.max_length)
         tokens = settings.cuda_graph_tokens
-        self.graph_tokens = tokens if tokens and self.backend.use_graphs(
-            [(b, t) for b, t in self.shapes if b * t <= tokens]) else 0
+        used = bool(tokens) and self.backend.use_graphs(self.shapes, tokens)
+        self.graph_tokens = tokens if used else 0
         if tokens and not self.graph_tokens:
             log.info("%s: no CUDA graphs (%s backend on %s): they are for the torch and "
                      "TorchScript backends on a GPU", name, manifest.backend, self.backend.device)

@@ -44,10 +44,11 @@ class Backend(ABC):
     def collect(self, launched: Any) -> np.ndarray:
         return launched
 
-    def use_graphs(self, shapes: Sequence[tuple[int, int]]) -> bool:
-        """Runs the batches that fit one of ``shapes`` [B, T] (padded up to it) from CUDA
-        graphs, each captured at its first batch; False where this backend cannot (it is
-        not a PyTorch backend on a GPU), and nothing changes."""
+    def use_graphs(self, shapes: Sequence[tuple[int, int]], max_tokens: int | None = None) -> bool:
+        """Runs the batches that fit one of ``shapes`` [B, T] of at most ``max_tokens``
+        B x T (padded up to it) from CUDA graphs, each captured at its first batch; False
+        where this backend cannot (it is not a PyTorch backend on a GPU), and nothing
+        changes."""
         return False
 
 

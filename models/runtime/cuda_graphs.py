@@ -56,13 +56,16 @@ class CudaCapture:
 
 class Graphs:
     """``forward`` (three int64 [B, T] tensors -> float [B, ...]) replayed from CUDA graphs
-    for the batches that fit one of ``shapes``, each captured at its first batch."""
+    for the batches that fit one of ``shapes`` of at most ``max_tokens`` B x T (None: any),
+    each captured at its first batch."""
 
     def __init__(self, forward: Callable[..., torch.Tensor], shapes: Sequence[Shape],
                  capture: Callable[[Callable[[], torch.Tensor]],
-                                   tuple[Callable[[], None], torch.Tensor]]):
+                                   tuple[Callable[[], None], torch.Tensor]],
+                 max_tokens: int | None = None):
         self.forward, self.capture = forward, capture
-        self.shapes = sorted(shapes, key=lambda s: (s[0] * s[1], s))  # smallest first
+        self.shapes = sorted((s for s in shapes if max_tokens is None or s[0] * s[1] <= max_tokens),
+                             key=lambda s: (s[0] * s[1], s))  # smallest first
         self.graphs: dict[Shape, tuple[torch.Tensor, Callable[[], None], torch.Tensor]] = {}
         self.failed: set[Shape] = set()
 

@@ -100,11 +100,11 @@ class TorchRuntime(Backend):
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.collect(self.launch(inputs))
 
-    def use_graphs(self, shapes: Sequence[tuple[int, int]]) -> bool:
+    def use_graphs(self, shapes: Sequence[tuple[int, int]], max_tokens: int | None = None) -> bool:
         if not self.place.cuda:
             return False
         with torch.cuda.device(self.place.device):
-            self.place.graphs = Graphs(self.forward, shapes, CudaCapture())
+            self.place.graphs = Graphs(self.forward, shapes, CudaCapture(), max_tokens)
         return True
 
     def launch(self, inputs: dict[str, np.ndarray]):

@@ -60,13 +60,13 @@ def test_a_batch_goes_to_the_smallest_shape_that_holds_it():
 def test_the_engines_shapes_cover_every_batch_up_to_the_token_limit():
     """What the engine gives (the warm-up's shapes up to DISTILSERVE_CUDA_GRAPH_TOKENS)
     holds every batch within the batch limits whose padded shape is that small."""
-    shapes = [(b, t) for b, t in warmup_shapes(256, 65_536, 384) if b * t <= 4096]
-    graphs = Graphs(lambda *x: None, shapes, StandIn())
+    graphs = Graphs(lambda *x: None, warmup_shapes(256, 65_536, 384), StandIn(), 4096)
     for b in range(1, 257):
         for t in range(1, 385):
             shape = graphs.shape(b, t)
             if shape is not None:
                 assert shape[0] >= b and shape[1] >= t and shape[1] <= 384
+                assert shape[0] * shape[1] <= 4096
             padded = (1 << (b - 1).bit_length()) * max(8, 1 << (t - 1).bit_length())
             if padded <= 4096:
                 assert shape is not None, (b, t)
