@@ -444,14 +444,14 @@ def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, trai
 def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:
     """Distils, evaluates fidelity, and writes the student checkpoint to opts.output."""
     torch.manual_seed(opts.seed)
-    opts.output.mkdir(parents=True, exist_ok=True)
     teacher = Teacher(opts.teacher or checkpoint.minilm_path())
+    preset = opts.preset or STUDENT_PRESET[opts.family]
+    check_preset(opts.family, preset, teacher, opts.max_length)  # before any slow step
+    opts.output.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(str(teacher.ckpt.tokenizer_dir))
     progress("reading sentences from installed docstrings")
     train, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed)
     held = held[: opts.held_out]
-    preset = opts.preset or STUDENT_PRESET[opts.family]
-    check_preset(opts.family, preset, teacher, opts.max_length)
     resuming = (opts.output / STATE).exists() and (opts.output / "config.json").exists()
     student = checkpoint.load(opts.output) if resuming else new_student(
         opts.family, preset, teacher, opts.seed)
