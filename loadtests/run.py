@@ -99,8 +99,9 @@ class InProcess:
 
         manifest = Manifest.read(folder)
         self.batch = batch
-        self.backend = backend or open_backend(manifest.backend, folder, manifest.artifact, 0,
-                                               manifest.num_iterations, device, dtype)
+        self.backend = backend or open_backend(  # as the service opens it
+            manifest.backend, folder, manifest.artifact, 0, manifest.num_iterations, device,
+            dtype, manifest.allowed_dtypes, checkpoint_on_gpu=True)
         settings = Settings()  # the service's, from the DISTILSERVE_* variables
         if settings.cuda_graph_tokens:
             self.backend.use_graphs(warmup_shapes(*settings.batch_limits(self.backend.device),

@@ -111,7 +111,7 @@ async def load_models(service: Service, folders: list[Path], open_engine) -> Non
             continue
         service.engines[folder.name] = engine
         log.info("serving %s (%s, %s, %s)", folder.name, engine.task, engine.family,
-                 engine.manifest.backend)
+                 engine.describe()["backend"])
     # the libraries loaded so far are millions of long-lived objects: a full garbage
     # collection walking them all stalled every request for ~0.3 s; frozen, it skips them
     gc.collect()

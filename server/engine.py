@@ -131,7 +131,7 @@ class Engine:
             self.backend = open_backend(
                 manifest.backend, folder, manifest.artifact, threads, manifest.num_iterations,
                 manifest.device or settings.device, manifest.dtype or settings.dtype,
-                manifest.allowed_dtypes)
+                manifest.allowed_dtypes, checkpoint_on_gpu=True)
         except BackendError as e:
             raise ModelLoadError(f"{folder}: {e}") from None
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
@@ -141,7 +141,7 @@ class Engine:
         self.graph_tokens = tokens if used else 0
         if tokens and not self.graph_tokens:
             log.info("%s: no CUDA graphs (%s backend on %s): they are for the torch and "
-                     "TorchScript backends on a GPU", name, manifest.backend, self.backend.device)
+                     "TorchScript backends on a GPU", name, self.backend.name, self.backend.device)
         self.series = metrics.model(name)
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         self.batcher = Batcher(
@@ -154,7 +154,7 @@ class Engine:
 
     def describe(self) -> dict:
         info = {"id": self.name, "object": "model", "owned_by": "distilserve",
-                "task": self.task, "family": self.family, "backend": self.manifest.backend,
+                "task": self.task, "family": self.family, "backend": self.backend.name,
                 "max_length": self.max_length, "device": self.backend.device,
                 "dtype": self.backend.dtype}
         for key in ("loop", "pooling", "dimensions", "parameters"):

@@ -6,6 +6,7 @@ the task's output as float32 out, whatever it computed in.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,8 @@ import numpy as np
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 DTYPES = ("fp32", "fp16", "bf16")
 DEVICES_HELP = "cpu, cuda, cuda:N or auto"
+
+log = logging.getLogger("distilserve")
 
 
 class BackendError(Exception):
@@ -77,15 +80,22 @@ def choose_dtype(requested: str, device: str, allowed: Sequence[str]) -> str:
 
 def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: int = 0,
                  num_iterations: int | None = None, device: str = "cpu", dtype: str = "fp32",
-                 allowed: Sequence[str] = DTYPES) -> Backend:
+                 allowed: Sequence[str] = DTYPES, checkpoint_on_gpu: bool = False) -> Backend:
     """``kind`` is the manifest's backend: onnx, torchscript or torch. ``device`` and
     ``dtype`` may be ``auto``; ``allowed`` are the dtypes the model may run in (its
-    family's, less those that failed the export's parity check)."""
+    family's, less those that failed the export's parity check).
+
+    With ``checkpoint_on_gpu`` (the service), an ONNX model asked to run on a GPU (cuda,
+    or auto with one visible) by an onnxruntime without the CUDA execution provider runs
+    there all the same: its folder's checkpoint, traced with TorchScript at load."""
     folder = Path(folder)
     check_device(device)
     if kind == "onnx":
-        from models.runtime.onnx import OnnxBackend
+        from models.runtime.onnx import OnnxBackend, has_cuda_provider
 
+        if checkpoint_on_gpu and not has_cuda_provider() and _wants_gpu(device):
+            return _checkpoint_instead(folder, threads, device, dtype, allowed) or \
+                OnnxBackend(folder / artifact, threads, num_iterations, "cpu", dtype)
         return OnnxBackend(folder / artifact, threads, num_iterations, device, dtype)
     if kind == "torchscript":
         from models.runtime.torchscript import TorchScriptBackend
@@ -96,3 +106,37 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
 
         return TorchBackend(folder / (artifact or "checkpoint"), threads, device, dtype, allowed)
     raise ValueError(f"unknown backend {kind!r} (onnx, torchscript, torch)")
+
+
+def _wants_gpu(device: str) -> bool:
+    if device == "auto":
+        import torch
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
+
+
+def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
+                        allowed: Sequence[str]) -> Backend | None:
+    """An ONNX model's checkpoint traced on the GPU; None (ONNX Runtime on the CPU) where
+    that fails and ``device`` is auto, a BackendError where it is cuda (the torch
+    backends' own where they refuse the device or the dtype)."""
+    from models.runtime.torchscript import TorchScriptBackend
+
+    why = ("this onnxruntime has no CUDA execution provider (pip install "
+           "'distilserve[gpu]' for onnxruntime-gpu)")
+    try:
+        backend = TorchScriptBackend(folder / "checkpoint", threads, device, dtype, allowed)
+    except Exception as e:
+        if device != "auto":
+            if isinstance(e, BackendError):
+                raise
+            raise BackendError(f"device {device}: {why}, and the model's checkpoint, which "
+                               f"would run there instead, did not: {type(e).__name__}: {e}"
+                               ) from None
+        log.warning("%s: ONNX Runtime on the CPU, not the GPU: %s, and the model's "
+                    "checkpoint did not run there: %s: %s", folder.name, why, type(e).__name__, e)
+        return None
+    log.info("%s: an ONNX model, run on %s in %s from its checkpoint, traced with TorchScript: "
+             "%s", folder.name, backend.device, backend.dtype, why)
+    return backend

@@ -11,12 +11,17 @@ import onnxruntime as ort
 from models.runtime.base import Backend, BackendError, choose_dtype
 
 
+def has_cuda_provider() -> bool:
+    """Whether this onnxruntime runs on a GPU (onnxruntime-gpu)."""
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
 class OnnxBackend(Backend):
     name = "onnx"
 
     def __init__(self, path: Path, threads: int = 0, num_iterations: int | None = None,
                  device: str = "cpu", dtype: str = "fp32"):
-        has_cuda = "CUDAExecutionProvider" in ort.get_available_providers()
+        has_cuda = has_cuda_provider()
         if device == "auto":
             device = "cuda" if has_cuda else "cpu"
         if device.startswith("cuda") and not has_cuda:

@@ -6,6 +6,9 @@ in written into it (mask casts, the mask's lowest value): run in fp16 or bf16 on
 mixed fp32 masks into half-precision attention and gave NaN. So for fp16 / bf16 a traced
 artifact is traced again at load, from the model folder's checkpoint, on the device, in
 that dtype.
+
+``path`` may also be a model folder's checkpoint folder, traced here: an ONNX model on a
+GPU where onnxruntime has no CUDA execution provider (``open_backend``).
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ class TorchScriptBackend(TorchRuntime):
     def __init__(self, path: Path, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
                  allowed: Sequence[str] = DTYPES):
         super().__init__(threads, device, dtype, allowed)
-        module = torch.jit.load(str(path), map_location=self.place.device)
-        traced = "prim::Loop" not in str(module.inlined_graph)
-        if traced and self.dtype != "fp32":
-            module = self._trace_again(path.parent / "checkpoint")
+        if path.is_dir():
+            module = self._trace(path)
+        else:
+            module = torch.jit.load(str(path), map_location=self.place.device)
+            if self.dtype != "fp32" and "prim::Loop" not in str(module.inlined_graph):
+                module = self._trace(path.parent / "checkpoint")  # traced in fp32: again
         self.forward = module.to(self.place.dtype).eval()
 
-    def _trace_again(self, folder: Path):
+    def _trace(self, folder: Path):
+        """The checkpoint in ``folder`` traced on the device, in the dtype."""
         from models import export
         from models.io import checkpoint
 

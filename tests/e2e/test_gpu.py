@@ -1,6 +1,6 @@
 """The service on CUDA (marked gpu; skipped where no GPU is visible): every family served
-by the torch backend on the GPU in its auto dtype, with and without CUDA graphs, gives the
-CPU's embeddings."""
+by the torch backend on the GPU in its auto dtype, with and without CUDA graphs, and every
+family exported to ONNX and served with the default device, gives the CPU's embeddings."""
 
 from __future__ import annotations
 
@@ -39,3 +39,27 @@ def test_every_family_on_cuda_matches_the_cpu(tiny_checkpoints, tmp_path):
         for graphs in (0, 4096):
             a, b = out["cpu", 0, family], out["cuda", graphs, family]
             assert (a * b).sum(-1).min() >= 0.999, (family, graphs)  # normalised: cosine
+
+
+def test_onnx_models_are_served_on_the_gpu_by_default(tiny_checkpoints, tmp_path):
+    """`distilserve serve` of ONNX models (the embedded default's format) on a GPU machine:
+    on the GPU, by ONNX Runtime with onnxruntime-gpu, else from each model's checkpoint
+    traced with TorchScript; the CPU's embeddings either way."""
+    from models.runtime.onnx import has_cuda_provider
+
+    for family in FAMILIES:
+        export.export(tiny_checkpoints[family, "embed"], tmp_path / family, "onnx")
+    out = {}
+    for device in ("cpu", "auto"):
+        with running_server(tmp_path, device=device) as url:
+            for m in httpx.get(url + "/v1/models").json()["data"]:
+                assert m["backend"] == ("onnx" if device == "cpu" or has_cuda_provider()
+                                        else "torchscript"), m
+                assert m["device"].startswith("cpu" if device == "cpu" else "cuda"), m
+            for family in FAMILIES:
+                r = httpx.post(url + "/v1/embed", json={"model": family, "inputs": TEXTS},
+                               timeout=60)
+                assert r.status_code == 200, r.text
+                out[device, family] = np.array(r.json()["embeddings"])
+    for family in FAMILIES:
+        assert (out["cpu", family] * out["auto", family]).sum(-1).min() >= 0.999, family

@@ -4,14 +4,19 @@ in the tests marked gpu)."""
 
 from __future__ import annotations
 
+import logging
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 from models import export
 from models.io.manifest import Manifest
-from models.runtime import open_backend
+from models.runtime import open_backend, torch_device
 from models.runtime.base import BackendError, check_device, choose_dtype
+from models.runtime.onnx import has_cuda_provider
+from models.runtime.torchscript import TorchScriptBackend
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
 
@@ -105,6 +110,71 @@ def test_cuda_without_a_gpu_is_a_clear_error(exported, fmt):
     with pytest.raises(BackendError, match="no GPU is visible|no CUDA execution provider"):
         open_backend(fmt, exported[fmt], artifact, device="cuda")
     assert open_backend(fmt, exported[fmt], artifact, device="auto").device == "cpu"
+
+
+def test_a_checkpoint_folder_is_traced_at_load_and_computes_what_the_onnx_model_does(exported):
+    """What an ONNX model runs on a GPU without onnxruntime-gpu: its folder's checkpoint,
+    traced by the TorchScript backend (here on the CPU, in fp32 and bf16)."""
+    inputs = _inputs()
+    ref = open_backend("onnx", exported["onnx"], "model.onnx").run(inputs)
+    traced = TorchScriptBackend(exported["onnx"] / "checkpoint")
+    assert np.allclose(traced.run(inputs), ref, atol=1e-4)
+    half = TorchScriptBackend(exported["onnx"] / "checkpoint", dtype="bf16")
+    assert half.dtype == "bf16" and _cosines(ref, half.run(inputs)).min() >= 0.999
+
+
+NO_GPU = pytest.mark.skipif(torch.cuda.is_available() or has_cuda_provider(),
+                            reason="a GPU is visible")
+
+
+@NO_GPU
+def test_the_service_runs_onnx_on_the_cpu_where_there_is_no_gpu(exported):
+    backend = open_backend("onnx", exported["onnx"], "model.onnx", device="auto",
+                           checkpoint_on_gpu=True)
+    assert (backend.name, backend.device, backend.dtype) == ("onnx", "cpu", "fp32")
+
+
+@NO_GPU
+def test_onnx_asked_for_a_gpu_goes_to_its_checkpoint_which_says_there_is_none(exported):
+    """cuda, an ONNX model, an onnxruntime without the CUDA provider: the service runs the
+    checkpoint there instead, so the error is the torch backends' one-line one."""
+    with pytest.raises(BackendError, match="^device cuda asked for, but no GPU is visible"):
+        open_backend("onnx", exported["onnx"], "model.onnx", device="cuda",
+                     checkpoint_on_gpu=True)
+
+
+@NO_GPU
+def test_auto_keeps_onnx_on_the_cpu_when_the_checkpoint_cannot_run_on_the_gpu(
+        exported, tmp_path, monkeypatch, caplog):
+    folder = tmp_path / "m"
+    shutil.copytree(exported["onnx"], folder)
+    (folder / "checkpoint" / "model.safetensors").unlink()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the device is never reached
+    monkeypatch.setattr(torch_device, "resolve_device", lambda device: torch.device("cpu"))
+    with caplog.at_level(logging.WARNING, logger="distilserve"):
+        backend = open_backend("onnx", folder, "model.onnx", device="auto",
+                               checkpoint_on_gpu=True)
+    assert (backend.name, backend.device) == ("onnx", "cpu")
+    assert "m: ONNX Runtime on the CPU, not the GPU: this onnxruntime has no CUDA " \
+           "execution provider" in caplog.text
+    assert "no model.safetensors or pytorch_model.bin" in caplog.text
+    with pytest.raises(BackendError, match="^device cuda: this onnxruntime has no CUDA "
+                       ".* the model's checkpoint, which would run there instead, did not: "
+                       "CheckpointError: .*no model.safetensors"):
+        open_backend("onnx", folder, "model.onnx", device="cuda", checkpoint_on_gpu=True)
+
+
+@pytest.mark.gpu
+@CUDA
+def test_the_service_runs_an_onnx_model_on_the_gpu_without_onnxruntime_gpu(exported):
+    if has_cuda_provider():
+        pytest.skip("onnxruntime-gpu is installed: ONNX Runtime itself runs on the GPU")
+    inputs = _inputs()
+    ref = open_backend("onnx", exported["onnx"], "model.onnx").run(inputs)
+    backend = open_backend("onnx", exported["onnx"], "model.onnx", device="auto",
+                           dtype="auto", checkpoint_on_gpu=True)
+    assert (backend.name, backend.device, backend.dtype) == ("torchscript", "cuda:0", "fp16")
+    assert _cosines(ref, backend.run(inputs)).min() >= 0.999
 
 
 def test_export_records_how_each_dtype_compares_with_fp32(exported):

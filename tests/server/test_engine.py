@@ -77,6 +77,29 @@ def test_cuda_without_a_gpu_names_the_model(torch_model):
         load_engine("m", torch_model, Settings(device="cuda"), Metrics())
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
+def test_an_onnx_model_runs_its_checkpoint_where_onnxruntime_cannot_use_the_gpu(
+        tiny_checkpoints, tmp_path, monkeypatch, caplog):
+    """The service opts in (models/runtime's checkpoint_on_gpu): here the 'GPU' is the CPU,
+    made visible to the choice and given to the torch backend in its place."""
+    from models.runtime import torch_device
+
+    folder = tmp_path / "onnx"
+    export.export(tiny_checkpoints["bert", "embed"], folder, "onnx")
+    texts = ["The cat sat on the mat.", "A longer sentence about something else entirely."]
+    onnx = load_engine("m", folder, Settings(), Metrics())
+    assert onnx.describe()["backend"] == "onnx"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch_device, "resolve_device", lambda device: torch.device("cpu"))
+    with caplog.at_level(logging.INFO, logger="distilserve"):
+        traced = load_engine("m", folder, Settings(), Metrics())
+    assert traced.describe()["backend"] == "torchscript"
+    assert "onnx: an ONNX model, run on cpu in fp32 from its checkpoint, traced with " \
+           "TorchScript: this onnxruntime has no CUDA execution provider" in caplog.text
+    a, b = np.stack(_run(onnx, texts).outputs), np.stack(_run(traced, texts).outputs)
+    assert np.allclose(a, b, atol=1e-4)
+
+
 def test_cuda_graphs_asked_for_on_the_cpu_say_so_and_change_nothing(torch_model, caplog):
     with caplog.at_level(logging.INFO, logger="distilserve"):
         engine = load_engine("m", torch_model, Settings(cuda_graph_tokens=4096), Metrics())
