@@ -51,7 +51,7 @@ class Settings(BaseSettings):
 
     # runtime (a model's manifest may name its own device and dtype)
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto: a GPU when one is "
-                        "visible to the model's backend")
+                        "visible (an ONNX model without onnxruntime-gpu: its checkpoint)")
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(
         "auto", description="compute dtype; auto: fp32 on the CPU, fp16 or bf16 on a GPU as "
         "the model allows")
