@@ -20,7 +20,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
 
 from server import errors
-from server.engine import Engine, ModelLoadError, load_engine
+from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
 from server.metrics import Metrics
 from server.routes import classify, embed, health, ner, rerank, tokenize
 from server.routes import models as models_route
@@ -58,7 +58,7 @@ async def build_and_load(service: Service, repository: Path | None) -> None:
             service.status = f"building the embedded default: {text}"
 
         try:
-            repository = await asyncio.to_thread(
+            repository = await on_own_thread(  # it trains two models
                 ensure_default_repository, service.settings.cache_dir, hear)
         except BuildCancelled:
             return
@@ -81,29 +81,20 @@ async def load_repository(service: Service, repository: Path) -> None:
                   repository)
         return
 
-    async def open_engine(folder: Path) -> Engine:
-        engine = await asyncio.to_thread(load_engine, folder.name, folder, service.settings,
-                                         service.metrics)
-        try:
-            await engine.start(service.settings.warmup)
-        except BaseException:
-            await engine.stop()
-            raise
-        return engine
-
     folders = model_folders(repository)
     if not folders:
         log.error("model repository %s holds no model folders", repository)
-    await load_models(service, folders, open_engine)
+    await load_models(service, folders, lambda folder: open_engine(
+        folder.name, folder, service.settings, service.metrics))
 
 
-async def load_models(service: Service, folders: list[Path], open_engine) -> None:
-    """Opens every folder's engine (``await open_engine(folder)``, loaded and warmed); a
+async def load_models(service: Service, folders: list[Path], open_folder) -> None:
+    """Opens every folder's engine (``await open_folder(folder)``, loaded and warmed); a
     folder that fails is logged and left out. Then the service is ready."""
     for n, folder in enumerate(folders, 1):
         service.status = f"loading {folder.name} ({n} of {len(folders)})"
         try:
-            engine = await open_engine(folder)
+            engine = await open_folder(folder)
         except Exception as e:  # a broken folder, or a model that loads but cannot run
             reason = str(e) if isinstance(e, ModelLoadError) else f"{type(e).__name__}: {e}"
             service.failures[folder.name] = reason

@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from server.metrics import Metrics
 from server.settings import Settings
 
 __all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "QueueFull",
-           "load_engine"]
+           "load_engine", "on_own_thread", "open_engine"]
 
 log = logging.getLogger("distilserve")
 
@@ -168,7 +169,7 @@ class Engine:
 
     async def start(self, warmup: bool = True) -> None:
         if warmup and self.backend.device != "cpu":
-            await asyncio.to_thread(self._warm_shapes)
+            await on_own_thread(self._warm_shapes)
         self.batcher.start()
         if warmup:  # first runs allocate and optimise; do them before traffic
             sample = "warm up" if self.task != "classify" else ("warm up", "pair")
@@ -277,3 +278,32 @@ class Engine:
 
 def load_engine(name: str, folder: Path, settings: Settings, metrics: Metrics) -> Engine:
     return Engine(name, folder, read_manifest(folder), settings, metrics)
+
+
+async def open_engine(name: str, folder: Path, settings: Settings, metrics: Metrics) -> Engine:
+    """The model in ``folder`` loaded (on a thread of its own) and started, warmed up
+    unless the settings say not."""
+    engine = await on_own_thread(load_engine, name, folder, settings, metrics)
+    try:
+        await engine.start(settings.warmup)
+    except BaseException:
+        await engine.stop()
+        raise
+    return engine
+
+
+async def on_own_thread(fn, *args):
+    """``fn(*args)`` on a new thread, which ends with it (asyncio.to_thread's threads stay).
+
+    For PyTorch work off a model's own thread (loading, training, the GPU warm-up): its CPU
+    thread pool (OpenMP) keeps a team of threads for every thread that has run a parallel
+    operation, for as long as that thread lives, and once the teams hold more threads than
+    there are cores, idle ones sleep at once rather than wait for the next operation, so
+    that every small operation of the model's thread waits for them to wake. Loaded on a
+    thread that stayed, MiniLM with the torch backend took 13.4 ms a sentence on its own
+    thread against 5.8 ms (2 cores)."""
+    pool = ThreadPoolExecutor(1, thread_name_prefix="load")
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
+    finally:
+        pool.shutdown(wait=False)  # its thread ends once fn returns

@@ -32,7 +32,7 @@ from ray.serve.exceptions import (
 )
 
 from server.app import create_app, load_models, model_folders
-from server.engine import Engine, ModelLoadError, ModelUnavailable, load_engine, read_manifest
+from server.engine import Engine, ModelLoadError, ModelUnavailable, open_engine, read_manifest
 from server.metrics import Metrics
 from server.settings import Settings
 
@@ -77,8 +77,7 @@ class ModelReplica:
 
     async def __init__(self, folder: str, settings: Settings):
         path = Path(folder)
-        self.engine = await asyncio.to_thread(load_engine, path.name, path, settings, Metrics())
-        await self.engine.start(settings.warmup)
+        self.engine = await open_engine(path.name, path, settings, Metrics())
 
     async def infer(self, texts: list, truncate: bool):
         return await self.engine.infer(texts, truncate)
@@ -128,13 +127,13 @@ class Ingress:
         settings, handles = self.settings, self.handles
 
         async def loader(service) -> None:
-            async def open_engine(folder: Path) -> Engine:
+            async def open_remote(folder: Path) -> Engine:
                 handle = handles[folder.name]
                 described = await handle.describe.remote()
                 return await asyncio.to_thread(RemoteEngine, folder, settings,
                                                service.metrics, handle, described)
 
-            await load_models(service, [Path(f) for f in self.folders], open_engine)
+            await load_models(service, [Path(f) for f in self.folders], open_remote)
 
         return create_app(settings, loader=loader)
 

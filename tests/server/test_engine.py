@@ -15,9 +15,10 @@ import torch
 
 from models import export
 from models.io.manifest import Manifest
-from server.engine import InputTooLong, ModelLoadError, load_engine
+from server.engine import InputTooLong, ModelLoadError, load_engine, on_own_thread
 from server.metrics import Metrics
 from server.settings import Settings
+from tests.conftest import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -247,3 +248,24 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
     cpu = load_engine("m", torch_model, settings, Metrics())  # the real backend: on the CPU
     monkeypatch.setattr(cpu, "_warm_shapes", lambda: pytest.fail("swept on the CPU"))
     _run(cpu, ["one"])
+
+
+def test_work_off_the_models_thread_runs_on_a_thread_that_then_ends():
+    """Loading a model leaves no thread behind (PyTorch keeps a team of CPU threads for
+    every living thread that ran a parallel op: the model's own thread then ran slower)."""
+    threads = []
+
+    def work(x):
+        threads.append(threading.current_thread())
+        if x is None:
+            raise ValueError("no input")
+        return 2 * x
+
+    async def go():
+        assert await on_own_thread(work, 21) == 42
+        with pytest.raises(ValueError, match="no input"):
+            await on_own_thread(work, None)
+        # while the loop runs (its default executor's threads, asyncio.to_thread's, stay)
+        wait_for(lambda: not any(t.is_alive() for t in threads), "the threads to end", 60)
+    asyncio.run(go())
+    assert len(threads) == 2 and threading.main_thread() not in threads
