@@ -10,6 +10,7 @@ import gc
 import hmac
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,9 @@ class Service:
     settings: Settings
     metrics: Metrics
     engines: dict[str, Engine] = field(default_factory=dict)
+    # the thread the PyTorch models run on when on the CPU, in turn (server/engine.py)
+    cpu_thread: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="torch-cpu"))
     failures: dict[str, str] = field(default_factory=dict)
     ready: bool = False
     draining: bool = False
@@ -85,7 +89,7 @@ async def load_repository(service: Service, repository: Path) -> None:
     if not folders:
         log.error("model repository %s holds no model folders", repository)
     await load_models(service, folders, lambda folder: open_engine(
-        folder.name, folder, service.settings, service.metrics))
+        folder.name, folder, service.settings, service.metrics, service.cpu_thread))
 
 
 async def load_models(service: Service, folders: list[Path], open_folder) -> None:
@@ -209,6 +213,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
         await asyncio.gather(loading, return_exceptions=True)
         for engine in service.engines.values():
             await engine.stop()
+        service.cpu_thread.shutdown(wait=False)
 
     # FastAPI's own OpenTelemetry hooks look up the providers on every request (a tenth
     # of the event loop's time under load); /metrics is Prometheus

@@ -33,6 +33,9 @@ class Backend(ABC):
     device: str = "cpu"  # where it runs: cpu, cuda:0, ...
     dtype: str = "fp32"  # what it computes in
     asynchronous: bool = False  # launch returns before the work is done (a GPU)
+    # it computes on the CPU through PyTorch's thread pool (OpenMP), which keeps a team of
+    # threads for each thread that calls it (server/engine.py runs such models on one)
+    openmp: bool = False
 
     @abstractmethod
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray: ...

@@ -95,6 +95,7 @@ class TorchRuntime(Backend):
         self.place = Placement(device, dtype, allowed)
         self.device, self.dtype = str(self.place.device), self.place.dtype_name
         self.asynchronous = self.place.cuda
+        self.openmp = not self.place.cuda
         self.forward = None
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:

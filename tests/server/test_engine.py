@@ -269,3 +269,32 @@ def test_work_off_the_models_thread_runs_on_a_thread_that_then_ends():
         wait_for(lambda: not any(t.is_alive() for t in threads), "the threads to end", 60)
     asyncio.run(go())
     assert len(threads) == 2 and threading.main_thread() not in threads
+
+
+def test_pytorch_models_on_the_cpu_take_turns_on_the_thread_given(torch_model):
+    """PyTorch keeps a team of CPU threads for every thread that runs its parallel ops, and
+    each model's own thread made every small op wait: the service's models run on one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cpu_thread = ThreadPoolExecutor(1, thread_name_prefix="torch-cpu")
+    engines = [load_engine("a", torch_model, Settings(), Metrics(), cpu_thread),
+               load_engine("b", torch_model, Settings(), Metrics(), cpu_thread),
+               load_engine("c", torch_model, Settings(), Metrics())]  # none given: its own
+    ran_on = {}
+    for engine in engines:
+        forward = engine.backend.forward
+
+        def recording(*args, forward=forward, name=engine.name):
+            ran_on.setdefault(name, set()).add(threading.current_thread().name)
+            return forward(*args)
+        engine.backend.forward = recording
+
+    async def go():
+        for engine in engines:
+            await engine.start(warmup=False)
+        await asyncio.gather(*(e.infer(["one", "two"], truncate=True) for e in engines * 2))
+        for engine in engines:
+            await engine.stop()
+    asyncio.run(go())
+    cpu_thread.shutdown()
+    assert ran_on == {"a": {"torch-cpu_0"}, "b": {"torch-cpu_0"}, "c": {"infer-c"}}
