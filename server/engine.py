@@ -151,8 +151,8 @@ class Engine:
         if cpu_thread is not None and self.backend.openmp:
             # the service's PyTorch models take turns on one thread: each on a thread of its
             # own had an OpenMP team of its own, and with more team threads than cores every
-            # small op waited (on_own_thread); with two MiniLMs (torch backend, 2 cores) a
-            # lone request to one took 17.7 ms at p50 against 8.4 ms on one shared thread
+            # small op waited (on_own_thread); a lone request to one of two MiniLMs (torch
+            # backend, 2 cores) took 17-22 ms at p50 against 10.5-12.2 (loadtests/RESULTS.md)
             run = functools.partial(_run_on, cpu_thread, run)
         self.batcher = Batcher(
             self.tokenize, run,
