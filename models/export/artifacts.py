@@ -7,6 +7,7 @@ scripting; ONNX with a ``Loop`` node whose trip count is the run-time input
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from pathlib import Path
 
@@ -47,11 +48,22 @@ def _tracing():
     """transformers' mask code warns, when traced, that a tensor it makes becomes a
     constant of the graph: that constant is in the dtype traced in, which is why a traced
     artifact is traced again at load in fp16 or bf16 (models/runtime/torchscript.py). The
-    warning says nothing more, so it is left out; any other warning is not."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
-                                module=r"transformers\.")
-        yield
+    warning says nothing more, so it is left out; any other warning is not. So is the log
+    line of its models' ``loss_function``, which tracing reads as it reads every attribute
+    ("loss_type=None ... Using the default loss: ForCausalLMLoss": no loss is computed)."""
+    modeling = logging.getLogger("transformers.modeling_utils")
+    modeling.addFilter(_no_loss_type)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
+                                    module=r"transformers\.")
+            yield
+    finally:
+        modeling.removeFilter(_no_loss_type)
+
+
+def _no_loss_type(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("`loss_type=")
 
 
 def to_onnx(model: nn.Module, task: str, path: Path, loop: str = "unroll") -> None:

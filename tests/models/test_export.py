@@ -128,3 +128,23 @@ def test_failed_parity_leaves_nothing_servable(tiny_checkpoints, tmp_path, monke
 def test_keep_is_refused_for_a_family_without_a_loop(tiny_checkpoints, tmp_path):
     with pytest.raises(export.ExportError, match="recursive"):
         export.export(tiny_checkpoints["bert", "embed"], tmp_path / "m", "onnx", "keep")
+
+
+def test_tracing_a_transformers_model_says_nothing_of_a_loss():
+    """Tracing reads every attribute, transformers' loss_function too, which logged that it
+    would use a causal-LM loss: a line at every export and GPU load, about nothing."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    library = logging.getLogger("transformers")
+    library.addHandler(handler)
+    hf_logging.warning_once.cache_clear()  # it logs once per process
+    try:
+        export.trace(checkpoint.new("bert", "tiny", "embed").model)
+    finally:
+        library.removeHandler(handler)
+    assert not [r for r in records if "loss" in r.getMessage()]
