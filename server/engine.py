@@ -13,7 +13,6 @@ import asyncio
 import functools
 import hashlib
 import logging
-import os
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -129,7 +128,7 @@ class Engine:
         """The runtime backend and its batching queue (on the model's own thread; a PyTorch
         model on the CPU runs on ``cpu_thread``, where one is given)."""
         manifest, folder, name = self.manifest, self.folder, self.name
-        threads = settings.threads or os.cpu_count() or 1
+        threads = settings.model_threads()
         try:
             self.backend = open_backend(
                 manifest.backend, folder, manifest.artifact, threads, manifest.num_iterations,

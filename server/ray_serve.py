@@ -61,6 +61,15 @@ class Scaling(BaseModel):
             raise ValueError("autoscaling needs both min_replicas and max_replicas")
         return self
 
+    def replica_settings(self, settings: Settings) -> Settings:
+        """A replica's settings: unless DISTILSERVE_THREADS says otherwise, as many intra-op
+        threads per model as the CPUs Ray reserves for the replica (at least one), not
+        every core of its machine, which its other replicas share (Ray sets
+        OMP_NUM_THREADS so, too)."""
+        if settings.threads:
+            return settings
+        return settings.model_copy(update={"threads": max(1, int(self.replica_cpus))})
+
     def options(self) -> dict:
         actor = {"num_cpus": self.replica_cpus, "num_gpus": self.replica_gpus}
         if self.max_replicas is None:
@@ -153,7 +162,7 @@ def application(repository: Path, settings: Settings, scaling: Scaling,
         folders.append(str(folder))
         handles[folder.name] = serve.deployment(ModelReplica).options(
             name=folder.name, logging_config=logs, **scaling.options()).bind(
-            str(folder), settings)
+            str(folder), scaling.replica_settings(settings))
     if not folders:
         raise ValueError(f"model repository {repository} holds no model folders")
     return serve.deployment(Ingress).options(

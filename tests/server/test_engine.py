@@ -115,6 +115,14 @@ def test_batch_limits_default_by_device():
     assert Settings(max_batch_size=8, max_batch_tokens=100).batch_limits("cuda:0") == (8, 100)
 
 
+def test_worker_processes_share_the_cores_out(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert Settings().model_threads() == 16
+    assert Settings(workers=4).model_threads() == 4
+    assert Settings(workers=32).model_threads() == 1
+    assert Settings(workers=4, threads=8).model_threads() == 8
+
+
 def test_settings_refuse_an_unknown_device():
     with pytest.raises(ValueError, match="unknown device 'gpu'"):
         Settings(device="gpu")

@@ -62,6 +62,13 @@ def test_the_remote_engine_validates_as_a_local_one_does(folder):
     assert not hasattr(engine, "batcher")  # no backend here: the replicas have it
 
 
+def test_a_replica_uses_the_cpus_ray_reserves_for_it_unless_told_otherwise():
+    two = ray_serve.Scaling(replica_cpus=2)
+    assert two.replica_settings(Settings()).threads == 2
+    assert ray_serve.Scaling(replica_cpus=0.5).replica_settings(Settings()).threads == 1
+    assert two.replica_settings(Settings(threads=3)).threads == 3
+
+
 def test_scaling_options():
     fixed = ray_serve.Scaling(replicas=3, replica_gpus=0.5).options()
     assert fixed["num_replicas"] == 3 and fixed["ray_actor_options"]["num_gpus"] == 0.5
