@@ -34,7 +34,7 @@ class Backend(ABC):
     dtype: str = "fp32"  # what it computes in
     asynchronous: bool = False  # launch returns before the work is done (a GPU)
     # it computes on the CPU through PyTorch's thread pool (OpenMP), which keeps a team of
-    # threads for each thread that calls it (server/engine.py runs such models on one)
+    # threads for each thread that calls it (the service runs all such models on one)
     openmp: bool = False
 
     @abstractmethod
