@@ -149,7 +149,8 @@ def test_auto_keeps_onnx_on_the_cpu_when_the_checkpoint_cannot_run_on_the_gpu(
     folder = tmp_path / "m"
     shutil.copytree(exported["onnx"], folder)
     (folder / "checkpoint" / "model.safetensors").unlink()
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the device is never reached
+    # a GPU as far as the choice can tell; the checkpoint's backend is placed on the CPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch_device, "resolve_device", lambda device: torch.device("cpu"))
     with caplog.at_level(logging.WARNING, logger="distilserve"):
         backend = open_backend("onnx", folder, "model.onnx", device="auto",
