@@ -311,13 +311,13 @@ async def open_engine(name: str, folder: Path, settings: Settings, metrics: Metr
 async def on_own_thread(fn, *args):
     """``fn(*args)`` on a new thread, which ends with it (asyncio.to_thread's threads stay).
 
-    For PyTorch work off a model's own thread (loading, training, the GPU warm-up): its CPU
-    thread pool (OpenMP) keeps a team of threads for every thread that has run a parallel
-    operation, for as long as that thread lives, and once the teams hold more threads than
-    there are cores, idle ones sleep at once rather than wait for the next operation, so
-    that every small operation of the model's thread waits for them to wake. Loaded on a
-    thread that stayed, MiniLM with the torch backend took 13.4 ms a sentence on its own
-    thread against 5.8 ms (2 cores)."""
+    For PyTorch work off the thread the models run on (loading, training, the GPU
+    warm-up): its CPU thread pool (OpenMP) keeps a team of threads for every thread that
+    has run a parallel operation, for as long as that thread lives, and once the teams hold
+    more threads than there are cores, idle ones sleep at once rather than wait for the
+    next operation, so that every small operation of a forward pass waits for them to wake.
+    Loaded on a thread that stayed, MiniLM with the torch backend took 13.4 ms a sentence
+    on another thread against 5.8 ms (2 cores)."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="load")
     try:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
