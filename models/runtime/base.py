@@ -97,8 +97,10 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
         from models.runtime.onnx import OnnxBackend, has_cuda_provider
 
         if checkpoint_on_gpu and not has_cuda_provider() and _wants_gpu(device):
-            return _checkpoint_instead(folder, threads, device, dtype, allowed) or \
-                OnnxBackend(folder / artifact, threads, num_iterations, "cpu", dtype)
+            backend = _checkpoint_instead(folder, threads, device, dtype, allowed)
+            if backend is not None:
+                return backend
+            device = "cpu"  # auto, and the checkpoint did not run on the GPU
         return OnnxBackend(folder / artifact, threads, num_iterations, device, dtype)
     if kind == "torchscript":
         from models.runtime.torchscript import TorchScriptBackend
