@@ -91,12 +91,16 @@ class _Albert(nn.Module):
 class FAlbert(RecursiveEncoder):
     """ALBERT / LR-ALBERT / F-ALBERT with one task output (see models/heads.py)."""
 
+    __constants__ = ["whole_ffn"]  # a constant of a scripted loop
+
     def __init__(self, config: FAlbertConfig, task: str = "embed", num_labels: int = 0):
         super().__init__()
         self.config = config
         self.task = task
         self.num_iterations = config.num_hidden_layers
         self.ffn_widths = config.ffn_widths
+        # every reuse with the whole FFN (ALBERT, LR-ALBERT): not sliced (AlbertLayer)
+        self.whole_ffn = all(w == config.intermediate_size for w in self.ffn_widths)
         self.albert = _Albert(config, pooler=task != "ner")
         self.classifier = (nn.Linear(config.hidden_size, num_labels) if task != "embed"
                            else nn.Identity())
@@ -111,7 +115,7 @@ class FAlbert(RecursiveEncoder):
         """O_{i-1} [B, T, D] -> (O_i [B, T, D], attention or empty), FFN cut to reuse i's
         width."""
         layer = self.albert.encoder.albert_layer_groups[0].albert_layers[0]
-        return layer(x, bias, self.ffn_widths[i], with_probs)
+        return layer(x, bias, None if self.whole_ffn else self.ffn_widths[i], with_probs)
 
     def output(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.task == "embed":

@@ -111,7 +111,10 @@ class AlbertLayer(nn.Module):
     """One ALBERT layer: attention, then the FFN ("transition module"), both post-LN.
 
     ``ffn_width`` uses only the first ``ffn_width`` intermediate units (F-ALBERT's
-    partitioned FFN); the full width is plain ALBERT.
+    partitioned FFN); None, all of them, is plain ALBERT. (None rather than the full
+    width, so that an exported loop multiplies by the weights as they are stored, which
+    ONNX Runtime prepacks and int8 quantisation finds, instead of slicing and transposing
+    them again at every reuse.)
     """
 
     def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int,
@@ -123,14 +126,16 @@ class AlbertLayer(nn.Module):
         self.ffn_output = nn.Linear(intermediate_size, hidden_size)
         self.full_layer_layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
 
-    def mlp(self, x: torch.Tensor, ffn_width: int) -> torch.Tensor:
-        """[B, T, D] -> [B, T, D] using intermediate units [:ffn_width]."""
-        h = F.linear(x, self.ffn.weight[:ffn_width], self.ffn.bias[:ffn_width])  # [B, T, w]
-        h = activation(h, self.hidden_act)
-        h = F.linear(h, self.ffn_output.weight[:, :ffn_width], self.ffn_output.bias)  # [B,T,D]
+    def mlp(self, x: torch.Tensor, ffn_width: int | None = None) -> torch.Tensor:
+        """[B, T, D] -> [B, T, D] using intermediate units [:ffn_width] (None: all)."""
+        w_in, b_in, w_out = self.ffn.weight, self.ffn.bias, self.ffn_output.weight
+        if ffn_width is not None:  # F-ALBERT's partitioned FFN: its first units
+            w_in, b_in, w_out = w_in[:ffn_width], b_in[:ffn_width], w_out[:, :ffn_width]
+        h = activation(F.linear(x, w_in, b_in), self.hidden_act)  # [B, T, w]
+        h = F.linear(h, w_out, self.ffn_output.bias)  # [B, T, D]
         return self.full_layer_layer_norm(x + h)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, ffn_width: int,
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, ffn_width: int | None,
                 with_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (output [B, T, D], attention probabilities [B, H, T, T] or empty)."""
         a, p = self.attention.attend(x, bias, with_probs)

@@ -139,7 +139,7 @@ class MiniAlbert(RecursiveEncoder):
         layer = self.albert.albert.encoder.albert_layer_groups[0].albert_layers[0]
         x, probs = layer.attention.attend(self.albert.att_adapters(x, i), bias, with_probs)
         x = self.albert.mlp_adapters(x, i)
-        return layer.mlp(x, layer.ffn.out_features), probs
+        return layer.mlp(x), probs
 
     def output(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Final hidden [B, T, D] -> the task's output."""
