@@ -171,6 +171,9 @@ class Engine:
                 info[key] = getattr(self.manifest, key)
         if self.graph_tokens:
             info["cuda_graph_tokens"] = self.graph_tokens
+        # an int8 export, run as such (not its checkpoint, run on a GPU in its place)
+        if self.manifest.quantization and self.backend.name == "onnx":
+            info["quantization"] = "int8"
         if self.task != "embed":
             info["labels"] = self.labels
         return info

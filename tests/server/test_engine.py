@@ -72,6 +72,14 @@ def test_a_dtype_that_failed_the_exports_parity_check_is_refused(torch_model, tm
         load_engine("m", folder, Settings(), Metrics())
 
 
+def test_an_int8_model_says_so(tiny_checkpoints, tmp_path):
+    folder = tmp_path / "int8"
+    export.export(tiny_checkpoints["bert", "embed"], folder, "onnx", quantize="int8")
+    assert load_engine("m", folder, Settings(), Metrics()).describe()["quantization"] == "int8"
+    export.export(tiny_checkpoints["bert", "embed"], folder, "onnx", force=True)
+    assert "quantization" not in load_engine("m", folder, Settings(), Metrics()).describe()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_cuda_without_a_gpu_names_the_model(torch_model):
     with pytest.raises(ModelLoadError, match=r"falbert: device cuda asked for, but no GPU"):
