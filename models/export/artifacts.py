@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -51,19 +52,26 @@ def _tracing():
     warning says nothing more, so it is left out; any other warning is not. So is the log
     line of its models' ``loss_function``, which tracing reads as it reads every attribute
     ("loss_type=None ... Using the default loss: ForCausalLMLoss": no loss is computed)."""
-    modeling = logging.getLogger("transformers.modeling_utils")
-    modeling.addFilter(_no_loss_type)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
-                                    module=r"transformers\.")
-            yield
-    finally:
-        modeling.removeFilter(_no_loss_type)
+    with leaving_out(logging.getLogger("transformers.modeling_utils"), _no_loss_type), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
+                                module=r"transformers\.")
+        yield
 
 
 def _no_loss_type(record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("`loss_type=")
+
+
+@contextlib.contextmanager
+def leaving_out(logger: logging.Logger, keep: Callable[[logging.LogRecord], bool]):
+    """Within the block, the records logged to ``logger`` itself for which ``keep`` is
+    false are left out (a library's line that says nothing to this project's users)."""
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def to_onnx(model: nn.Module, task: str, path: Path, loop: str = "unroll") -> None:

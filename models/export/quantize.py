@@ -8,6 +8,8 @@ from pathlib import Path
 
 import onnx
 
+from models.export.artifacts import leaving_out
+
 
 def _nodes(graph: onnx.GraphProto):
     """Every node, including those inside Loop bodies."""
@@ -49,13 +51,10 @@ def quantize_int8(src: Path, dst: Path) -> list[str]:
     dims = {t.name: list(t.dims) for t in model.graph.initializer}
     keep = [n.name for n in _nodes(model.graph) if n.op_type == "MatMul" and n.input[1] in dims
             and len(dims[n.input[1]]) == 2 and dims[n.input[1]][0] > dims[n.input[1]][1]]
-    root = logging.getLogger()  # where onnxruntime.quantization logs
-    root.addFilter(_no_pre_processing_advice)
-    try:
+    # onnxruntime.quantization logs to the root logger
+    with leaving_out(logging.getLogger(), _no_pre_processing_advice):
         quantize_dynamic(model, str(dst), per_channel=True, weight_type=QuantType.QInt8,
                          nodes_to_exclude=keep, extra_options={"EnableSubgraph": True})
-    finally:
-        root.removeFilter(_no_pre_processing_advice)
     return keep
 
 
