@@ -54,7 +54,10 @@ class BuildCancelled(Exception):
 async def build_and_load(service: Service, repository: Path | None) -> None:
     """Builds the embedded default when no repository is named, then loads it."""
     if repository is None:
-        from server.embedded_default import ensure_default_repository
+        from server.embedded_default import ensure_default_repository, is_built
+
+        if not is_built(service.settings.cache_dir):  # said before the port opens
+            service.status = "building the embedded default"  # the build then says where
 
         def hear(text: str) -> None:
             if service.draining:  # shutting down: stop building (the next start resumes)

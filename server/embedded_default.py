@@ -122,13 +122,17 @@ def ensure_default_repository(cache_dir: Path,
     (``progress`` hears where the build is)."""
     cache_dir = Path(cache_dir)
     folder = cache_dir / f"default-v{VERSION}"
-    if (folder / STAMP).exists():
+    if is_built(cache_dir):
         return folder
     cache_dir.mkdir(parents=True, exist_ok=True)
     with build_lock(cache_dir, progress or (lambda text: None)):
-        if (folder / STAMP).exists():  # another process built it while this one waited
+        if is_built(cache_dir):  # another process built it while this one waited
             return folder
         return _build_default(cache_dir, folder, progress)
+
+
+def is_built(cache_dir: Path) -> bool:
+    return (Path(cache_dir) / f"default-v{VERSION}" / STAMP).exists()
 
 
 @contextlib.contextmanager
