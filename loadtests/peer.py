@@ -104,16 +104,16 @@ def measure(url: str, path: str, model: str, seconds: float, processes: int,
     for label, clients, per_request in PHASES:
         lightload.drive(url, path, payloads(model, per_request), clients, min(2.0, seconds),
                       processes)  # warm-up
+        if profile:  # first: it may take a while to start sampling, which inside leaves out
+            profile.start(label)
         if inside:
             inside.start()
-        if profile:
-            profile.start(label)
         r = lightload.drive(url, path, payloads(model, per_request), clients, seconds,
                           processes)
-        if profile:
-            r["profile"] = profile.stop()
         if inside:
             r["inside"] = inside.stop()
+        if profile:
+            r["profile"] = profile.stop()
         r.update(phase=label, sentences_per_s=r["requests_per_s"] * per_request)
         rows.append(r)
         print(f"  {label}: {r['requests_per_s']:.0f} req/s, {r['sentences_per_s']:.0f} "

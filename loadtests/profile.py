@@ -54,6 +54,12 @@ class Profile:
                  "--rate", str(self.rate), "--format", "raw", "--output", str(self.path),
                  "--native" if self.native else "--nonblocking"],
                 stdout=log, stderr=subprocess.STDOUT)
+        # a SIGINT before py-spy samples ends it without a file (a short phase on a slow
+        # machine): the phase starts once it says it samples, or has failed
+        deadline = time.monotonic() + 60  # a bound for a hung py-spy, not a slow one
+        while (self.recording.poll() is None and time.monotonic() < deadline
+               and "Sampling process" not in self.log.read_text()):
+            time.sleep(0.02)
         self.started = time.perf_counter()
 
     def stop(self) -> dict:

@@ -146,6 +146,25 @@ def test_profile_summary_per_thread():
     assert alone[1]["top"] == [("(the thread itself)", 1.0)]
 
 
+def test_a_profile_as_short_as_py_spys_start_is_written(tmp_path):
+    """py-spy ends without a file when stopped before it samples: a phase's recording
+    begins once it does, however short the phase or slow the machine."""
+    import subprocess
+    import sys
+
+    from loadtests.profile import Profile
+
+    busy = subprocess.Popen([sys.executable, "-c", "while True: sum(range(1000))"])
+    try:
+        profile = Profile(busy.pid, tmp_path)
+        profile.start("a short phase")
+        result = profile.stop()  # at once
+    finally:
+        busy.kill()
+        busy.wait()
+    assert "error" not in result and (tmp_path / result["file"]).exists(), result
+
+
 def test_soak_at_tiny_scale(tiny_checkpoints, tmp_path):
     from loadtests import soak
 

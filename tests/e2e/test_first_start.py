@@ -36,12 +36,12 @@ def test_the_port_opens_while_the_default_is_built(tmp_path):
     try:
         health = wait_for(lambda: get("/health"), "/health")
         assert health.status_code == 200
-        ready = get("/ready")
+        ready = wait_for(lambda: get("/ready"), "/ready")
         assert ready.status_code == 503 and ready.headers["retry-after"]
         body = ready.json()
         assert body["error"]["type"] == "unavailable"
         assert body["status"].startswith("building the embedded default")  # from the start
-        wait_for(lambda: get("/ready").json()["status"].startswith(
+        wait_for(lambda: (r := get("/ready")) and r.json()["status"].startswith(
             "building the embedded default: all-minilm-l6-v2"), "/ready naming the first model")
         wait_for(lambda: "building the embedded default (" in log.read_text(),
                   "a progress line in the log")

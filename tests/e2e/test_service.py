@@ -453,7 +453,9 @@ def test_inputs_of_a_client_that_went_away_are_not_run(repository, tmp_path):
             async with httpx.AsyncClient(timeout=120) as client:
                 busy = asyncio.ensure_future(client.post(u + "/v1/embed", json={
                     "inputs": ["word " * 300] * 12}))  # 12 forward passes of 256 tokens
-                await asyncio.sleep(0.05)
+                while not await asyncio.to_thread(_metric, u, "distilserve_queue_depth",
+                                                  model="minilm"):
+                    await asyncio.sleep(0.01)  # until they are queued, however slow this is
                 for _ in range(6):  # queued behind them, then gone
                     with pytest.raises(httpx.TimeoutException):
                         await client.post(u + "/v1/embed", json={"inputs": ["a", "b"]},

@@ -4,27 +4,28 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 
 import httpx
 
 from loadtests.run import free_port, start_server
 from models import export
+from tests.conftest import wait_for
 
 
 def test_sigterm_finishes_in_flight_requests_then_exits(tiny_checkpoints, tmp_path):
     export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
     port = free_port()
     log = tmp_path / "server.log"
-    # a batch waits 700 ms for company, which keeps a request in the queue
-    server = start_server(tmp_path / "repo", port, log, {"DISTILSERVE_MAX_WAIT_MS": "700"})
+    # a batch waits 2 s for company, which keeps a request in the queue
+    server = start_server(tmp_path / "repo", port, log, {"DISTILSERVE_MAX_WAIT_MS": "2000"})
     url = f"http://127.0.0.1:{port}"
     try:
         answers = []
         in_flight = threading.Thread(target=lambda: answers.append(
             httpx.post(url + "/v1/embed", json={"inputs": "still answered"}, timeout=30)))
         in_flight.start()
-        time.sleep(0.3)  # the request is waiting in the queue now
+        wait_for(lambda: 'distilserve_queue_depth{model="cmow"} 1.0' in httpx.get(
+            url + "/metrics").text, "the request to wait in the queue")
         server.send_signal(signal.SIGTERM)
         in_flight.join(30)
         assert answers and answers[0].status_code == 200
