@@ -131,12 +131,16 @@ def gpu_gemm_rates(device: str, dtype: str, runs: int = 10) -> dict[str, float]:
 
 def flops_per_sentence(model, length: int) -> int:
     """Counted, not estimated: every matmul of one forward pass over one sentence
-    (recursion and attention included), via torch's FlopCounterMode."""
+    (recursion and attention included), via torch's FlopCounterMode. Attention through
+    scaled_dot_product_attention is counted on its math path: the counter has no formula
+    for the CPU's fused kernel and counted it as 0."""
     import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
 
     ids = torch.randint(1000, 30000, (1, length))
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, \
+            torch.no_grad():
         model(ids, torch.ones_like(ids), torch.zeros_like(ids))
     return int(counter.get_total_flops())
 

@@ -46,6 +46,16 @@ def _gpu_row(dtype: str, gemm: float, achieved: float) -> dict:
             "gemm_gflop_per_s": gemm, "efficiency": achieved / gemm}
 
 
+@pytest.mark.parametrize("family", ["bert", "distilbert", "minialbert", "falbert"])
+def test_counted_flops_include_attention(family):
+    """Attention's matmuls grow with the square of the length, the rest linearly: doubling
+    the length more than doubles the count (the CPU's fused attention had counted 0)."""
+    from models.io import checkpoint
+
+    model = checkpoint.new(family, "tiny").model.eval()
+    assert harness.flops_per_sentence(model, 32) > 2 * harness.flops_per_sentence(model, 16)
+
+
 def test_a_resumed_run_rescores_its_own_dtype_only():
     """fp32 then fp16 into one folder: the fp16 run's GEMM rate is 15 times the fp32
     run's, and must not become the fp32 rows' reference."""
