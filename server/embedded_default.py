@@ -121,7 +121,7 @@ def ensure_default_repository(cache_dir: Path,
     """The default repository's folder, built first if it is missing or out of date
     (``progress`` hears where the build is)."""
     cache_dir = Path(cache_dir)
-    folder = cache_dir / f"default-v{VERSION}"
+    folder = built_folder(cache_dir)
     if is_built(cache_dir):
         return folder
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -131,8 +131,13 @@ def ensure_default_repository(cache_dir: Path,
         return _build_default(cache_dir, folder, progress)
 
 
+def built_folder(cache_dir: Path) -> Path:
+    """Where this version's default lies in the cache once built."""
+    return Path(cache_dir) / f"default-v{VERSION}"
+
+
 def is_built(cache_dir: Path) -> bool:
-    return (Path(cache_dir) / f"default-v{VERSION}" / STAMP).exists()
+    return (built_folder(cache_dir) / STAMP).exists()
 
 
 @contextlib.contextmanager
