@@ -111,13 +111,18 @@ def test_peer_with_an_emulated_gpu(tiny_checkpoints, tmp_path):
     inside = {r["phase"]: r["inside"] for r in result["distilserve"]}
     assert inside["4 clients x 32 sentences"]["inputs_per_batch"] > 1
     assert "warmed bert on emulated-gpu" in (out / "service.log").read_text()
-    # --profile: py-spy saw the event loop and the model's threads in every phase
+    # --profile: py-spy saw the event loop in every phase and the model's thread in the
+    # phases together (py-spy samples running threads: one client's batches keep
+    # infer-bert busy for ~3% of a core, ~1.5 samples in a 0.5 s phase, often none)
+    seen = set()
     for r in result["distilserve"]:
         profile = r["profile"]
         assert "error" not in profile and (out / profile["file"]).stat().st_size > 0
         threads = {t["thread"]: t for t in profile["threads"]}
-        assert "MainThread" in threads and "infer-bert" in threads, threads
+        assert "MainThread" in threads, threads
         assert all(0 < share <= 1 for _, share in threads["MainThread"]["top"])
+        seen |= threads.keys()
+    assert "infer-bert" in seen, seen
     report = (out / "peer.md").read_text()
     assert "| 512 clients x 1 | MainThread |" in report and "(httptools_impl.py)" in report
 
