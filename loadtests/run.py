@@ -165,6 +165,8 @@ def run_locust(url: str, out: Path, users: int, seconds: int, env: dict) -> dict
     (out / "locust.log").write_text(done.stdout + done.stderr)
     rows = {r["Name"]: r for r in csv.DictReader((out / "locust_stats.csv").open())}
     total = rows["Aggregated"]
+    if total["Request Count"] == "0":  # its percentiles are N/A
+        raise RuntimeError(f"locust made no requests in {seconds} s: {out / 'locust.log'}")
     return {"exit_code": done.returncode, "users": users, "seconds": seconds,
             "requests": int(total["Request Count"]), "failures": int(total["Failure Count"]),
             "requests_per_s": float(total["Requests/s"]),

@@ -4,6 +4,7 @@ are complete and well-formed (numbers are for the committed full run, not for te
 from __future__ import annotations
 
 import json
+from datetime import datetime
 
 from loadtests import run as loadrun
 from models import export
@@ -56,6 +57,11 @@ def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
     assert set(locust["by_route"]) == {"/v1/embed", "/v1/classify", "/v1/ner"}
     for name in ("locust_stats.csv", "locust.html", "summary.md"):
         assert (out / name).stat().st_size > 0
+    # locust ran its 3 s from the start of the run: its start-up, however slow, not counted
+    said = {line.split("locust.main: ")[1]: datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f")
+            for line in (out / "locust.log").read_text().splitlines() if "locust.main: " in line}
+    ran = said["--run-time limit reached, shutting down"] - said["Run time limit set to 3 seconds"]
+    assert ran.total_seconds() >= 2.99, said
     rerank = summary["rerank"]  # 8 clients, a query and 16 documents each
     assert rerank["documents_per_s"] > 0 and rerank["in_process_documents_per_s"] > 0
     assert set(rerank["service"]["statuses"]) == {"200"}
