@@ -197,11 +197,11 @@ def cmd_ray(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from server.ray_serve import application
+    from server.ray_serve import application, init_local
 
     local = not (args.address or os.environ.get("RAY_ADDRESS"))
-    if local:  # a new local instance, on the loopback interface only
-        ray.init(_node_ip_address="127.0.0.1")
+    if local:
+        init_local()
     else:
         ray.init(address=args.address)
     serve.start(http_options={"host": args.host, "port": args.port})

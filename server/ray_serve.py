@@ -22,6 +22,7 @@ import logging
 import os
 from pathlib import Path
 
+import ray
 from pydantic import BaseModel, Field, model_validator
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
@@ -169,6 +170,21 @@ def application(repository: Path, settings: Settings, scaling: Scaling,
         name="ingress", num_replicas=ingress_replicas, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=settings.max_connections, logging_config=logs).bind(
         settings, folders, handles)
+
+
+# Ray Serve gives a new HTTP proxy RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (5 s) to start,
+# then kills it, and serve.start fails ("The actor never ran"): on a small, busy machine
+# (two cores beside other work) starting its Python process takes longer than that.
+PROXY_READY_CHECK_TIMEOUT = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+
+
+def init_local(**options):
+    """A new local Ray instance, on the loopback interface only, whose Serve proxy gets a
+    minute to start (unless the variable above says otherwise); ``options`` go to
+    ``ray.init``."""
+    wait = os.environ.get(PROXY_READY_CHECK_TIMEOUT, "60")
+    ray.init(_node_ip_address="127.0.0.1",
+             runtime_env={"env_vars": {PROXY_READY_CHECK_TIMEOUT: wait}}, **options)
 
 
 class BuildArgs(Scaling):

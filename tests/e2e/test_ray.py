@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from models import export
-from server.ray_serve import Scaling, application
+from server.ray_serve import Scaling, application, init_local
 from server.settings import Settings
 from tests.conftest import free_port, running_server, wait_for
 
@@ -32,8 +32,11 @@ def repository(tiny_checkpoints, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_url(repository):
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             object_store_memory=100 * 2**20, log_to_driver=False)
+    # Ray starts its workers at nice 15 (to yield to its own GCS and raylet): beside other
+    # work at nice 0 they crawl (a replica took 230 s to start beside two busy loops);
+    # this test's workers share the CPU as its server in this process does
+    init_local(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
+               log_to_driver=False, _system_config={"worker_niceness": 0})
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -78,3 +78,17 @@ def test_scaling_options():
                                           "target_ongoing_requests": 16}
     with pytest.raises(ValueError, match="both"):
         ray_serve.Scaling(max_replicas=4)
+
+
+def test_a_local_instance_gives_the_proxy_a_minute_to_start_unless_told(monkeypatch):
+    calls = []
+    monkeypatch.setattr(ray_serve.ray, "init", lambda **options: calls.append(options))
+    monkeypatch.delenv(ray_serve.PROXY_READY_CHECK_TIMEOUT, raising=False)
+    ray_serve.init_local(num_cpus=2)
+    monkeypatch.setenv(ray_serve.PROXY_READY_CHECK_TIMEOUT, "300")
+    ray_serve.init_local()
+    assert [c["runtime_env"]["env_vars"] for c in calls] == [
+        {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"},
+        {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "300"}]
+    assert all(c["_node_ip_address"] == "127.0.0.1" for c in calls)
+    assert calls[0]["num_cpus"] == 2
