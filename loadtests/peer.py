@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -160,10 +159,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     model = args.model or sorted(d.name for d in args.model_repository.iterdir() if d.is_dir())[0]
     folder = args.model_repository / model
-    device = os.environ.get("DISTILSERVE_DEVICE", "auto")
     print("in-process ceiling", flush=True)
-    ceiling = InProcess(folder, device, os.environ.get("DISTILSERVE_DTYPE", "auto"), 256,
-                        EmulatedGpu.like(folder) if args.emulate_gpu else None)
+    ceiling = InProcess(folder, 256, EmulatedGpu.like(folder) if args.emulate_gpu else None)
     inproc = {**ceiling.measure(args.seconds / 2), "device": ceiling.backend.device,
               "dtype": ceiling.backend.dtype}
     del ceiling

@@ -85,24 +85,22 @@ def start_server(repository: Path, port: int, log: Path, env: dict | None = None
 class InProcess:
     """The same model without the service (the ceiling): batched throughput (``batch``
     sentences a batch) and the latency of one sentence (tokenise, run, normalise); the
-    folder's backend, or ``backend``. With DISTILSERVE_CUDA_GRAPH_TOKENS, on a GPU, the
-    batches that small run from CUDA graphs, as in the service."""
+    folder's backend opened as the service opens it (the DISTILSERVE_* variables, the
+    manifest's device and dtype), or ``backend``. With DISTILSERVE_CUDA_GRAPH_TOKENS, on a
+    GPU, the batches that small run from CUDA graphs, as in the service."""
 
-    def __init__(self, folder: Path, device: str = "cpu", dtype: str = "fp32",
-                 batch: int = 32, backend=None):
+    def __init__(self, folder: Path, batch: int = 32, backend=None):
         from tokenizers import Tokenizer
 
         from models.io.manifest import Manifest
-        from models.runtime import open_backend
         from server.batching import warmup_shapes
+        from server.engine import open_runtime
         from server.settings import Settings
 
         manifest = Manifest.read(folder)
-        self.batch = batch
-        self.backend = backend or open_backend(  # as the service opens it
-            manifest.backend, folder, manifest.artifact, 0, manifest.num_iterations, device,
-            dtype, manifest.allowed_dtypes, checkpoint_on_gpu=True)
         settings = Settings()  # the service's, from the DISTILSERVE_* variables
+        self.batch = batch
+        self.backend = backend or open_runtime(folder, manifest, settings)
         if settings.cuda_graph_tokens:
             self.backend.use_graphs(warmup_shapes(*settings.batch_limits(self.backend.device),
                                                   manifest.max_length),

@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from models.io.manifest import Manifest, ManifestError
 from models.runtime import open_backend
-from models.runtime.base import BackendError
+from models.runtime.base import Backend, BackendError
 from server import postprocess
 from server.batching import Batcher, InputTooLong, QueueFull, pad, warmup_shapes
 from server.metrics import Metrics
@@ -79,6 +79,20 @@ def read_manifest(folder: Path) -> Manifest:
         raise ModelLoadError(str(e)) from None
 
 
+def open_runtime(folder: Path, manifest: Manifest, settings: Settings) -> Backend:
+    """The runtime backend that serves a model folder: on the manifest's device and dtype,
+    else the settings'; an ONNX model asked onto a GPU that its onnxruntime cannot use runs
+    there from its checkpoint, traced at load. A failure is a ModelLoadError naming the
+    folder."""
+    try:
+        return open_backend(
+            manifest.backend, folder, manifest.artifact, settings.model_threads(),
+            manifest.num_iterations, manifest.device or settings.device,
+            manifest.dtype or settings.dtype, manifest.allowed_dtypes, checkpoint_on_gpu=True)
+    except BackendError as e:
+        raise ModelLoadError(f"{folder}: {e}") from None
+
+
 class Engine:
     """A model folder served here: its tokenizer and metadata, and (``local``) its runtime
     backend behind a batching queue. server/ray_serve.py's RemoteEngine keeps the first
@@ -127,15 +141,8 @@ class Engine:
     def _open(self, settings: Settings, metrics: Metrics, cpu_thread: Executor | None) -> None:
         """The runtime backend and its batching queue (on the model's own thread; a PyTorch
         model on the CPU runs on ``cpu_thread``, where one is given)."""
-        manifest, folder, name = self.manifest, self.folder, self.name
-        threads = settings.model_threads()
-        try:
-            self.backend = open_backend(
-                manifest.backend, folder, manifest.artifact, threads, manifest.num_iterations,
-                manifest.device or settings.device, manifest.dtype or settings.dtype,
-                manifest.allowed_dtypes, checkpoint_on_gpu=True)
-        except BackendError as e:
-            raise ModelLoadError(f"{folder}: {e}") from None
+        name = self.name
+        self.backend = open_runtime(self.folder, self.manifest, settings)
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         self.shapes = warmup_shapes(batch_size, batch_tokens, self.max_length)
         tokens = settings.cuda_graph_tokens

@@ -9,6 +9,9 @@ from datetime import datetime
 from loadtests import run as loadrun
 from models import export
 from server.cli import main
+from server.engine import load_engine
+from server.metrics import Metrics
+from server.settings import Settings
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -34,6 +37,18 @@ def test_bench_quick_writes_results_report_and_charts(tmp_path):
     before = (tmp_path / "results.jsonl").read_text()
     assert main(["bench", "--quick", "--output", str(tmp_path)]) == 0
     assert (tmp_path / "results.jsonl").read_text() == before
+
+
+def test_the_in_process_ceiling_opens_a_model_as_the_service_does(tiny_checkpoints, tmp_path):
+    folder = tmp_path / "bf16"
+    export.export(tiny_checkpoints["bert", "embed"], folder, "torch")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["dtype"] = "bf16"  # the model's own choice, over DISTILSERVE_DTYPE
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    served = load_engine("m", folder, Settings(), Metrics()).describe()
+    ceiling = loadrun.InProcess(folder, batch=4)
+    assert (ceiling.backend.device, ceiling.backend.dtype) == (served["device"],
+                                                               served["dtype"]) == ("cpu", "bf16")
 
 
 def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
