@@ -66,6 +66,18 @@ def _location(loc) -> str:
     return ".".join(parts) or "body"
 
 
+def json_content_type(headers) -> bool:
+    """No Content-Type, application/json or any +json type: a body FastAPI reads as JSON."""
+    kind = headers.get("content-type", "").partition(";")[0].strip().lower()
+    return kind in ("", "application/json") or kind.endswith("+json")
+
+
+def _not_json(content_type: str) -> str:
+    return (f"the body must be JSON, sent with Content-Type: application/json (this one was "
+            f"sent as {content_type!r}; curl -d sends application/x-www-form-urlencoded: add "
+            "-H 'Content-Type: application/json')")
+
+
 def api_error(exc: ApiError) -> JSONResponse:
     return JSONResponse(body(exc.kind, exc.message), exc.status, headers=exc.headers)
 
@@ -84,6 +96,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
+        if not json_content_type(request.headers) and any(
+                tuple(e.get("loc", ())) == ("body",) for e in exc.errors()):
+            # FastAPI validated the body's bytes, unparsed: "a valid dictionary", it says
+            return JSONResponse(body("invalid_request",
+                                     _not_json(request.headers["content-type"])), 422)
         problems = []
         for e in exc.errors():
             loc = e.get("loc", ())

@@ -8,7 +8,7 @@ that time is taken from the model. This ASGI middleware answers the inference ro
 itself, with the same pydantic request models, the same route functions and the same
 error responses (server/errors.py), inside the app's own middlewares (API key, body
 limit, metrics). FastAPI still documents them (/docs) and serves every other route. A
-request the fast path does not take (another method, a body that is not JSON) and a body
+request the fast path does not take (another method, a Content-Type other than JSON) and a body
 that does not validate go on to FastAPI, so that those errors are FastAPI's own; the
 errors the route functions raise get the response FastAPI's handler gives them
 (errors.api_error). A body that is not JSON at all (not UTF-8, a number of thousands of
@@ -30,12 +30,6 @@ from server.routes import classify, embed, ner, rerank, tokenize
 
 # every route: f(body, request)
 ROUTERS = (embed.router, classify.router, ner.router, rerank.router, tokenize.router)
-
-
-def _json_body(scope) -> bool:
-    """No Content-Type, application/json or any +json type: a body FastAPI reads as JSON."""
-    kind = Headers(scope=scope).get("content-type", "").partition(";")[0].strip().lower()
-    return kind in ("", "application/json") or kind.endswith("+json")
 
 
 def _unparseable(error: Exception) -> str:
@@ -72,7 +66,8 @@ class FastPath:
 
     async def __call__(self, scope, receive, send):
         entry = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if entry is None or scope["method"] != "POST" or not _json_body(scope):
+        if (entry is None or scope["method"] != "POST"
+                or not errors.json_content_type(Headers(scope=scope))):
             return await self.app(scope, receive, send)
         route, model = entry
         scope["route"] = route

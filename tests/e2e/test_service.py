@@ -298,6 +298,17 @@ def test_bad_requests_get_the_documented_error(url, route, body, status, words):
     assert set(err) == {"type", "message"} and words in err["message"]
 
 
+@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", "text/plain",
+                                          "multipart/form-data; boundary=x"])
+def test_a_json_body_sent_as_another_content_type_is_told_to_send_json(url, content_type):
+    # curl -d sends the first; FastAPI alone says "body: Input should be a valid dictionary"
+    res = httpx.post(url + "/v1/embed", content=b'{"model": "minilm", "inputs": "x"}',
+                     headers={"content-type": content_type})
+    assert res.status_code == 422, res.text
+    message = res.json()["error"]["message"]
+    assert "Content-Type: application/json" in message and repr(content_type) in message
+
+
 def test_the_fast_path_answers_as_fastapi_does(url):
     # the inference routes are answered by server/routes/fast_path.py: its errors are the
     # documented ones, the same on every route
