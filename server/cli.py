@@ -53,7 +53,7 @@ def cmd_new(args: argparse.Namespace) -> int:
     if not args.family or not args.output:
         print("distilserve new: FAMILY and --output are required (or --list)", file=sys.stderr)
         return 2
-    labels = [x.strip() for x in args.labels.split(",") if x.strip()] if args.labels else None
+    labels = [x.strip() for x in args.labels.split(",")] if args.labels is not None else None
     ckpt = checkpoint.new(args.family, args.preset, args.task, labels, seed=args.seed)
     out = checkpoint.save(ckpt, args.output)
     print(f"wrote {args.family}/{args.preset} ({args.task}, "

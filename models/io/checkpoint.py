@@ -99,6 +99,11 @@ def new(family: str, preset: str = "tiny", task: str = "embed",
         labels: list[str] | None = None, seed: int = 0, overrides: dict | None = None) -> Checkpoint:
     """A checkpoint with fresh weights at a named preset (``overrides`` change config
     fields, e.g. ``{"use_adapter": False}``)."""
+    if labels is not None:
+        if task == "embed":
+            raise CheckpointError("labels are for classify and ner models, not embed")
+        if "" in labels or len(set(labels)) < len(labels):
+            raise CheckpointError(f"labels must be distinct names, not {labels}")
     labels = list(labels) if labels else heads.default_labels(task)
     config = {**_config_dict(family, preset), **(overrides or {})}
     torch.manual_seed(seed)

@@ -31,6 +31,18 @@ def test_new_with_an_unknown_preset_fails_clearly(tmp_path, capsys):
     assert "unknown preset 'huge'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("task,labels,words", [
+    ("classify", "good,bad,good", "distinct"),
+    ("ner", "O,,B-PER", "distinct"),
+    ("embed", "a,b", "not embed"),
+])
+def test_new_refuses_labels_it_could_not_serve(tmp_path, capsys, task, labels, words):
+    out = tmp_path / "m"
+    assert main(["new", "bert", "--output", str(out), "--task", task, "--labels", labels]) == 1
+    assert words in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a GPU is visible")
 def test_serve_on_cuda_without_a_gpu_is_one_line_before_anything_loads(tmp_path, capsys):
     assert main(["serve", "--model-repository", str(tmp_path), "--device", "cuda"]) == 2
