@@ -19,6 +19,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
+from starlette.routing import Match
 
 from server import errors
 from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
@@ -176,8 +177,8 @@ class ApiKey:
 class RequestMetrics:
     """Counts requests by route and status and times them, for /metrics."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, app, routes: list):
+        self.app, self.routes = app, routes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -192,9 +193,15 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, send_recording)
         finally:
-            path = getattr(scope.get("route"), "path", "unmatched")
             metrics: Metrics = scope["app"].state.service.metrics
-            metrics.observe_request(path, status[0], time.perf_counter() - started)
+            metrics.observe_request(self.route(scope), status[0], time.perf_counter() - started)
+
+    def route(self, scope) -> str:
+        """The route that answered, else the one the path names (a 401 or a 413 is
+        answered before routing), else "unmatched"."""
+        route = scope.get("route") or next(
+            (r for r in self.routes if r.matches(scope)[0] is not Match.NONE), None)
+        return getattr(route, "path", "unmatched")
 
 
 def create_app(settings: Settings | None = None, repository: Path | None = None,
@@ -233,9 +240,11 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     app.add_middleware(FastPath)  # the inference routes, answered without FastAPI's stack
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(RequestMetrics)  # outermost: counts the 401s and 413s too
-    for router in (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
-                   models_route.router, health.router):
+    routers = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
+               models_route.router, health.router)
+    # outermost: counts the 401s and 413s too, under the route they were sent to
+    app.add_middleware(RequestMetrics, routes=[r for router in routers for r in router.routes])
+    for router in routers:
         app.include_router(router)
     return app
 

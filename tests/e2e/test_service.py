@@ -440,6 +440,10 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
                            headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and "API key" in wrong.json()["error"]["message"]
         assert httpx.get(u + "/v1/models").status_code == 401
+        assert httpx.get(u + "/v1/models/minilm").status_code == 401
+        text = httpx.get(u + "/metrics", headers=auth).text  # counted by route all the same
+        assert 'distilserve_requests_total{route="/v1/embed",status="401"} 2.0' in text
+        assert 'distilserve_requests_total{route="/v1/models/{model_id}",status="401"}' in text
         assert httpx.get(u + "/health").status_code == 200
         assert httpx.get(u + "/ready").status_code == 200
         # the docs and the OpenAPI document too: all but /health and /ready

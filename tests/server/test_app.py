@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 
 from server.app import ApiKey, BodyLimit, RequestMetrics, Service, build_and_load
 from server.metrics import Metrics
+from server.routes import embed
 from server.settings import Settings
 
 
@@ -77,15 +78,18 @@ def test_request_metrics_count_by_route_and_status():
     metrics = Metrics()
     state = SimpleNamespace(service=SimpleNamespace(metrics=metrics))
     route = SimpleNamespace(path="/v1/embed")
-    app = RequestMetrics(BodyLimit(echo, limit=10))
+    app = RequestMetrics(BodyLimit(echo, limit=10), routes=embed.router.routes)
     for _ in range(2):  # the second time through the children looked up the first
         call(app, app=SimpleNamespace(state=state), route=route, chunks=(b"x",))
-    call(app, app=SimpleNamespace(state=state), route=route,
-         headers=[("content-length", "99")], chunks=(b"x" * 99,))
+    # answered before routing: no route in the scope, counted under the path's route
+    call(app, app=SimpleNamespace(state=state), headers=[("content-length", "99")],
+         chunks=(b"x" * 99,))
+    call(app, "/v1/nothing", app=SimpleNamespace(state=state), chunks=(b"x",))
     text = metrics.render().decode()
     assert 'distilserve_requests_total{route="/v1/embed",status="200"} 2.0' in text
     assert 'distilserve_requests_total{route="/v1/embed",status="413"} 1.0' in text
     assert 'distilserve_request_seconds_count{route="/v1/embed"} 3.0' in text
+    assert 'distilserve_requests_total{route="unmatched",status="200"} 1.0' in text
 
 
 def test_ready_says_the_default_is_being_built_before_the_build_says_where(tmp_path, monkeypatch):
