@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from models.runtime.cores import available_cores
 
 BACKENDS = ("torch", "torchscript", "onnx", "onnx-int8")
 
@@ -234,7 +235,7 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
             if line.strip():
                 r = json.loads(line)
                 done[r["key"]] = r
-    threads = opts.threads or os.cpu_count() or 1
+    threads = opts.threads or available_cores()
     if opts.device == "cpu":
         progress(f"measuring the fp32 GEMM rate ({threads} threads)")
         rates = gemm_rates(threads)
@@ -286,7 +287,7 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
     results = list(done.values())  # in the order measured, earlier (resumed) runs included
     rescore(results, gemm, opts.device, opts.dtype)
     (opts.output / "results.json").write_text(json.dumps(
-        {"machine": {"cores": os.cpu_count(), "device": opts.device, "dtype": opts.dtype,
+        {"machine": {"cores": available_cores(), "device": opts.device, "dtype": opts.dtype,
                      "gemm_gflop_per_s": gemm / 1e9,
                      "gemm_gflop_per_s_by_library": {k: v / 1e9 for k, v in rates.items()}},
          "settings": {"batch_size": opts.batch_size, "length": opts.length,

@@ -3,8 +3,9 @@ next to the measured ones."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from models.runtime.cores import available_cores
 
 # (what, numerator model, denominator model, quantity, the paper's ratio, source)
 CLAIMS = [
@@ -56,7 +57,7 @@ def _machine(results: list[dict], gemm: float, rates: dict | None,
                  + f" TFLOP/s, each measured in its dtype's run (this run: {measured})")
         memory = "peak GPU memory (torch.cuda.max_memory_allocated)"
     else:
-        where = (f"{os.cpu_count()} cores, fp32 GEMM {gemm / 1e9:.0f} GFLOP/s measured in "
+        where = (f"{available_cores()} cores, fp32 GEMM {gemm / 1e9:.0f} GFLOP/s measured in "
                  f"this run ({measured})")
         memory = "peak RSS of the measuring process"
     used = ", ".join(f"{k} {v}" for k, v in versions.items() if k not in ("gpu", "cuda"))

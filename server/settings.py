@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from models.runtime.cores import available_cores
 
 
 class Settings(BaseSettings):
@@ -76,11 +77,12 @@ class Settings(BaseSettings):
             raise ValueError(str(e)) from None
 
     def model_threads(self) -> int:
-        """Intra-op threads per model: DISTILSERVE_THREADS, else the cores shared out among
-        the worker processes. Each worker taking every core slowed all of them: 2 workers
+        """Intra-op threads per model: DISTILSERVE_THREADS, else the cores this process may
+        use (a container's CPU limit too: models/runtime/cores.py) shared out among the
+        worker processes. Each worker taking every core slowed all of them: 2 workers
         on 2 cores, MiniLM with the torch backend, 32 clients: 68 req/s with 2 threads
         each, 468 with 1 (ONNX: 449 and 526)."""
-        return self.threads or max(1, (os.cpu_count() or 1) // self.workers)
+        return self.threads or max(1, available_cores() // self.workers)
 
     def batch_limits(self, device: str) -> tuple[int, int]:
         """(inputs, padded tokens) per forward pass for a model on ``device``."""

@@ -124,7 +124,7 @@ def test_batch_limits_default_by_device():
 
 
 def test_worker_processes_share_the_cores_out(monkeypatch):
-    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    monkeypatch.setattr("server.settings.available_cores", lambda: 16)
     assert Settings().model_threads() == 16
     assert Settings(workers=4).model_threads() == 4
     assert Settings(workers=32).model_threads() == 1
