@@ -21,6 +21,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+from models.io.manifest import FILE as manifest_file
 from models.io.manifest import Manifest, ManifestError
 from models.runtime import open_backend
 from models.runtime.base import Backend, BackendError
@@ -105,6 +106,8 @@ class Engine:
         self.labels: list[str] = manifest.labels
         self.relevant = relevant_index(manifest, self.labels)
         self.max_length = manifest.max_length
+        # OpenAI's model object's "created": when the model was exported (Unix seconds)
+        self.created = int((folder / manifest_file).stat().st_mtime)
         self.graph_tokens = 0  # batches up to that many padded tokens run from CUDA graphs
         if local:  # first: a broken artifact is the likelier fault, and names the file
             self._open(settings, metrics, cpu_thread)
@@ -169,7 +172,8 @@ class Engine:
             collect=self.backend.collect if overlap else None)
 
     def describe(self) -> dict:
-        info = {"id": self.name, "object": "model", "owned_by": "distilserve",
+        info = {"id": self.name, "object": "model", "created": self.created,
+                "owned_by": "distilserve",
                 "task": self.task, "family": self.family, "backend": self.backend.name,
                 "max_length": self.max_length, "device": self.backend.device,
                 "dtype": self.backend.dtype}

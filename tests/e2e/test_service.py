@@ -75,6 +75,9 @@ def test_models_lists_every_good_folder_and_omits_the_broken_one(url, repository
     assert ids == expected
     minilm = next(m for m in data if m["id"] == "minilm")
     assert (minilm["task"], minilm["dimensions"], minilm["max_length"]) == ("embed", 384, 256)
+    # OpenAI's model object: created is when it was exported, in Unix seconds
+    exported = (repository / "minilm" / "manifest.json").stat().st_mtime
+    assert (minilm["object"], minilm["created"]) == ("model", int(exported))
     ready = httpx.get(url + "/ready").json()
     assert "broken" in ready["failed"] and "model.onnx" in ready["failed"]["broken"]
 
