@@ -48,13 +48,14 @@ _AUTO = {"embed": AutoModel, "classify": AutoModelForSequenceClassification,
 
 class HFEncoder(nn.Module):
     """A transformers model with the families' common forward and one task output:
-    (input_ids, attention_mask, token_type_ids) [B, T] -> embed [B, D] (mean pooling),
-    classify logits [B, C], or ner logits [B, T, C]."""
+    (input_ids, attention_mask, token_type_ids) [B, T] -> embed [B, D] (pooled: mean or
+    cls), classify logits [B, C], or ner logits [B, T, C]."""
 
-    def __init__(self, model: nn.Module, task: str):
+    def __init__(self, model: nn.Module, task: str, pooling: str = "mean"):
         super().__init__()
         self.model = model
         self.task = task
+        self.pooling = pooling
         self.config = model.config
         self.uses_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
 
@@ -65,7 +66,7 @@ class HFEncoder(nn.Module):
             inputs["token_type_ids"] = token_type_ids
         out = self.model(**inputs)
         if self.task == "embed":
-            return heads.mean_pool(out.last_hidden_state, attention_mask)  # [B, D]
+            return heads.pool(out.last_hidden_state, attention_mask, self.pooling)  # [B, D]
         return out.logits
 
 
@@ -74,14 +75,14 @@ def hf_config(config: dict) -> PretrainedConfig:
     return AutoConfig.for_model(config["model_type"], **fields)
 
 
-def build(config: dict, task: str, labels: list[str]) -> HFEncoder:
+def build(config: dict, task: str, labels: list[str], pooling: str = "mean") -> HFEncoder:
     """A model with fresh weights from a config.json dict."""
     cfg = hf_config(config)
     if task != "embed":
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {label: i for i, label in enumerate(labels)}
     torch.manual_seed(0)
-    return HFEncoder(_AUTO[task].from_config(cfg), task)
+    return HFEncoder(_AUTO[task].from_config(cfg), task, pooling)
 
 
 def normalise_keys(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

@@ -29,6 +29,16 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
 
 
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, how: str) -> torch.Tensor:
+    """A sentence embedding from token vectors, [B, T, D] -> [B, D]: ``mean`` of the real
+    tokens' vectors, or ``cls``, the first token's (the [CLS] token's)."""
+    if how == "cls":
+        return hidden[:, 0]
+    if how != "mean":
+        raise ValueError(f"unknown pooling {how!r} (mean, cls)")
+    return mean_pool(hidden, attention_mask)
+
+
 def default_labels(task: str, num_labels: int | None = None) -> list[str]:
     if task == "embed":
         return []

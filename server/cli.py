@@ -68,7 +68,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             manifest = export.export(args.checkpoint, args.output, args.format, args.loop,
                                      args.quantize, args.task, args.max_length, progress,
-                                     force=args.force, relevant_label=args.relevant_label)
+                                     force=args.force, relevant_label=args.relevant_label,
+                                     pooling=args.pooling)
         except export.ExportError as e:
             print(f"distilserve export: {e}", file=sys.stderr)
             return 1
@@ -341,7 +342,11 @@ def parser() -> argparse.ArgumentParser:
                      help="serve the checkpoint for this task (default: the one its config "
                      "names)")
     exp.add_argument("--max-length", type=int,
-                     help="longest input in tokens (default: the model's maximum)")
+                     help="longest input in tokens (default: the length a "
+                     "sentence-transformers model was trained for, else the model's maximum)")
+    exp.add_argument("--pooling", choices=["mean", "cls"],
+                     help="an embedding model's pooling of its tokens (default: what its "
+                     "sentence-transformers files say, else mean)")
     exp.add_argument("--relevant-label",
                      help="a classification model used as a cross-encoder by /v1/rerank: "
                      "the label whose probability is relevance (default: the second of two)")

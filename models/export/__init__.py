@@ -62,10 +62,13 @@ def _versions() -> dict[str, str]:
 def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str = "unroll",
            quantize: str | None = None, task: str | None = None, max_length: int | None = None,
            progress: Callable[[str], None] = lambda step: None, force: bool = False,
-           relevant_label: str | None = None) -> Manifest:
+           relevant_label: str | None = None, pooling: str | None = None) -> Manifest:
     """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
     manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
-    and then replaced only once the new folder is complete. Raises CheckpointError
+    and then replaced only once the new folder is complete. ``max_length`` defaults to
+    the length the checkpoint was trained for (sentence-transformers' max_seq_length)
+    where its files say, else its position embeddings'; ``pooling`` (mean, cls) overrides
+    its sentence-transformers files' for an embedding model. Raises CheckpointError
     (unreadable checkpoint) or ExportError."""
     output = Path(output)
     if output.exists() and not force:
@@ -78,7 +81,10 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     if quantize not in (None, "int8") or (quantize and fmt != "onnx"):
         raise ExportError("--quantize int8 applies to --format onnx only")
     progress("loading the checkpoint")
-    ckpt = checkpoint.load(source, task=task)
+    ckpt = checkpoint.load(source, task=task, pooling=pooling)
+    if pooling is not None and ckpt.task != "embed":
+        raise ExportError(f"--pooling applies to embedding models, not to this {ckpt.task} "
+                          "model")
     if relevant_label is not None and (ckpt.task != "classify"
                                        or relevant_label not in ckpt.labels):
         raise ExportError(f"--relevant-label {relevant_label!r} must be one of a "
@@ -91,7 +97,7 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(ckpt.tokenizer_dir))
-    max_length = min(max_length or ckpt.max_length, ckpt.max_length)
+    max_length = min(max_length or ckpt.default_length, ckpt.max_length)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
@@ -167,7 +173,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     manifest = Manifest(
         task=ckpt.task, family=ckpt.family, labels=ckpt.labels,
         relevant_label=relevant_label, max_length=max_length,
-        pooling=families.get(ckpt.family).pooling if ckpt.task == "embed" else None,
+        pooling=ckpt.pooling,
         dimensions=int(references[0].shape[-1]) if ckpt.task == "embed" else None,
         backend=fmt, loop=loop if ckpt.family in families.RECURSIVE else None,
         num_iterations=depth, artifact=served,

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models import bert, families, heads
+from models.io import sentence_transformers as st
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
                    "special_tokens_map.json")
@@ -41,10 +42,27 @@ class Checkpoint:
     tokenizer_dir: Path
     path: Path | None = None
     extra: dict = field(default_factory=dict)  # anything else config.json carries
+    # an embedding model's sentence-transformers files: its pooling, its trained length
+    pipeline: st.Pipeline | None = None
 
     @property
     def max_length(self) -> int:
+        """The longest input its position embeddings allow."""
         return int(self.config.get("max_position_embeddings", 512))
+
+    @property
+    def default_length(self) -> int:
+        """The length it was trained for where its files say (sentence-transformers'
+        max_seq_length), else ``max_length``."""
+        trained = self.pipeline.max_seq_length if self.pipeline else None
+        return min(trained or self.max_length, self.max_length)
+
+    @property
+    def pooling(self) -> str | None:
+        """How an embedding model pools its tokens; None for the other tasks."""
+        if self.task != "embed":
+            return None
+        return self.pipeline.pooling if self.pipeline else family_of(self.family).pooling
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
@@ -84,12 +102,16 @@ def _config_dict(family: str, preset: str) -> dict:
     return bert.hf_config(table[preset]).to_dict()
 
 
-def _build(family: str, config: dict, task: str, labels: list[str]) -> nn.Module:
+def _build(family: str, config: dict, task: str, labels: list[str],
+           pooling: str | None = None) -> nn.Module:
     if task not in heads.TASKS:
         raise CheckpointError(f"unknown task {task!r}; tasks: {', '.join(heads.TASKS)}")
     kind = family_of(family)
     if kind.transformers:
-        return bert.build(config, task, labels)
+        return bert.build(config, task, labels, pooling or kind.pooling)
+    if pooling not in (None, kind.pooling):
+        raise CheckpointError(f"{family} embeddings are pooled by {kind.pooling}, not "
+                              f"{pooling} (another pooling is for the transformers families)")
     names = {f.name for f in dataclasses.fields(kind.config_class)}
     return kind.model_class(kind.config_class(**{k: v for k, v in config.items() if k in names}),
                             task, len(labels))
@@ -130,6 +152,9 @@ def save(ckpt: Checkpoint, output: str | Path) -> Path:
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
     else:
         ckpt.model.model.save_pretrained(out, safe_serialization=True)
+    if ckpt.pipeline is not None and ckpt.task == "embed":
+        width = ckpt.config.get("hidden_size") or ckpt.config.get("dim")
+        st.write(ckpt.pipeline, out, int(width))
     for name in TOKENIZER_FILES:
         src = Path(ckpt.tokenizer_dir) / name
         if src.exists() and src.resolve() != (out / name).resolve():
@@ -201,16 +226,27 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path) -
     model.load_state_dict({k: state[k] for k in expected}, strict=True)
 
 
-def load(path: str | Path, task: str | None = None, overrides: dict | None = None) -> Checkpoint:
+def load(path: str | Path, task: str | None = None, overrides: dict | None = None,
+         pooling: str | None = None) -> Checkpoint:
     """Loads a checkpoint folder of any family, strictly. ``task`` overrides the task
     its config names (a classifier's encoder can be loaded as an embedding model);
     ``overrides`` changes config fields, e.g. ``{"model_type": "falbert",
-    "num_hidden_layers": 6}`` loads an ALBERT checkpoint as LR-ALBERT."""
+    "num_hidden_layers": 6}`` loads an ALBERT checkpoint as LR-ALBERT. An embedding model
+    pools as its sentence-transformers files say (models/io/sentence_transformers.py),
+    else as its family does, unless ``pooling`` (mean, cls) says otherwise."""
     path = Path(path)
     config = {**read_config(path), **(overrides or {})}
     kind = families.BY_MODEL_TYPE[config["model_type"]]
     family = kind.name
     task = task or heads.task_of_architecture((config.get("architectures") or [""])[0])
+    pipeline = None
+    if task == "embed":
+        try:
+            pipeline = st.read(path)
+        except st.SentenceTransformersError as e:
+            raise CheckpointError(str(e)) from None
+        if pooling is not None:
+            pipeline = dataclasses.replace(pipeline or st.Pipeline(), pooling=pooling)
     if not kind.transformers:
         id2label = config.get("id2label") or {}
         labels = [id2label[k] for k in sorted(id2label, key=int)] if task != "embed" else []
@@ -221,7 +257,7 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         raise CheckpointError(f"{path / 'config.json'}: a {task} model needs id2label")
     file, state = read_state_dict(path)
     try:
-        model = _build(family, config, task, labels)
+        model = _build(family, config, task, labels, pipeline and pipeline.pooling)
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{path / 'config.json'}: invalid config ({e})") from None
     if not kind.transformers:
@@ -238,4 +274,5 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         load_weights(model.model, bert.normalise_keys(state, model.model), file)
         extra = {}
     tokenizer_dir = path if (path / "tokenizer.json").exists() else default_tokenizer_dir()
-    return Checkpoint(model.eval(), family, task, labels, config, tokenizer_dir, path, extra)
+    return Checkpoint(model.eval(), family, task, labels, config, tokenizer_dir, path, extra,
+                      pipeline)
