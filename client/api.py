@@ -73,9 +73,9 @@ class _Base:
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
 
     @staticmethod
-    def _embed_body(inputs, model, normalize, truncate, dimensions):
+    def _embed_body(inputs, model, normalize, truncate, dimensions, prompt_name):
         return {"inputs": inputs, "model": model, "normalize": normalize, "truncate": truncate,
-                "dimensions": dimensions}
+                "dimensions": dimensions, "prompt_name": prompt_name}
 
     @staticmethod
     def _rerank_body(query, documents, model, top_n, return_documents):
@@ -113,8 +113,8 @@ class DistilServeClient(_Base):
             time.sleep(_delay(response, attempt, self.backoff))
 
     def embed(self, inputs, model=None, normalize=True, truncate=True,
-              dimensions=None) -> list[list[float]]:
-        body = self._embed_body(inputs, model, normalize, truncate, dimensions)
+              dimensions=None, prompt_name=None) -> list[list[float]]:
+        body = self._embed_body(inputs, model, normalize, truncate, dimensions, prompt_name)
         return self._call("POST", "/v1/embed", body)["embeddings"]
 
     def rerank(self, query, documents, model=None, top_n=None,
@@ -170,8 +170,9 @@ class AsyncDistilServeClient(_Base):
                 return _raise_for(response)
             await asyncio.sleep(_delay(response, attempt, self.backoff))
 
-    async def embed(self, inputs, model=None, normalize=True, truncate=True, dimensions=None):
-        body = self._embed_body(inputs, model, normalize, truncate, dimensions)
+    async def embed(self, inputs, model=None, normalize=True, truncate=True, dimensions=None,
+                    prompt_name=None):
+        body = self._embed_body(inputs, model, normalize, truncate, dimensions, prompt_name)
         return (await self._call("POST", "/v1/embed", body))["embeddings"]
 
     async def rerank(self, query, documents, model=None, top_n=None, return_documents=False):

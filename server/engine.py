@@ -105,6 +105,9 @@ class Engine:
         self.task, self.family = manifest.task, manifest.family
         self.labels: list[str] = manifest.labels
         self.relevant = relevant_index(manifest, self.labels)
+        # an embedding model's prompts by name, and the one put before unprompted inputs
+        self.prompts: dict[str, str] = manifest.prompts
+        self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
         self.max_length = manifest.max_length
         # OpenAI's model object's "created": when the model was exported (Unix seconds)
         self.created = int((folder / manifest_file).stat().st_mtime)
@@ -180,6 +183,9 @@ class Engine:
         for key in ("loop", "pooling", "dimensions", "parameters"):
             if getattr(self.manifest, key) is not None:
                 info[key] = getattr(self.manifest, key)
+        if self.prompts:
+            info["prompts"] = self.prompts
+            info["default_prompt_name"] = self.manifest.default_prompt_name
         if self.graph_tokens:
             info["cuda_graph_tokens"] = self.graph_tokens
         # an int8 export, run as such (not its checkpoint, run on a GPU in its place)

@@ -78,6 +78,9 @@ class EmbeddingsRequest(_Request):
 class EmbedRequest(_Request):
     inputs: Texts
     normalize: bool = True
+    prompt_name: str | None = Field(None, description="one of the model's prompts (GET "
+                                    "/v1/models lists them), put before every input; "
+                                    "default: its default prompt, if it has one")
     truncate: bool = True
     dimensions: Dimensions = None
 

@@ -30,6 +30,10 @@ class Manifest(BaseModel):
     labels: list[str] = []
     relevant_label: str | None = None  # a cross-encoder's relevance output (rerank)
     pooling: str | None = None  # embedding models: how tokens are pooled
+    # embedding models: texts put before an input by name (sentence-transformers' prompts),
+    # the default one before every input that names none
+    prompts: dict[str, str] = {}
+    default_prompt_name: str | None = None
     dimensions: int | None = None  # embedding models: the width
     loop: Literal["unroll", "keep"] | None = None  # recursive families
     num_iterations: int | None = None  # a kept loop's trip count

@@ -7,18 +7,22 @@ Pooling module's ``config.json`` says how tokens are pooled, and
     1_Pooling/config.json        {"pooling_mode": "cls"} (or the older pooling_mode_*_token
                                  flags: {"pooling_mode_cls_token": true, ...})
     sentence_bert_config.json    {"max_seq_length": 256}
+    config_sentence_transformers.json
+                                 {"prompts": {"query": "query: ", ...},
+                                  "default_prompt_name": null}
 
 BGE's models pool the [CLS] token, all-MiniLM and E5 take the mean: served with the other
 pooling, their embeddings would be quietly different. So the pooling is read here, and a
 module distilserve does not compute (a Dense projection, max pooling) is refused, naming
-the file, rather than left out. ``write`` puts the same files into a saved checkpoint, so
-that an exported model folder's checkpoint says how it pools.
+the file, rather than left out. Prompts (E5's "query: ", BGE's instruction for queries) are
+texts put before an input, by name. ``write`` puts the same files into a saved
+checkpoint, so that an exported model folder's checkpoint says how it pools.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 POOLINGS = ("mean", "cls")  # what heads.pool computes
@@ -40,11 +44,14 @@ class SentenceTransformersError(Exception):
 @dataclass(frozen=True)
 class Pipeline:
     """What follows the encoder: its pooling, the length it was trained for (None: not
-    said), and whether it normalises."""
+    said), whether it normalises, and the prompts put before inputs by name (the default
+    one before every input that names none)."""
 
     pooling: str = "mean"
     max_seq_length: int | None = None
     normalize: bool = False
+    prompts: dict[str, str] = field(default_factory=dict)
+    default_prompt_name: str | None = None
 
 
 def read(folder: Path) -> Pipeline | None:
@@ -69,7 +76,19 @@ def read(folder: Path) -> Pipeline | None:
     if (folder / "sentence_bert_config.json").exists():
         length = _json(folder / "sentence_bert_config.json").get("max_seq_length")
     return Pipeline(pooling, length if isinstance(length, int) and length > 0 else None,
-                    "Normalize" in kinds)
+                    "Normalize" in kinds, *_prompts(folder / "config_sentence_transformers.json"))
+
+
+def _prompts(file: Path) -> tuple[dict[str, str], str | None]:
+    config = _json(file) if file.exists() else {}
+    prompts, default = config.get("prompts") or {}, config.get("default_prompt_name")
+    if not isinstance(prompts, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in prompts.items()):
+        raise SentenceTransformersError(f"{file}: prompts must map names to texts")
+    if default is not None and default not in prompts:
+        raise SentenceTransformersError(f"{file}: default_prompt_name {default!r} is not one "
+                                        f"of its prompts ({', '.join(prompts) or 'none'})")
+    return prompts, default
 
 
 def _pooling(file: Path) -> str:
@@ -113,3 +132,7 @@ def write(pipeline: Pipeline, folder: Path, width: int) -> None:
     if pipeline.max_seq_length:
         (folder / "sentence_bert_config.json").write_text(json.dumps(
             {"max_seq_length": pipeline.max_seq_length, "do_lower_case": False}) + "\n")
+    if pipeline.prompts:
+        (folder / "config_sentence_transformers.json").write_text(json.dumps(
+            {"prompts": pipeline.prompts, "default_prompt_name": pipeline.default_prompt_name},
+            indent=2) + "\n")

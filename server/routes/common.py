@@ -111,6 +111,18 @@ def check_embedding_request(engine: Engine, texts: list, dimensions: int | None)
                                f"{engine.vocab_size - 1})")
 
 
+def with_prompt(engine: Engine, texts: list, name: str | None) -> list:
+    """The texts behind the model's prompt ``name`` (sentence-transformers' prompts, TEI's
+    prompt_name), or behind its default prompt where ``name`` is None; token ids as they
+    are. A name the model has not is a 422."""
+    if name is not None and name not in engine.prompts:
+        raise ApiError(422, "invalid_request", f"prompt_name {name!r}: model {engine.name!r} "
+                       + (f"has the prompts {', '.join(engine.prompts)}" if engine.prompts
+                          else "has no prompts"))
+    prefix = engine.default_prompt if name is None else engine.prompts[name]
+    return [prefix + t if prefix and isinstance(t, str) else t for t in texts]
+
+
 def check_limits(request: Request, texts: list) -> None:
     settings = service(request).settings
     if len(texts) > settings.max_inputs:

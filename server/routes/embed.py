@@ -7,7 +7,14 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
-from server.routes.common import check_embedding_request, choose, infer, reply, usage
+from server.routes.common import (
+    check_embedding_request,
+    choose,
+    infer,
+    reply,
+    usage,
+    with_prompt,
+)
 from server.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest, EmbedResponse
 
 router = APIRouter(tags=["embeddings"])
@@ -16,7 +23,7 @@ router = APIRouter(tags=["embeddings"])
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
 async def embeddings(body: EmbeddingsRequest, request: Request):
     engine = choose(request, body.model, "embed")
-    texts = body.texts
+    texts = with_prompt(engine, body.texts, None)
     check_embedding_request(engine, texts, body.dimensions)
     result = await infer(request, engine, texts, truncate=True)
     vectors = postprocess.normalize(np.stack(result.outputs))  # [N, D]
@@ -32,7 +39,8 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
 async def embed(body: EmbedRequest, request: Request):
     engine = choose(request, body.model, "embed")
     check_embedding_request(engine, body.texts, body.dimensions)
-    result = await infer(request, engine, body.texts, body.truncate)
+    texts = with_prompt(engine, body.texts, body.prompt_name)
+    result = await infer(request, engine, texts, body.truncate)
     vectors = np.stack(result.outputs)  # [N, D]
     if body.dimensions is not None:
         vectors = vectors[:, : body.dimensions]

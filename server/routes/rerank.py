@@ -9,7 +9,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
-from server.routes.common import choose_reranker, infer, reply, usage
+from server.routes.common import choose_reranker, infer, reply, usage, with_prompt
 from server.schemas import RerankRequest, RerankResponse
 
 router = APIRouter(tags=["rerank"])
@@ -20,8 +20,10 @@ router = APIRouter(tags=["rerank"])
 async def rerank(body: RerankRequest, request: Request):
     engine = choose_reranker(request, body.model)
     documents = body.documents
-    if engine.task == "embed":
-        result = await infer(request, engine, body.texts, body.truncate)
+    if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
+        texts = (with_prompt(engine, [body.query], _first(engine, "query"))
+                 + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
+        result = await infer(request, engine, texts, body.truncate)
         vectors = np.stack(result.outputs)  # [1 + N, D]: the query, then the documents
         scores = postprocess.cosine_ranking(vectors[0], vectors[1:])
     else:
@@ -31,3 +33,8 @@ async def rerank(body: RerankRequest, request: Request):
                                        engine.relevant)
     return reply({"model": engine.name, "usage": usage(result), "results": postprocess.ranked(
         scores, documents, body.top_n, body.return_documents)}, result)
+
+
+def _first(engine, *names: str) -> str | None:
+    """The first of ``names`` that is one of the model's prompts."""
+    return next((name for name in names if name in engine.prompts), None)

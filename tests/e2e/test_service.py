@@ -19,7 +19,7 @@ import torch
 from transformers import AutoTokenizer, pipeline
 
 from models import export, families
-from models.io import checkpoint
+from models.io import checkpoint, sentence_transformers
 from tests.conftest import FAMILIES, running_server, wait_for
 
 # (task, backend, loop) served for every family
@@ -36,6 +36,19 @@ def name(family, task, fmt, loop="unroll"):
     return f"{family}-{task}-{fmt}" + ("-keep" if loop == "keep" else "")
 
 
+BGE_PROMPTS = {"query": "Represent this sentence for searching relevant passages: ",
+               "passage": "passage: "}
+
+
+def _bge_like(folder):
+    """A tiny BERT saved as sentence-transformers saves BGE and E5: [CLS] pooling, prompts
+    by name, one of them the default."""
+    folder = checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=5), folder)
+    sentence_transformers.write(sentence_transformers.Pipeline(
+        "cls", 64, True, BGE_PROMPTS, default_prompt_name="passage"), folder, 32)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def repository(tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
@@ -49,6 +62,7 @@ def repository(tiny_checkpoints, tmp_path_factory):
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")  # one logit: a cross-encoder
     export.export(cross, repo / "cross", "onnx", relevant_label="relevant")
+    export.export(_bge_like(repo.parent / "bge-checkpoint"), repo / "bge", "onnx")
     (repo / "broken").mkdir()
     (repo / "broken" / "manifest.json").write_text(json.dumps(
         {"task": "embed", "family": "bert", "backend": "onnx", "max_length": 8,
@@ -597,3 +611,38 @@ def test_one_model_by_id(url):
     assert httpx.get(url + "/v1/models/minilm").json() == listed["minilm"]
     missing = httpx.get(url + "/v1/models/nope")
     assert missing.status_code == 404 and "unknown model 'nope'" in missing.json()["error"]["message"]
+
+
+def test_prompts_and_cls_pooling_as_sentence_transformers_apply_them(url, repository):
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(repository.parent / "bge-checkpoint"), device="cpu")
+    texts = ["The cat sat on the mat.", "Where is the Eiffel Tower?"]
+
+    def embed(**body):
+        res = post(url, "/v1/embed", {"model": "bge", "inputs": texts, **body})
+        assert res.status_code == 200, res.text
+        return np.array(res.json()["embeddings"])
+
+    # no prompt_name: the default prompt, as sentence-transformers' encode
+    assert np.abs(embed() - reference.encode(texts)).max() < 1e-5
+    assert np.abs(embed(prompt_name="query")
+                  - reference.encode(texts, prompt_name="query")).max() < 1e-5
+    openai_style = post(url, "/v1/embeddings", {"model": "bge", "input": texts}).json()
+    assert np.abs(np.array([d["embedding"] for d in openai_style["data"]])
+                  - reference.encode(texts)).max() < 1e-5
+    # rerank: the query and the documents prompted as encode_query and encode_document
+    documents = ["The Eiffel Tower is in Paris.", "Cats like mats.", "Bananas are yellow."]
+    ranked = post(url, "/v1/rerank", {"model": "bge", "query": texts[1],
+                                      "documents": documents}).json()["results"]
+    q, d = reference.encode_query([texts[1]]), reference.encode_document(documents)
+    expected = (d @ q[0]).tolist()
+    for result in ranked:
+        assert abs(result["relevance_score"] - expected[result["index"]]) < 1e-5
+    listed = httpx.get(url + "/v1/models/bge").json()
+    assert (listed["pooling"], listed["prompts"], listed["default_prompt_name"]) == (
+        "cls", BGE_PROMPTS, "passage")
+    # a prompt the model has not is a 422 that names those it has
+    for model, words in (("bge", "has the prompts query, passage"), ("minilm", "has no prompts")):
+        res = post(url, "/v1/embed", {"model": model, "inputs": "x", "prompt_name": "nope"})
+        assert res.status_code == 422 and words in res.json()["error"]["message"], res.text

@@ -112,3 +112,20 @@ def test_what_would_change_the_embeddings_is_refused_naming_the_file(
         export.export(source, tmp_path / "m")
     assert words in str(e.value)
     assert not (tmp_path / "m").exists()
+
+
+def test_prompts_are_read_and_carried_into_the_export(bge_like, tmp_path):
+    source = tmp_path / "src"
+    checkpoint.save(checkpoint.load(bge_like), source)
+    config = {"prompts": {"query": "query: ", "passage": "passage: "},
+              "default_prompt_name": "query"}
+    (source / "config_sentence_transformers.json").write_text(json.dumps(config))
+    assert st.read(source).prompts == config["prompts"]
+    manifest = export.export(source, tmp_path / "m")
+    assert (manifest.prompts, manifest.default_prompt_name) == (config["prompts"], "query")
+    assert st.read(tmp_path / "m" / "checkpoint") == st.read(source)
+    (source / "config_sentence_transformers.json").write_text(json.dumps(
+        {**config, "default_prompt_name": "document"}))
+    with pytest.raises(checkpoint.CheckpointError, match="'document' is not one of its "
+                       "prompts \\(query, passage\\)"):
+        checkpoint.load(source)
