@@ -94,9 +94,7 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
         raise ExportError(f"--loop keep applies to the recursive families "
                           f"({', '.join(families.RECURSIVE)}) exported to onnx or torchscript, "
                           f"not to {ckpt.family} as {fmt}")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(ckpt.tokenizer_dir))
+    tokenizer = checkpoint.fast_tokenizer(ckpt.tokenizer_dir)
     max_length = min(max_length or ckpt.default_length, ckpt.max_length)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))

@@ -26,6 +26,9 @@ from models.io import sentence_transformers as st
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
                    "special_tokens_map.json")
+# a checkpoint folder with any of these has a tokenizer of its own: a fast one, or a slow
+# one's vocabulary (older checkpoints, TinyBERT's, ship only vocab.txt; ALBERT's spiece.model)
+TOKENIZER_SOURCES = ("tokenizer.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
 
 
 class CheckpointError(Exception):
@@ -155,11 +158,32 @@ def save(ckpt: Checkpoint, output: str | Path) -> Path:
     if ckpt.pipeline is not None and ckpt.task == "embed":
         width = ckpt.config.get("hidden_size") or ckpt.config.get("dim")
         st.write(ckpt.pipeline, out, int(width))
+    if not (Path(ckpt.tokenizer_dir) / "tokenizer.json").exists():
+        # a slow tokenizer's files: saved as the fast tokenizer the service loads
+        fast_tokenizer(ckpt.tokenizer_dir).save_pretrained(str(out))
+        return out
     for name in TOKENIZER_FILES:
         src = Path(ckpt.tokenizer_dir) / name
         if src.exists() and src.resolve() != (out / name).resolve():
             shutil.copyfile(src, out / name)
     return out
+
+
+def fast_tokenizer(folder: str | Path):
+    """A checkpoint folder's tokenizer as a fast (Rust) one, which the service runs: its
+    tokenizer.json, or converted from a slow tokenizer's files (vocab.txt); a
+    CheckpointError naming the folder where neither works."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:
+        raise CheckpointError(f"{folder}: its tokenizer does not load ({type(e).__name__}: "
+                              f"{e}); a tokenizer.json would do") from None
+    if not tokenizer.is_fast:
+        raise CheckpointError(f"{folder}: its tokenizer has no fast (Rust) form: add its "
+                              "tokenizer.json")
+    return tokenizer
 
 
 def read_json(file: Path, needed_by: str) -> dict:
@@ -273,6 +297,8 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
             state = bert.convert_academic_budget_bert(state)
         load_weights(model.model, bert.normalise_keys(state, model.model), file)
         extra = {}
-    tokenizer_dir = path if (path / "tokenizer.json").exists() else default_tokenizer_dir()
+    # without a tokenizer of its own: the bert-base-uncased vocabulary every family uses
+    own = any((path / name).exists() for name in TOKENIZER_SOURCES)
+    tokenizer_dir = path if own else default_tokenizer_dir()
     return Checkpoint(model.eval(), family, task, labels, config, tokenizer_dir, path, extra,
                       pipeline)

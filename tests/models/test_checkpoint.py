@@ -1,7 +1,12 @@
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import AutoTokenizer
 
+from models import export
 from models.io import checkpoint
 from models.io.checkpoint import CheckpointError
 from tests.conftest import FAMILIES, TASKS, batch
@@ -92,3 +97,34 @@ def test_bad_config_is_named(tmp_path):
 def test_paper_presets_have_the_published_sizes(family, preset, published, tolerance):
     n = checkpoint.new(family, preset).num_parameters()
     assert abs(n - published) / published <= tolerance, n
+
+
+def _slow_tokenizer_only(folder: Path, tokenizer_config: dict) -> Path:
+    """A tiny BERT checkpoint whose tokenizer is a slow one's files only, as older
+    checkpoints ship it (TinyBERT's: vocab.txt and no tokenizer.json)."""
+    folder = checkpoint.save(checkpoint.new("bert", "tiny", "embed"), folder)
+    for name in ("tokenizer.json", "special_tokens_map.json"):
+        (folder / name).unlink()
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return folder
+
+
+def test_a_checkpoints_own_vocabulary_is_kept_without_a_tokenizer_json(tmp_path):
+    source = _slow_tokenizer_only(tmp_path / "src", {"do_lower_case": False,
+                                                     "tokenizer_class": "BertTokenizer"})
+    vocab = (source / "vocab.txt").read_text().splitlines()
+    vocab[2000] = "Paris"  # a cased word: the default vocabulary is uncased
+    (source / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    loaded = checkpoint.load(source)
+    assert loaded.tokenizer_dir == source
+    saved = checkpoint.save(loaded, tmp_path / "saved")  # as the fast tokenizer the service runs
+    assert (saved / "tokenizer.json").exists()
+    assert AutoTokenizer.from_pretrained(str(saved)).tokenize("Paris") == ["Paris"]
+
+
+def test_a_tokenizer_that_does_not_load_is_named_and_nothing_is_exported(tmp_path):
+    source = _slow_tokenizer_only(tmp_path / "src", {"tokenizer_class": "AlbertTokenizer"})
+    (source / "spiece.model").write_bytes(b"not a sentencepiece model")
+    with pytest.raises(checkpoint.CheckpointError, match="src: its tokenizer"):
+        export.export(source, tmp_path / "repo" / "m")
+    assert not (tmp_path / "repo" / "m").exists()
