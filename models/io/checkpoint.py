@@ -200,13 +200,21 @@ def read_json(file: Path, needed_by: str) -> dict:
 
 
 def read_config(path: Path) -> dict:
-    file = path / "config.json"
-    config = read_json(file, "a checkpoint folder needs config.json")
-    if config.get("model_type") not in families.BY_MODEL_TYPE:
+    return read_json(path / "config.json", "a checkpoint folder needs config.json")
+
+
+def family_of_config(config: dict, file: Path) -> families.Family:
+    """The family a config.json names: by its architecture (MiniAlbert..., FAlbert...,
+    Seq2mat...: any case), else by its model_type (any case)."""
+    architecture = str((config.get("architectures") or [""])[0]).lower()
+    for kind in families.REGISTRY.values():
+        if kind.architecture and architecture.startswith(kind.architecture.lower()):
+            return kind
+    kind = families.BY_MODEL_TYPE.get(str(config.get("model_type")).lower())
+    if kind is None:
         raise CheckpointError(f"{file}: model_type {config.get('model_type')!r} is not one "
-                              f"distilserve serves "
-                              f"({', '.join(families.BY_MODEL_TYPE)})")
-    return config
+                              f"distilserve serves ({', '.join(families.BY_MODEL_TYPE)})")
+    return kind
 
 
 def read_state_dict(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -260,8 +268,15 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     else as its family does, unless ``pooling`` (mean, cls) says otherwise."""
     path = Path(path)
     config = {**read_config(path), **(overrides or {})}
-    kind = families.BY_MODEL_TYPE[config["model_type"]]
+    kind = family_of_config(config, path / "config.json")
+    file, state = read_state_dict(path)
+    if kind.transformers and any(k.startswith("albert.albert.encoder.") for k in state):
+        # nlpie's first MiniALBERT uploads say model_type "bert" and may name no
+        # architecture: their nested albert.albert.* tensors say what they are
+        kind = families.get("minialbert")
     family = kind.name
+    if not kind.transformers:  # its own name, however the authors' config spelt it
+        config["model_type"] = kind.model_types[0]
     task = task or heads.task_of_architecture((config.get("architectures") or [""])[0])
     pipeline = None
     if task == "embed":
@@ -279,7 +294,6 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         labels = [hf.id2label[i] for i in range(hf.num_labels)] if task != "embed" else []
     if task != "embed" and not labels:
         raise CheckpointError(f"{path / 'config.json'}: a {task} model needs id2label")
-    file, state = read_state_dict(path)
     try:
         model = _build(family, config, task, labels, pipeline and pipeline.pooling)
     except (TypeError, ValueError, KeyError) as e:

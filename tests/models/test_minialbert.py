@@ -91,6 +91,47 @@ def test_loads_nlpie_layout_from_pickled_bin_and_matches_the_equations(tmp_path)
     assert set(saved) == set(state)
 
 
+def _bert_config_as_nlpie_uploaded(**fields) -> dict:
+    """config.json as nlpie's first MiniALBERT uploads have it: a BERT config (model_type
+    "bert", BERT's own fields) with MiniALBERT's fields added."""
+    return {"model_type": "bert", "hidden_dropout_prob": 0.1, "initializer_range": 0.02,
+            "position_embedding_type": "absolute", "pad_token_id": 0,
+            **{k: v for k, v in MiniAlbertConfig(**PRESETS["tiny"]).__dict__.items()
+               if k != "model_type"}, **fields}
+
+
+def test_loads_nlpie_uploads_whose_config_says_bert(tmp_path):
+    from safetensors.torch import save_file
+
+    state = _nlpie_state()
+    # a sequence classifier, named by its architecture
+    (tmp_path / "config.json").write_text(json.dumps(_bert_config_as_nlpie_uploaded(
+        architectures=["MiniAlbertForSequenceClassification"], id2label={"0": "a", "1": "b"})))
+    save_file(state, str(tmp_path / "model.safetensors"))
+    ckpt = checkpoint.load(tmp_path)
+    assert (ckpt.family, ckpt.task, ckpt.labels) == ("minialbert", "classify", ["a", "b"])
+    ids, mask, types = batch()
+    with torch.no_grad():
+        assert (ckpt.model(ids, mask, types) - _reference(state, ids, mask, types)).abs().max() <= 1e-5
+    # the masked-LM upload, no architecture named: known by its nested albert.albert.*
+    # tensors; its MLM head and the ALBERT pooler are dropped
+    encoder = {k: v for k, v in state.items() if not k.startswith("classifier")}
+    encoder |= {"vocab_projector.weight": torch.zeros(30522, 32),
+                "albert.albert.pooler.weight": torch.zeros(32, 32)}
+    (tmp_path / "config.json").write_text(json.dumps(_bert_config_as_nlpie_uploaded(
+        id2label={"0": "LABEL_0", "1": "LABEL_1"})))
+    save_file(encoder, str(tmp_path / "model.safetensors"))
+    ckpt = checkpoint.load(tmp_path)
+    assert (ckpt.family, ckpt.task) == ("minialbert", "embed")
+    saved = checkpoint.save(ckpt, tmp_path / "saved")
+    assert json.loads((saved / "config.json").read_text())["model_type"] == "minialbert"
+    # nlpie's newer uploads spell it "MiniAlbert"
+    config = json.loads((saved / "config.json").read_text())
+    (saved / "config.json").write_text(json.dumps({**config, "model_type": "MiniAlbert",
+                                                   "architectures": []}))
+    assert checkpoint.load(saved).family == "minialbert"
+
+
 def test_one_shared_layer_and_stacked_adapters():
     m = MiniAlbert(MiniAlbertConfig(**PRESETS["tiny"]))
     assert sum("albert_layers.0." in k for k, _ in m.named_parameters()) == 16
