@@ -203,18 +203,38 @@ def read_config(path: Path) -> dict:
     return read_json(path / "config.json", "a checkpoint folder needs config.json")
 
 
-def family_of_config(config: dict, file: Path) -> families.Family:
+def family_of_config(config: dict) -> families.Family | None:
     """The family a config.json names: by its architecture (MiniAlbert..., FAlbert...,
-    Seq2mat...: any case), else by its model_type (any case)."""
-    architecture = str((config.get("architectures") or [""])[0]).lower()
+    Seq2mat...: any case), else by its model_type (any case); None where it names none."""
+    architecture = _architecture(config)
     for kind in families.REGISTRY.values():
         if kind.architecture and architecture.startswith(kind.architecture.lower()):
             return kind
-    kind = families.BY_MODEL_TYPE.get(str(config.get("model_type")).lower())
-    if kind is None:
-        raise CheckpointError(f"{file}: model_type {config.get('model_type')!r} is not one "
-                              f"distilserve serves ({', '.join(families.BY_MODEL_TYPE)})")
-    return kind
+    return families.BY_MODEL_TYPE.get(str(config.get("model_type")).lower())
+
+
+def _architecture(config: dict) -> str:
+    return str((config.get("architectures") or [""])[0]).lower()
+
+
+# transformers' model types by the prefix of an architecture or of the tensors' names
+# (longest first: "distilbert" and "albert" end in "bert")
+HF_PREFIXES = ("distilbert", "mobilebert", "albert", "bert")
+
+
+def hf_model_type(config: dict, state: dict[str, torch.Tensor], file: Path) -> str:
+    """The model_type of a transformers checkpoint whose config.json has none (older ones,
+    TinyBERT's among them): from its architecture, else from its tensors' names (a bare
+    ``encoder.layer.*``: BERT's base model), as transformers infers it from the path."""
+    prefixes = [_architecture(config)] + [key.split(".")[0] for key in state]
+    for prefix in HF_PREFIXES:
+        if any(p.startswith(prefix) for p in prefixes):
+            return prefix
+    if any(key.startswith("encoder.layer.") for key in state):
+        return "bert"
+    raise CheckpointError(f"{file}: no model_type, and neither its architecture nor its "
+                          "tensors say one; add \"model_type\" (bert, distilbert, albert, "
+                          "mobilebert, minialbert, falbert, seq2mat)")
 
 
 def read_state_dict(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
@@ -268,8 +288,14 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     else as its family does, unless ``pooling`` (mean, cls) says otherwise."""
     path = Path(path)
     config = {**read_config(path), **(overrides or {})}
-    kind = family_of_config(config, path / "config.json")
+    kind = family_of_config(config)
+    if kind is None and config.get("model_type") is not None:
+        raise CheckpointError(f"{path / 'config.json'}: model_type {config['model_type']!r} is "
+                              f"not one distilserve serves ({', '.join(families.BY_MODEL_TYPE)})")
     file, state = read_state_dict(path)
+    if kind is None:  # a config without model_type
+        config["model_type"] = hf_model_type(config, state, path / "config.json")
+        kind = families.BY_MODEL_TYPE[config["model_type"]]
     if kind.transformers and any(k.startswith("albert.albert.encoder.") for k in state):
         # nlpie's first MiniALBERT uploads say model_type "bert" and may name no
         # architecture: their nested albert.albert.* tensors say what they are

@@ -128,3 +128,32 @@ def test_a_tokenizer_that_does_not_load_is_named_and_nothing_is_exported(tmp_pat
     with pytest.raises(checkpoint.CheckpointError, match="src: its tokenizer"):
         export.export(source, tmp_path / "repo" / "m")
     assert not (tmp_path / "repo" / "m").exists()
+
+
+def test_a_config_without_model_type_is_known_by_its_architecture_or_tensors(tmp_path):
+    """Older configs (TinyBERT's among them) have no model_type, and fields of their own;
+    their weights hold a distillation projection to the teacher's width and an MLM head
+    beside the encoder. transformers infers the type from the path, distilserve from the
+    architecture or the tensors' names."""
+    ref = checkpoint.new("bert", "tiny", "embed", seed=4)
+    config = {k: v for k, v in ref.model.model.config.to_dict().items()
+              if k not in ("model_type", "architectures")}
+    config |= {"cell": {}, "emb_size": 32, "pre_trained": "", "structure": []}
+    state = {f"bert.{k}": v for k, v in ref.model.model.state_dict().items()}
+    state |= {"fit_dense.weight": torch.zeros(8, 32), "cls.predictions.bias": torch.zeros(9)}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    torch.save(state, tmp_path / "pytorch_model.bin")
+    loaded = checkpoint.load(tmp_path)
+    assert (loaded.family, loaded.task) == ("bert", "embed")
+    ids, mask, types = batch()
+    with torch.no_grad():
+        assert torch.equal(loaded.model(ids, mask, types), ref.model(ids, mask, types))
+    # an architecture alone names it too
+    (tmp_path / "config.json").write_text(json.dumps(
+        {**config, "architectures": ["BertForMaskedLM"]}))
+    assert checkpoint.load(tmp_path).family == "bert"
+    # neither: said, naming the file
+    torch.save({"encoder.weight": torch.zeros(2)}, tmp_path / "pytorch_model.bin")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="config.json: no model_type"):
+        checkpoint.load(tmp_path)
