@@ -237,6 +237,22 @@ def hf_model_type(config: dict, state: dict[str, torch.Tensor], file: Path) -> s
                           "mobilebert, minialbert, falbert, seq2mat)")
 
 
+def _known_by_tensors(kind: families.Family | None, config: dict,
+                      state: dict[str, torch.Tensor], file: Path) -> families.Family:
+    """The family, where the config does not say it (``kind`` None) or says it wrongly,
+    from the tensors' names; ``config``'s model_type is set to the family's own."""
+    if kind is None:  # a config without model_type
+        config["model_type"] = hf_model_type(config, state, file)
+        kind = families.BY_MODEL_TYPE[config["model_type"]]
+    if kind.transformers and any(k.startswith("albert.albert.encoder.") for k in state):
+        # nlpie's first MiniALBERT uploads say model_type "bert" and may name no
+        # architecture: their nested albert.albert.* tensors say what they are
+        kind = families.get("minialbert")
+    if not kind.transformers:  # its own name, however the authors' config spelt it
+        config["model_type"] = kind.model_types[0]
+    return kind
+
+
 def read_state_dict(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     """The weights file of a checkpoint folder and its tensors (never plain pickle)."""
     file = path / "model.safetensors"
@@ -293,16 +309,8 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         raise CheckpointError(f"{path / 'config.json'}: model_type {config['model_type']!r} is "
                               f"not one distilserve serves ({', '.join(families.BY_MODEL_TYPE)})")
     file, state = read_state_dict(path)
-    if kind is None:  # a config without model_type
-        config["model_type"] = hf_model_type(config, state, path / "config.json")
-        kind = families.BY_MODEL_TYPE[config["model_type"]]
-    if kind.transformers and any(k.startswith("albert.albert.encoder.") for k in state):
-        # nlpie's first MiniALBERT uploads say model_type "bert" and may name no
-        # architecture: their nested albert.albert.* tensors say what they are
-        kind = families.get("minialbert")
+    kind = _known_by_tensors(kind, config, state, path / "config.json")
     family = kind.name
-    if not kind.transformers:  # its own name, however the authors' config spelt it
-        config["model_type"] = kind.model_types[0]
     task = task or heads.task_of_architecture((config.get("architectures") or [""])[0])
     pipeline = None
     if task == "embed":

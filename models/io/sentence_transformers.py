@@ -67,8 +67,9 @@ def read(folder: Path) -> Pipeline | None:
                if kind not in KNOWN_MODULES]
     if unknown or len(kinds) < len(modules):
         raise SentenceTransformersError(
-            f"{file}: modules {', '.join(unknown) or 'repeated'} would change the embeddings "
-            f"and distilserve computes only {', '.join(KNOWN_MODULES)}, once each")
+            f"{file}: modules {', '.join(unknown) or 'repeated'} are not ones distilserve "
+            f"computes ({', '.join(KNOWN_MODULES)}, once each): served without them, the "
+            "embeddings would differ")
     pooling = "mean"  # a sentence-transformers model without a Pooling module: the mean
     if "Pooling" in kinds:
         pooling = _pooling(folder / str(kinds["Pooling"].get("path", "")) / "config.json")
