@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FILE = "manifest.json"
 
@@ -68,6 +68,13 @@ class Manifest(BaseModel):
         if artifact is not None and Path(artifact).name != artifact:
             raise ValueError(f"{artifact!r} must be a file in the folder")
         return artifact
+
+    @model_validator(mode="after")
+    def _default_prompt_is_a_prompt(self):
+        if self.default_prompt_name is not None and self.default_prompt_name not in self.prompts:
+            raise ValueError(f"default_prompt_name {self.default_prompt_name!r} is not one of "
+                             f"its prompts ({', '.join(self.prompts) or 'none'})")
+        return self
 
     @classmethod
     def read(cls, folder: Path) -> Manifest:

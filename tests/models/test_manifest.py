@@ -34,6 +34,8 @@ def test_a_manifest_round_trips_with_what_others_add(tmp_path):
     ({"artifact": "../../etc/passwd"}, "artifact: Value error, '../../etc/passwd' must be a "
                                        "file in the folder"),
     ({"backend": None}, "backend: Input should be 'onnx', 'torchscript' or 'torch'"),
+    ({"prompts": {"query": "query: "}, "default_prompt_name": "passage"},
+     "manifest: Value error, default_prompt_name 'passage' is not one of its prompts (query)"),
 ])
 def test_an_invalid_manifest_names_its_file_and_field(tmp_path, change, words):
     folder = write(tmp_path / "m", {**GOOD, **change})
