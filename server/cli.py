@@ -82,8 +82,10 @@ def cmd_export(args: argparse.Namespace) -> int:
         figures = {k: v for k, v in q.items() if isinstance(v, float)}
         print("int8 vs fp32: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items())
               + f" ({len(q['kept_fp32'])} MatMuls kept in fp32)")
-    print(f"wrote {args.output} ({manifest.family} {manifest.task}, "
-          f"backend {manifest.backend}, artifact {manifest.artifact})")
+    pooled = (f", {manifest.pooling} pooling" if manifest.pooling else "") + (
+        f", prompts {', '.join(manifest.prompts)}" if manifest.prompts else "")
+    print(f"wrote {args.output} ({manifest.family} {manifest.task}{pooled}, max_length "
+          f"{manifest.max_length}, backend {manifest.backend}, artifact {manifest.artifact})")
     return 0
 
 

@@ -62,6 +62,7 @@ def test_export_int8_prints_the_agreement_figures(tiny_checkpoints, tmp_path, ca
                  "--quantize", "int8"]) == 0
     printed = capsys.readouterr().out
     assert "int8 vs fp32: " in printed and "min_cosine" in printed
+    assert "(bert embed, mean pooling, max_length 128, backend onnx" in printed
     assert (out / "model.int8.onnx").exists()
 
 
