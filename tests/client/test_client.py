@@ -50,6 +50,8 @@ def test_sync_client_mirrors_the_routes(url):
         assert (tokens[0][2]["start"], tokens[0][2]["stop"]) == (6, 11)
         with pytest.raises(BadRequest, match="more than model 'cmow-embed'"):
             c.embed("x", dimensions=100_000)
+        with pytest.raises(BadRequest, match="prompt_name 'query': model 'cmow-embed' has no"):
+            c.embed("x", prompt_name="query")  # sent: this model has none
     with DistilServeClient(url) as anonymous, pytest.raises(Unauthorized):
         anonymous.models()
 
