@@ -303,13 +303,18 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     pools as its sentence-transformers files say (models/io/sentence_transformers.py),
     else as its family does, unless ``pooling`` (mean, cls) says otherwise."""
     path = Path(path)
-    config = {**read_config(path), **(overrides or {})}
+    try:  # a sentence-transformers folder of the older layout keeps it in 0_Transformer/
+        encoder = st.encoder_folder(path)
+    except st.SentenceTransformersError as e:
+        raise CheckpointError(str(e)) from None
+    config_file = encoder / "config.json"
+    config = {**read_config(encoder), **(overrides or {})}
     kind = family_of_config(config)
     if kind is None and config.get("model_type") is not None:
-        raise CheckpointError(f"{path / 'config.json'}: model_type {config['model_type']!r} is "
-                              f"not one distilserve serves ({', '.join(families.BY_MODEL_TYPE)})")
-    file, state = read_state_dict(path)
-    kind = _known_by_tensors(kind, config, state, path / "config.json")
+        raise CheckpointError(f"{config_file}: model_type {config['model_type']!r} is not one "
+                              f"distilserve serves ({', '.join(families.BY_MODEL_TYPE)})")
+    file, state = read_state_dict(encoder)
+    kind = _known_by_tensors(kind, config, state, config_file)
     family = kind.name
     task = task or heads.task_of_architecture((config.get("architectures") or [""])[0])
     pipeline = None
@@ -327,11 +332,11 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         hf = bert.hf_config(config)
         labels = [hf.id2label[i] for i in range(hf.num_labels)] if task != "embed" else []
     if task != "embed" and not labels:
-        raise CheckpointError(f"{path / 'config.json'}: a {task} model needs id2label")
+        raise CheckpointError(f"{config_file}: a {task} model needs id2label")
     try:
         model = _build(family, config, task, labels, pipeline and pipeline.pooling)
     except (TypeError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{path / 'config.json'}: invalid config ({e})") from None
+        raise CheckpointError(f"{config_file}: invalid config ({e})") from None
     if not kind.transformers:
         if hasattr(model, "convert_checkpoint_state"):  # a published layout -> ours
             state = model.convert_checkpoint_state(state)
@@ -346,7 +351,7 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         load_weights(model.model, bert.normalise_keys(state, model.model), file)
         extra = {}
     # without a tokenizer of its own: the bert-base-uncased vocabulary every family uses
-    own = any((path / name).exists() for name in TOKENIZER_SOURCES)
-    tokenizer_dir = path if own else default_tokenizer_dir()
+    own = any((encoder / name).exists() for name in TOKENIZER_SOURCES)
+    tokenizer_dir = encoder if own else default_tokenizer_dir()
     return Checkpoint(model.eval(), family, task, labels, config, tokenizer_dir, path, extra,
                       pipeline)

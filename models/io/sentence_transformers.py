@@ -27,8 +27,10 @@ from pathlib import Path
 
 POOLINGS = ("mean", "cls")  # what heads.pool computes
 # the module classes (the last part of modules.json's "type") that are computed here:
-# the encoder itself, its pooling, and normalisation (the service normalises embeddings)
-KNOWN_MODULES = ("Transformer", "Pooling", "Normalize")
+# the encoder itself (older versions named it by its architecture), its pooling, and
+# normalisation (the service normalises embeddings)
+ENCODERS = ("Transformer", "BERT", "DistilBERT", "ALBERT")
+KNOWN_MODULES = (*ENCODERS, "Pooling", "Normalize")
 # older Pooling configs: one flag per mode
 LEGACY_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
                 "pooling_mode_mean_tokens": "mean",
@@ -54,28 +56,49 @@ class Pipeline:
     default_prompt_name: str | None = None
 
 
+def encoder_folder(folder: Path) -> Path:
+    """Where a sentence-transformers folder keeps its encoder (config.json, weights,
+    tokenizer): the folder itself, or in older ones the encoder module's subfolder
+    (``0_Transformer/``, ``0_BERT/``)."""
+    if (folder / "config.json").exists() or not (folder / "modules.json").exists():
+        return folder
+    kinds = _modules(folder / "modules.json")
+    path = next((str(kinds[k].get("path") or "") for k in ENCODERS if k in kinds), "")
+    return folder / path if path and (folder / path / "config.json").exists() else folder
+
+
+def _modules(file: Path) -> dict[str, dict]:
+    """modules.json's modules by class name."""
+    modules = _json(file)
+    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise SentenceTransformersError(f"{file}: not a list of modules")
+    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules}
+    if len(kinds) < len(modules):
+        raise SentenceTransformersError(f"{file}: a module repeated; distilserve computes "
+                                        f"each of {', '.join(KNOWN_MODULES)} once")
+    return kinds
+
+
 def read(folder: Path) -> Pipeline | None:
     """The pipeline ``folder`` describes; None where it has no modules.json."""
     file = folder / "modules.json"
     if not file.exists():
         return None
-    modules = _json(file)
-    if not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-        raise SentenceTransformersError(f"{file}: not a list of modules")
-    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules}
+    kinds = _modules(file)
     unknown = [f"{m.get('path') or m.get('name')} ({m.get('type')})" for kind, m in kinds.items()
                if kind not in KNOWN_MODULES]
-    if unknown or len(kinds) < len(modules):
+    if unknown:
         raise SentenceTransformersError(
-            f"{file}: modules {', '.join(unknown) or 'repeated'} are not ones distilserve "
-            f"computes ({', '.join(KNOWN_MODULES)}, once each): served without them, the "
-            "embeddings would differ")
+            f"{file}: modules {', '.join(unknown)} are not ones distilserve computes "
+            f"({', '.join(KNOWN_MODULES)}): served without them, the embeddings would differ")
     pooling = "mean"  # a sentence-transformers model without a Pooling module: the mean
     if "Pooling" in kinds:
         pooling = _pooling(folder / str(kinds["Pooling"].get("path", "")) / "config.json")
     length = None
-    if (folder / "sentence_bert_config.json").exists():
-        length = _json(folder / "sentence_bert_config.json").get("max_seq_length")
+    for where in (folder, encoder_folder(folder)):  # older ones keep it beside the encoder
+        if (where / "sentence_bert_config.json").exists():
+            length = _json(where / "sentence_bert_config.json").get("max_seq_length")
+            break
     return Pipeline(pooling, length if isinstance(length, int) and length > 0 else None,
                     "Normalize" in kinds, *_prompts(folder / "config_sentence_transformers.json"))
 

@@ -129,3 +129,29 @@ def test_prompts_are_read_and_carried_into_the_export(bge_like, tmp_path):
     with pytest.raises(checkpoint.CheckpointError, match="'document' is not one of its "
                        "prompts \\(query, passage\\)"):
         checkpoint.load(source)
+
+
+def test_the_older_layout_with_the_encoder_in_a_subfolder(bge_like, tmp_path):
+    """sentence-transformers' older folders keep the encoder, its tokenizer and its
+    sentence_bert_config.json in 0_Transformer/, beside 1_Pooling/."""
+    old = tmp_path / "old"
+    encoder = old / "0_Transformer"
+    encoder.mkdir(parents=True)
+    for f in bge_like.iterdir():
+        if f.is_file() and f.name != "modules.json":
+            (encoder / f.name).write_bytes(f.read_bytes())
+    (encoder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    (old / "1_Pooling").mkdir()
+    (old / "1_Pooling" / "config.json").write_bytes(
+        (bge_like / "1_Pooling" / "config.json").read_bytes())
+    (old / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "0_Transformer",
+         "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling",
+         "type": "sentence_transformers.models.Pooling"}]))
+    assert st.encoder_folder(old) == encoder
+    expected = SentenceTransformer(str(old), device="cpu").encode(TEXTS)
+    manifest = export.export(old, tmp_path / "m")
+    assert (manifest.pooling, manifest.max_length) == ("cls", 40)
+    got = open_backend("onnx", tmp_path / "m", manifest.artifact).run(_encoded(encoder))
+    assert np.abs(got - expected).max() < 1e-5  # no Normalize module here: as it is
