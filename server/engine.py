@@ -105,6 +105,7 @@ class Engine:
         self.task, self.family = manifest.task, manifest.family
         self.labels: list[str] = manifest.labels
         self.relevant = relevant_index(manifest, self.labels)
+        self.multi_label = manifest.multi_label  # a classifier's labels are independent
         # an embedding model's prompts by name, and the one put before unprompted inputs
         self.prompts: dict[str, str] = manifest.prompts
         self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
@@ -193,6 +194,8 @@ class Engine:
             info["quantization"] = "int8"
         if self.task != "embed":
             info["labels"] = self.labels
+        if self.multi_label:
+            info["multi_label"] = True
         return info
 
     async def start(self, warmup: bool = True) -> None:

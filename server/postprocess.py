@@ -45,11 +45,13 @@ def cosine_ranking(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
     return normalize(documents) @ normalize(query)
 
 
-def relevance(logits: np.ndarray, labels: list[str], relevant: int) -> np.ndarray:
+def relevance(logits: np.ndarray, labels: list[str], relevant: int,
+              multi_label: bool = False) -> np.ndarray:
     """A cross-encoder's relevance scores from its logits [N, C]: sigmoid of the single
-    logit, or the softmax probability of the relevant label."""
-    if len(labels) == 1:
-        return sigmoid(logits[:, 0])
+    logit (or of the relevant one, for labels that are independent), or the softmax
+    probability of the relevant label."""
+    if len(labels) == 1 or multi_label:
+        return sigmoid(logits[:, relevant])
     return softmax(logits)[:, relevant]
 
 
@@ -71,9 +73,12 @@ def embedding_payload(v: np.ndarray, encoding_format: str) -> np.ndarray | str:
     return v
 
 
-def classification(logits: np.ndarray, labels: list[str], top_k: int | None) -> list[dict]:
-    """Scores for one input, highest first (softmax; sigmoid for a single label)."""
-    scores = sigmoid(logits) if len(labels) == 1 else softmax(logits)
+def classification(logits: np.ndarray, labels: list[str], top_k: int | None,
+                   multi_label: bool = False) -> list[dict]:
+    """Scores for one input, highest first: softmax, or as transformers' pipeline the
+    sigmoid of each logit for a single label or labels that are independent (a
+    multi-label model: problem_type multi_label_classification)."""
+    scores = sigmoid(logits) if len(labels) == 1 or multi_label else softmax(logits)
     order = np.argsort(-scores, kind="stable")[: top_k or len(labels)]
     return [{"label": labels[i], "score": float(scores[i])} for i in order]
 

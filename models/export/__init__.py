@@ -170,7 +170,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
 
     manifest = Manifest(
         task=ckpt.task, family=ckpt.family, labels=ckpt.labels,
-        relevant_label=relevant_label, max_length=max_length,
+        relevant_label=relevant_label, multi_label=ckpt.multi_label, max_length=max_length,
         pooling=ckpt.pooling,
         prompts=ckpt.pipeline.prompts if ckpt.pipeline else {},
         default_prompt_name=ckpt.pipeline.default_prompt_name if ckpt.pipeline else None,

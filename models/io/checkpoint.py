@@ -67,6 +67,13 @@ class Checkpoint:
             return None
         return self.pipeline.pooling if self.pipeline else family_of(self.family).pooling
 
+    @property
+    def multi_label(self) -> bool:
+        """A classifier whose labels are independent, as its config says (transformers'
+        problem_type multi_label_classification): scored by a sigmoid each."""
+        problem = self.config.get("problem_type") or self.extra.get("problem_type")
+        return self.task == "classify" and problem == "multi_label_classification"
+
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 

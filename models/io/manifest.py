@@ -29,6 +29,8 @@ class Manifest(BaseModel):
                                  "the checkpoint/ folder (backend torch)")
     labels: list[str] = []
     relevant_label: str | None = None  # a cross-encoder's relevance output (rerank)
+    # a classifier whose labels are independent (sigmoid each, not a softmax over them)
+    multi_label: bool = False
     pooling: str | None = None  # embedding models: how tokens are pooled
     # embedding models: texts put before an input by name (sentence-transformers' prompts),
     # the default one before every input that names none

@@ -16,5 +16,5 @@ async def classify(body: ClassifyRequest, request: Request):
     engine = choose(request, body.model, "classify")
     result = await infer(request, engine, body.texts, body.truncate)
     return reply({"model": engine.name, "results": [
-        postprocess.classification(logits, engine.labels, body.top_k)
+        postprocess.classification(logits, engine.labels, body.top_k, engine.multi_label)
         for logits in result.outputs]}, result)

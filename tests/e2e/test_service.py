@@ -49,6 +49,16 @@ def _bge_like(folder):
     return folder
 
 
+def _multi_label(folder):
+    """A tiny BERT classifier whose labels are independent, as toxicity models' are."""
+    folder = checkpoint.save(checkpoint.new("bert", "tiny", "classify",
+                                            ["toxic", "insult", "threat"], seed=6), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["problem_type"] = "multi_label_classification"
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
 @pytest.fixture(scope="module")
 def repository(tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
@@ -63,6 +73,8 @@ def repository(tiny_checkpoints, tmp_path_factory):
                             repo.parent / "cross-checkpoint")  # one logit: a cross-encoder
     export.export(cross, repo / "cross", "onnx", relevant_label="relevant")
     export.export(_bge_like(repo.parent / "bge-checkpoint"), repo / "bge", "onnx")
+    export.export(_multi_label(repo.parent / "multilabel-checkpoint"), repo / "multilabel",
+                  "onnx")
     (repo / "broken").mkdir()
     (repo / "broken" / "manifest.json").write_text(json.dumps(
         {"task": "embed", "family": "bert", "backend": "onnx", "max_length": 8,
@@ -169,6 +181,17 @@ def test_classify_equals_the_transformers_pipeline_for_texts_and_pairs(url, tiny
     top = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": "x",
                                      "top_k": 1}).json()["results"][0]
     assert len(top) == 1
+
+
+def test_a_multi_label_classifier_scores_each_label_as_the_pipeline_does(url, repository):
+    pipe = pipeline("text-classification", model=str(repository.parent / "multilabel-checkpoint"),
+                    top_k=None, device="cpu")
+    res = post(url, "/v1/classify", {"model": "multilabel", "inputs": TRICKY[:3]}).json()
+    for ours, ref in zip(res["results"], pipe(TRICKY[:3])):
+        assert [r["label"] for r in ours] == [r["label"] for r in ref]
+        assert np.allclose([r["score"] for r in ours], [r["score"] for r in ref], atol=1e-4)
+        assert abs(sum(r["score"] for r in ours) - 1) > 1e-3  # independent: no softmax
+    assert httpx.get(url + "/v1/models/multilabel").json()["multi_label"] is True
 
 
 def test_embeddings_equal_in_process_pytorch_minilm(url):

@@ -16,6 +16,10 @@ def test_classification_is_sorted_probabilities_with_top_k():
     assert postprocess.classification(np.array([0.1, 2.0, -1.0]), ["a", "b", "c"], 1) == res[:1]
     single = postprocess.classification(np.array([0.0]), ["yes"], None)
     assert single == [{"label": "yes", "score": 0.5}]  # one label: a sigmoid
+    independent = postprocess.classification(np.array([0.0, 2.0]), ["a", "b"], None, True)
+    assert [r["score"] for r in independent] == pytest.approx([0.8808, 0.5], abs=1e-4)
+    assert postprocess.relevance(np.array([[0.0, 2.0]]), ["a", "b"], 1, True) == \
+        pytest.approx([0.8808], abs=1e-4)
 
 
 def test_base64_is_little_endian_float32():
