@@ -61,8 +61,10 @@ INFERENCE = responses(400, 401, 404, 413, 422, 429, 503)  # every POST /v1/... r
 
 
 def _location(loc) -> str:
-    """body.input.list[...].1.0 -> input.1.0: field names and indices, not union branches."""
-    parts = [str(p) for p in loc if p != "body" and (isinstance(p, int) or p.isidentifier())]
+    """body.documents.0.RerankDocument.text -> documents.0.text: field names (snake_case)
+    and indices, not the union branches between them (list[int], str, a model's name)."""
+    parts = [str(p) for p in loc if p != "body" and (isinstance(p, int) or (
+        p.isidentifier() and p.islower() and p not in ("str", "int", "float", "bool")))]
     return ".".join(parts) or "body"
 
 
@@ -104,8 +106,8 @@ def install(app: FastAPI) -> None:
         problems = []
         for e in exc.errors():
             loc = e.get("loc", ())
-            if isinstance(e.get("input"), list) and loc and loc[-1] == "str":
-                continue  # the union's string branch, for a value that is a list
+            if isinstance(e.get("input"), list | dict) and loc and loc[-1] == "str":
+                continue  # the union's string branch, for a value that is a list or object
             if e.get("type") == "json_invalid":
                 problems.append(f"malformed JSON: {e.get('ctx', {}).get('error', e['msg'])}")
             else:

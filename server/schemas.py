@@ -85,18 +85,28 @@ class EmbedRequest(_Request):
     dimensions: Dimensions = None
 
 
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    text: str
+
+
 class RerankRequest(_Request):
     """Jina's and Cohere's /rerank (also vLLM's and Infinity's)."""
 
     query: str
-    documents: Annotated[list[str], Field(min_length=1)]
+    documents: Annotated[list[str | RerankDocument], Field(min_length=1)] = Field(
+        description='texts, or objects with a "text" (Jina\'s and Cohere\'s other form)')
     top_n: Count | None = Field(None, description="return the best N (default all)")
     return_documents: bool = False
     truncate: bool = True
 
     @property
+    def document_texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+    @property
     def texts(self) -> list:
-        return [self.query, *self.documents]
+        return [self.query, *self.document_texts]
 
 
 class TokenizeRequest(_Request):
@@ -157,10 +167,6 @@ class ClassifyResponse(BaseModel):
 class NerResponse(BaseModel):
     model: str
     results: list[list[dict]]
-
-
-class RerankDocument(BaseModel):
-    text: str
 
 
 class RerankResult(BaseModel):

@@ -19,7 +19,7 @@ router = APIRouter(tags=["rerank"])
              responses=errors.INFERENCE)
 async def rerank(body: RerankRequest, request: Request):
     engine = choose_reranker(request, body.model)
-    documents = body.documents
+    documents = body.document_texts
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         texts = (with_prompt(engine, [body.query], _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))

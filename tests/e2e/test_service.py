@@ -298,6 +298,8 @@ BAD = [
     ("/v1/rerank", {"model": "bert-ner-onnx", "query": "q", "documents": ["d"]}, 400,
      "does ner"),
     ("/v1/rerank", {"model": "nope", "query": "q", "documents": ["d"]}, 404, "unknown"),
+    ("/v1/rerank", {"model": "minilm", "query": "q", "documents": [{"txt": "d"}]}, 422,
+     "documents.0.text: Field required"),  # no union branch names in the message
     ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 1000}, 422,
      "dimensions 1000 is more than model 'minilm''s width, 384"),
     ("/v1/embed", {"model": "minilm", "inputs": "x", "dimensions": 0}, 422, "dimensions"),
@@ -554,6 +556,11 @@ def test_rerank_by_an_embedding_model_ranks_by_cosine(url):
     top = post(url, "/v1/rerank", {"model": "minilm", "query": query, "documents": docs,
                                    "top_n": 2}).json()["results"]
     assert [r["index"] for r in top] == ranked[:2] and "document" not in top[0]
+    # documents as {"text": ...} objects, Jina's and Cohere's other form: the same ranking
+    objects = post(url, "/v1/rerank", {"model": "minilm", "query": query, "documents": [
+        {"text": d, "title": "ignored"} for d in docs]}).json()["results"]
+    assert [(r["index"], r["relevance_score"]) for r in objects] == [
+        (r["index"], r["relevance_score"]) for r in res["results"]]
 
 
 def test_a_rerank_request_is_batched_like_any_other(url):
