@@ -8,9 +8,9 @@ that time is taken from the model. This ASGI middleware answers the inference ro
 itself, with the same pydantic request models, the same route functions and the same
 error responses (server/errors.py), inside the app's own middlewares (API key, body
 limit, metrics). FastAPI still documents them (/docs) and serves every other route. A
-request the fast path does not take (another method, a Content-Type other than JSON) and a body
-that does not validate go on to FastAPI, so that those errors are FastAPI's own; the
-errors the route functions raise get the response FastAPI's handler gives them
+request the fast path does not take (another method, a Content-Type other than JSON) and
+a body that does not validate go on to FastAPI, so that those errors are FastAPI's own;
+the errors the route functions raise get the response FastAPI's handler gives them
 (errors.api_error). A body that is not JSON at all (not UTF-8, a number of thousands of
 digits, nesting too deep for the parser) is answered here: 422, where FastAPI would say
 400.
