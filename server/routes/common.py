@@ -120,7 +120,9 @@ def with_prompt(engine: Engine, texts: list, name: str | None) -> list:
                        + (f"has the prompts {', '.join(engine.prompts)}" if engine.prompts
                           else "has no prompts"))
     prefix = engine.default_prompt if name is None else engine.prompts[name]
-    return [prefix + t if prefix and isinstance(t, str) else t for t in texts]
+    if not prefix:
+        return texts
+    return [prefix + t if isinstance(t, str) else t for t in texts]
 
 
 def check_limits(request: Request, texts: list) -> None:
