@@ -1,6 +1,7 @@
 """The service on CUDA (marked gpu; skipped where no GPU is visible): every family served
 by the torch backend on the GPU in its auto dtype, with and without CUDA graphs, and every
-family exported to ONNX and served with the default device, gives the CPU's embeddings."""
+family exported to ONNX (and a BGE-style model, pooling [CLS]) and served with the default
+device, gives the CPU's embeddings."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from models import export, families
+from models.io import checkpoint, sentence_transformers
 from tests.conftest import FAMILIES, running_server
 
 pytestmark = [pytest.mark.gpu,
@@ -47,19 +49,28 @@ def test_onnx_models_are_served_on_the_gpu_by_default(tiny_checkpoints, tmp_path
     traced with TorchScript; the CPU's embeddings either way."""
     from models.runtime.onnx import has_cuda_provider
 
+    repo = tmp_path / "repo"
     for family in FAMILIES:
-        export.export(tiny_checkpoints[family, "embed"], tmp_path / family, "onnx")
+        export.export(tiny_checkpoints[family, "embed"], repo / family, "onnx")
+    # a BGE-style model ([CLS] pooling, in its sentence-transformers files): traced from its
+    # checkpoint on the GPU, it must pool as its ONNX graph does on the CPU
+    bge = checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=5), tmp_path / "bge")
+    sentence_transformers.write(sentence_transformers.Pipeline("cls", 64, True), bge, 32)
+    export.export(bge, repo / "bge", "onnx")
+    names = [*FAMILIES, "bge"]
     out = {}
     for device in ("cpu", "auto"):
-        with running_server(tmp_path, device=device) as url:
-            for m in httpx.get(url + "/v1/models").json()["data"]:
+        with running_server(repo, device=device) as url:
+            models = httpx.get(url + "/v1/models").json()["data"]
+            assert sorted(m["id"] for m in models) == sorted(names)
+            for m in models:
                 assert m["backend"] == ("onnx" if device == "cpu" or has_cuda_provider()
                                         else "torchscript"), m
                 assert m["device"].startswith("cpu" if device == "cpu" else "cuda"), m
-            for family in FAMILIES:
-                r = httpx.post(url + "/v1/embed", json={"model": family, "inputs": TEXTS},
+            for name in names:
+                r = httpx.post(url + "/v1/embed", json={"model": name, "inputs": TEXTS},
                                timeout=60)
                 assert r.status_code == 200, r.text
-                out[device, family] = np.array(r.json()["embeddings"])
-    for family in FAMILIES:
-        assert (out["cpu", family] * out["auto", family]).sum(-1).min() >= 0.999, family
+                out[device, name] = np.array(r.json()["embeddings"])
+    for name in names:
+        assert (out["cpu", name] * out["auto", name]).sum(-1).min() >= 0.999, name

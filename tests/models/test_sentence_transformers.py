@@ -51,6 +51,13 @@ def test_a_cls_model_is_exported_and_served_as_sentence_transformers_computes_it
     assert np.abs(_unit(torch_run) - expected).max() < 1e-5
     again = SentenceTransformer(str(tmp_path / "m" / "checkpoint"), device="cpu")
     assert np.abs(again.encode(TEXTS) - expected).max() < 1e-6
+    # as a GPU runs an ONNX model without onnxruntime-gpu (and a half-precision dtype):
+    # its checkpoint traced with TorchScript, here on the CPU in fp32 and bf16
+    from models.runtime.torchscript import TorchScriptBackend
+
+    for dtype, tolerance in (("fp32", 1e-5), ("bf16", 3e-2)):
+        traced = TorchScriptBackend(tmp_path / "m" / "checkpoint", dtype=dtype).run(inputs)
+        assert np.abs(_unit(traced) - expected).max() < tolerance, dtype
     # the mean differs: a model served with the wrong pooling would be quietly off
     mean = export.export(bge_like, tmp_path / "mean", pooling="mean")
     assert mean.pooling == "mean"
