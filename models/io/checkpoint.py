@@ -229,16 +229,23 @@ def _architecture(config: dict) -> str:
 HF_PREFIXES = ("distilbert", "mobilebert", "albert", "bert")
 
 
+# a base model's tensors (no bert./distilbert./... prefix) by what only its type has
+BASE_MODEL_KEYS = (("mobilebert", "encoder.layer.0.bottleneck."),
+                   ("albert", "encoder.albert_layer_groups."),
+                   ("distilbert", "transformer.layer."), ("bert", "encoder.layer."))
+
+
 def hf_model_type(config: dict, state: dict[str, torch.Tensor], file: Path) -> str:
     """The model_type of a transformers checkpoint whose config.json has none (older ones,
-    TinyBERT's among them): from its architecture, else from its tensors' names (a bare
-    ``encoder.layer.*``: BERT's base model), as transformers infers it from the path."""
+    TinyBERT's among them): from its architecture, else from its tensors' names (their
+    prefix, or a base model's own layout), as transformers infers it from the path."""
     prefixes = [_architecture(config)] + [key.split(".")[0] for key in state]
     for prefix in HF_PREFIXES:
         if any(p.startswith(prefix) for p in prefixes):
             return prefix
-    if any(key.startswith("encoder.layer.") for key in state):
-        return "bert"
+    for model_type, marker in BASE_MODEL_KEYS:
+        if any(key.startswith(marker) for key in state):
+            return model_type
     raise CheckpointError(f"{file}: no model_type, and neither its architecture nor its "
                           "tensors say one; add \"model_type\" (bert, distilbert, albert, "
                           "mobilebert, minialbert, falbert, seq2mat)")

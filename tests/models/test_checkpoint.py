@@ -152,6 +152,12 @@ def test_a_config_without_model_type_is_known_by_its_architecture_or_tensors(tmp
     (tmp_path / "config.json").write_text(json.dumps(
         {**config, "architectures": ["BertForMaskedLM"]}))
     assert checkpoint.load(tmp_path).family == "bert"
+    # base models, no prefix: their own layouts tell BERT, DistilBERT and MobileBERT apart
+    for family, preset, model_type in (("bert", "tiny", "bert"),
+                                       ("distilbert", "tiny", "distilbert"),
+                                       ("bert", "mobilebert", "mobilebert")):
+        keys = dict.fromkeys(checkpoint.new(family, preset, "embed").model.model.state_dict())
+        assert checkpoint.hf_model_type({}, keys, tmp_path) == model_type
     # neither: said, naming the file
     torch.save({"encoder.weight": torch.zeros(2)}, tmp_path / "pytorch_model.bin")
     (tmp_path / "config.json").write_text(json.dumps(config))
