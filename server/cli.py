@@ -272,7 +272,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def cmd_distill(args: argparse.Namespace) -> int:
     from models import export
+    from models.runtime.cores import limit_torch_threads
     from training import distill
+
+    limit_torch_threads()  # in a container: its CPU limit, not the node's cores
 
     opts = distill.Options(family=args.family, output=args.output, preset=args.preset,
                            steps=args.steps, seed=args.seed, batch_size=args.batch_size,

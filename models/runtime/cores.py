@@ -26,6 +26,16 @@ def available_cores(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -
     return max(1, min(cores, math.ceil(quota))) if quota else cores
 
 
+def limit_torch_threads() -> None:
+    """PyTorch's intra-op threads to the cores this process may use, unless
+    OMP_NUM_THREADS says how many: its default is every CPU of the node, quota or not.
+    For the commands that train or export; the service sets each model's own."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(available_cores())
+
+
 def cpu_quota(proc_cgroup: Path = PROC_CGROUP, root: Path = CGROUP_ROOT) -> float | None:
     """This process's cgroup CPU limit in cores; None where there is none (or no cgroups).
 

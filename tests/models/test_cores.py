@@ -46,3 +46,19 @@ def test_available_cores_is_the_affinity_capped_by_the_quota_rounded_up(tmp_path
     assert cores.available_cores(tmp_path / "missing", tmp_path) == 64
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     assert cores.available_cores(*_tree(tmp_path, "0::/\n", {"cpu.max": "800000 100000"})) == 2
+
+
+def test_torch_threads_follow_the_quota_unless_omp_num_threads_says(monkeypatch):
+    import torch
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(cores, "available_cores", lambda: 1)
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")
+        cores.limit_torch_threads()
+        assert torch.get_num_threads() == before  # said: left as it is
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        cores.limit_torch_threads()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
