@@ -28,6 +28,10 @@ class QueueFull(Exception):
     """The model's queue cannot take the request's inputs now."""
 
 
+class OverQueue(Exception):
+    """A request with more inputs than the model's queue holds: it could never be queued."""
+
+
 class InputTooLong(Exception):
     """An input over the model's max_length tokens, with truncate false."""
 
@@ -160,7 +164,11 @@ class Batcher:
 
     def submit(self, texts: list, truncate: bool, encodings: list | None = None) -> list[Item]:
         """Queues a request's texts together (with their ``encodings`` when the caller has
-        tokenised them: the thread does not again), or raises QueueFull for all of them."""
+        tokenised them: the thread does not again), or raises QueueFull for all of them
+        (OverQueue if they are more than it ever holds)."""
+        if len(texts) > self.max_queue:
+            raise OverQueue(f"{len(texts)} inputs at once are more than its queue holds "
+                            f"({self.max_queue}, DISTILSERVE_MAX_QUEUE)")
         loop = asyncio.get_running_loop()
         encodings = encodings or [None] * len(texts)
         items = [Item(text, truncate, loop.create_future(), i, enc)

@@ -4,7 +4,7 @@ anything is queued) -> batching queue -> tokenise and run on the model's inferen
 postprocess them (server/postprocess.py).
 
 Nothing here knows about HTTP: errors are ``ApiError``-free exceptions that the routes
-translate (``InputTooLong``, ``QueueFull``, ``ModelUnavailable``).
+translate (``InputTooLong``, ``QueueFull``, ``OverQueue``, ``ModelUnavailable``).
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from models.io.manifest import Manifest, ManifestError
 from models.runtime import open_backend
 from models.runtime.base import Backend, BackendError
 from server import postprocess
-from server.batching import Batcher, InputTooLong, QueueFull, pad, warmup_shapes
+from server.batching import Batcher, InputTooLong, OverQueue, QueueFull, pad, warmup_shapes
 from server.metrics import Metrics
 from server.settings import Settings
 
-__all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "QueueFull",
-           "load_engine", "on_own_thread", "open_engine"]
+__all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "OverQueue",
+           "QueueFull", "load_engine", "on_own_thread", "open_engine"]
 
 log = logging.getLogger("distilserve")
 

@@ -38,7 +38,8 @@ class Settings(BaseSettings):
                                  "beyond which new requests get 503")
 
     # request limits
-    max_inputs: int = Field(256, ge=1, description="inputs per request")
+    max_inputs: int = Field(2048, ge=1, description="inputs (rerank: documents) per request "
+                            "(OpenAI's own limit; LangChain's OpenAIEmbeddings sends 1000)")
     max_input_chars: int = Field(20_000, ge=1, description="characters per input")
     max_body_bytes: int = Field(4_000_000, ge=1024, description="request body size")
 
@@ -49,7 +50,8 @@ class Settings(BaseSettings):
                                          "pass (default 16384 on the CPU, 65536 on a GPU)")
     max_wait_ms: float = Field(0.0, ge=0, description="how long a batch may wait for more "
                                "inputs while the model is idle")
-    max_queue: int = Field(1024, ge=1, description="queued inputs per model before 429")
+    max_queue: int = Field(4096, ge=1, description="queued inputs per model before 429 (a "
+                           "request of more: 413)")
 
     # runtime (a model's manifest may name its own device and dtype)
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto: a GPU when one is "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
-from server.routes.common import choose, infer, reply
+from server.routes.common import check_limits, choose, infer, reply
 from server.schemas import ClassifyRequest, ClassifyResponse
 
 router = APIRouter(tags=["classification"])
@@ -14,6 +14,7 @@ router = APIRouter(tags=["classification"])
 @router.post("/v1/classify", response_model=ClassifyResponse, responses=errors.INFERENCE)
 async def classify(body: ClassifyRequest, request: Request):
     engine = choose(request, body.model, "classify")
+    check_limits(request, body.texts)
     result = await infer(request, engine, body.texts, body.truncate)
     return reply({"model": engine.name, "results": [
         postprocess.classification(logits, engine.labels, body.top_k, engine.multi_label)

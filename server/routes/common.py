@@ -11,7 +11,7 @@ import orjson
 from fastapi import Request, Response
 
 from server.connections import DISCONNECT
-from server.engine import Engine, InputTooLong, ModelUnavailable, QueueFull, Result
+from server.engine import Engine, InputTooLong, ModelUnavailable, OverQueue, QueueFull, Result
 from server.errors import ApiError, client_closed
 
 
@@ -125,10 +125,15 @@ def with_prompt(engine: Engine, texts: list, name: str | None) -> list:
     return [prefix + t if isinstance(t, str) else t for t in texts]
 
 
-def check_limits(request: Request, texts: list) -> None:
+def check_limits(request: Request, texts: list, count: int | None = None,
+                 what: str = "inputs") -> None:
+    """The request's size limits, on what the client sent (before any prompt): ``count``
+    ``what`` (default: the texts, "inputs") at most, each text (or pair) at most so many
+    characters."""
     settings = service(request).settings
-    if len(texts) > settings.max_inputs:
-        raise ApiError(413, "payload_too_large", f"{len(texts)} inputs; at most "
+    count = len(texts) if count is None else count
+    if count > settings.max_inputs:
+        raise ApiError(413, "payload_too_large", f"{count} {what}; at most "
                        f"{settings.max_inputs} per request (DISTILSERVE_MAX_INPUTS)")
     for i, text in enumerate(texts):
         size = sum(map(len, text)) if isinstance(text, tuple) else len(text)
@@ -155,8 +160,8 @@ def _on_client_gone(request: Request, callback: Callable[[], None]) -> Callable[
 
 
 async def infer(request: Request, engine: Engine, texts: list, truncate: bool) -> Result:
-    """Runs the texts on the engine; drops them from the queue if the client goes away."""
-    check_limits(request, texts)
+    """Runs the texts (within the limits: check_limits) on the engine; drops them from the
+    queue if the client goes away."""
     task, running, gone = asyncio.current_task(), True, False
 
     def client_gone() -> None:
@@ -175,6 +180,9 @@ async def infer(request: Request, engine: Engine, texts: list, truncate: bool) -
         raise client_closed() from None
     except InputTooLong as e:
         raise ApiError(413, "input_too_long", str(e)) from None
+    except OverQueue as e:
+        raise ApiError(413, "payload_too_large", f"model {engine.name!r}: {e}; send fewer "
+                       "per request") from None
     except QueueFull as e:
         raise ApiError(429, "overloaded", f"model {engine.name!r} is busy ({e}); retry "
                        "after a moment", {"Retry-After": "1"}) from None

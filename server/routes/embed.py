@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from server import errors, postprocess
 from server.routes.common import (
     check_embedding_request,
+    check_limits,
     choose,
     infer,
     reply,
@@ -23,8 +24,9 @@ router = APIRouter(tags=["embeddings"])
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
 async def embeddings(body: EmbeddingsRequest, request: Request):
     engine = choose(request, body.model, "embed")
+    check_limits(request, body.texts)
+    check_embedding_request(engine, body.texts, body.dimensions)
     texts = with_prompt(engine, body.texts, None)
-    check_embedding_request(engine, texts, body.dimensions)
     result = await infer(request, engine, texts, truncate=True)
     vectors = postprocess.normalize(np.stack(result.outputs))  # [N, D]
     vectors = postprocess.first_dimensions(vectors, body.dimensions)  # [N, dimensions]
@@ -38,6 +40,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
 @router.post("/v1/embed", response_model=EmbedResponse, responses=errors.INFERENCE)
 async def embed(body: EmbedRequest, request: Request):
     engine = choose(request, body.model, "embed")
+    check_limits(request, body.texts)
     check_embedding_request(engine, body.texts, body.dimensions)
     texts = with_prompt(engine, body.texts, body.prompt_name)
     result = await infer(request, engine, texts, body.truncate)

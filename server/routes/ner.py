@@ -8,7 +8,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
-from server.routes.common import choose, infer, reply
+from server.routes.common import check_limits, choose, infer, reply
 from server.schemas import NerRequest, NerResponse
 
 router = APIRouter(tags=["ner"])
@@ -17,6 +17,7 @@ router = APIRouter(tags=["ner"])
 @router.post("/v1/ner", response_model=NerResponse, responses=errors.INFERENCE)
 async def ner(body: NerRequest, request: Request):
     engine = choose(request, body.model, "ner")
+    check_limits(request, body.texts)
     texts = body.texts
     result = await infer(request, engine, texts, body.truncate)
     results = await asyncio.to_thread(  # postprocessing off the event loop

@@ -9,7 +9,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
-from server.routes.common import choose_reranker, infer, reply, usage, with_prompt
+from server.routes.common import check_limits, choose_reranker, infer, reply, usage, with_prompt
 from server.schemas import RerankRequest, RerankResponse
 
 router = APIRouter(tags=["rerank"])
@@ -20,6 +20,7 @@ router = APIRouter(tags=["rerank"])
 async def rerank(body: RerankRequest, request: Request):
     engine = choose_reranker(request, body.model)
     documents = body.document_texts
+    check_limits(request, body.texts, len(documents), "documents")  # the query: not counted
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         texts = (with_prompt(engine, [body.query], _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))

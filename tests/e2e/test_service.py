@@ -294,7 +294,7 @@ BAD = [
     ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["d"], "top_n": -3}, 422,
      "top_n"),
     ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["d"] * 10_000}, 413,
-     "at most 64"),
+     "10000 documents; at most 64"),
     ("/v1/rerank", {"model": "bert-ner-onnx", "query": "q", "documents": ["d"]}, 400,
      "does ner"),
     ("/v1/rerank", {"model": "nope", "query": "q", "documents": ["d"]}, 404, "unknown"),
@@ -475,6 +475,9 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         assert 429 in codes and 200 in codes and 500 not in codes
         limited = next(r for r in asyncio.run(burst()) if r.status_code == 429)
         assert limited.headers["retry-after"] and limited.json()["error"]["type"] == "overloaded"
+        # more inputs at once than the queue ever holds: no retry would help, so 413
+        res = httpx.post(u + "/v1/embed", json={"inputs": ["a", "b", "c"]}, headers=auth)
+        assert res.status_code == 413 and "DISTILSERVE_MAX_QUEUE" in res.text, res.text
         assert httpx.post(u + "/v1/embed", json={"inputs": "again"}, headers=auth).status_code == 200
         # the API key
         assert httpx.post(u + "/v1/embed", json={"inputs": "x"}).status_code == 401
@@ -672,6 +675,11 @@ def test_prompts_and_cls_pooling_as_sentence_transformers_apply_them(url, reposi
     listed = httpx.get(url + "/v1/models/bge").json()
     assert (listed["pooling"], listed["prompts"], listed["default_prompt_name"]) == (
         "cls", BGE_PROMPTS, "passage")
+    # the limits are on what the client sent: the prompt's characters and the rerank
+    # query do not count (max_input_chars 2000, max_inputs 64 here)
+    assert post(url, "/v1/embed", {"model": "bge", "inputs": "x" * 2000}).status_code == 200
+    full = post(url, "/v1/rerank", {"model": "bge", "query": "q", "documents": ["d"] * 64})
+    assert full.status_code == 200 and len(full.json()["results"]) == 64, full.text
     # a prompt the model has not is a 422 that names those it has
     for model, words in (("bge", "has the prompts query, passage"), ("minilm", "has no prompts")):
         res = post(url, "/v1/embed", {"model": model, "inputs": "x", "prompt_name": "nope"})

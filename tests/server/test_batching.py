@@ -6,7 +6,16 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from server.batching import Batcher, InputTooLong, Item, QueueFull, pad, take_batch, warmup_shapes
+from server.batching import (
+    Batcher,
+    InputTooLong,
+    Item,
+    OverQueue,
+    QueueFull,
+    pad,
+    take_batch,
+    warmup_shapes,
+)
 
 
 def _encoding(length):
@@ -67,8 +76,10 @@ def test_batcher_tokenises_and_merges_waiting_inputs_and_refuses_a_full_queue():
         b = _batcher(calls, max_wait_s=0.01, max_length=16)
         b.start()
         items = b.submit(["a " * i + "bb" for i in range(10)], truncate=True)
-        with pytest.raises(QueueFull):
+        with pytest.raises(QueueFull):  # 10 + 11 > 20: later, there will be room
             b.submit(["x"] * 11, truncate=True)
+        with pytest.raises(OverQueue):  # 21 > 20: there never will be
+            b.submit(["x"] * 21, truncate=True)
         results = await asyncio.gather(*(it.future for it in items))
         await b.stop()
         return results
