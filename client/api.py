@@ -72,28 +72,33 @@ class _Base:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
 
+    # truncate: cut an input longer than the model's max_length (false: 413); direction:
+    # where, "right" (its end) or "left" (its start)
     @staticmethod
-    def _embed_body(inputs, model, normalize, truncate, dimensions, prompt_name):
+    def _embed_body(inputs, model, normalize, truncate, direction, dimensions, prompt_name):
         return {"inputs": inputs, "model": model, "normalize": normalize, "truncate": truncate,
-                "dimensions": dimensions, "prompt_name": prompt_name}
+                "truncation_direction": direction, "dimensions": dimensions,
+                "prompt_name": prompt_name}
 
     @staticmethod
-    def _rerank_body(query, documents, model, top_n, return_documents):
+    def _rerank_body(query, documents, model, top_n, return_documents, truncate, direction):
         return {"query": query, "documents": documents, "model": model, "top_n": top_n,
-                "return_documents": return_documents}
+                "return_documents": return_documents, "truncate": truncate,
+                "truncation_direction": direction}
 
     @staticmethod
     def _tokenize_body(inputs, model, add_special_tokens):
         return {"inputs": inputs, "model": model, "add_special_tokens": add_special_tokens}
 
     @staticmethod
-    def _classify_body(inputs, model, top_k, truncate):
-        return {"inputs": inputs, "model": model, "top_k": top_k, "truncate": truncate}
+    def _classify_body(inputs, model, top_k, truncate, direction):
+        return {"inputs": inputs, "model": model, "top_k": top_k, "truncate": truncate,
+                "truncation_direction": direction}
 
     @staticmethod
-    def _ner_body(inputs, model, aggregation_strategy, truncate):
+    def _ner_body(inputs, model, aggregation_strategy, truncate, direction):
         return {"inputs": inputs, "model": model, "truncate": truncate,
-                "aggregation_strategy": aggregation_strategy}
+                "truncation_direction": direction, "aggregation_strategy": aggregation_strategy}
 
 
 class DistilServeClient(_Base):
@@ -112,15 +117,17 @@ class DistilServeClient(_Base):
                 return _raise_for(response)
             time.sleep(_delay(response, attempt, self.backoff))
 
-    def embed(self, inputs, model=None, normalize=True, truncate=True,
-              dimensions=None, prompt_name=None) -> list[list[float]]:
-        body = self._embed_body(inputs, model, normalize, truncate, dimensions, prompt_name)
+    def embed(self, inputs, model=None, normalize=True, truncate=True, dimensions=None,
+              prompt_name=None, truncation_direction="right") -> list[list[float]]:
+        body = self._embed_body(inputs, model, normalize, truncate, truncation_direction,
+                                dimensions, prompt_name)
         return self._call("POST", "/v1/embed", body)["embeddings"]
 
-    def rerank(self, query, documents, model=None, top_n=None,
-               return_documents=False) -> list[dict]:
+    def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
+               truncate=True, truncation_direction="right") -> list[dict]:
         """``results``: {index, relevance_score[, document]}, most relevant first."""
-        body = self._rerank_body(query, documents, model, top_n, return_documents)
+        body = self._rerank_body(query, documents, model, top_n, return_documents, truncate,
+                                 truncation_direction)
         return self._call("POST", "/v1/rerank", body)["results"]
 
     def tokenize(self, inputs, model=None, add_special_tokens=True) -> list[list[dict]]:
@@ -128,12 +135,15 @@ class DistilServeClient(_Base):
         return self._call("POST", "/v1/tokenize",
                           self._tokenize_body(inputs, model, add_special_tokens))
 
-    def classify(self, inputs, model=None, top_k=None, truncate=True) -> list[list[dict]]:
-        body = self._classify_body(inputs, model, top_k, truncate)
+    def classify(self, inputs, model=None, top_k=None, truncate=True,
+                 truncation_direction="right") -> list[list[dict]]:
+        body = self._classify_body(inputs, model, top_k, truncate, truncation_direction)
         return self._call("POST", "/v1/classify", body)["results"]
 
-    def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True):
-        body = self._ner_body(inputs, model, aggregation_strategy, truncate)
+    def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,
+            truncation_direction="right"):
+        body = self._ner_body(inputs, model, aggregation_strategy, truncate,
+                              truncation_direction)
         return self._call("POST", "/v1/ner", body)["results"]
 
     def models(self) -> list[dict]:
@@ -171,24 +181,30 @@ class AsyncDistilServeClient(_Base):
             await asyncio.sleep(_delay(response, attempt, self.backoff))
 
     async def embed(self, inputs, model=None, normalize=True, truncate=True, dimensions=None,
-                    prompt_name=None):
-        body = self._embed_body(inputs, model, normalize, truncate, dimensions, prompt_name)
+                    prompt_name=None, truncation_direction="right"):
+        body = self._embed_body(inputs, model, normalize, truncate, truncation_direction,
+                                dimensions, prompt_name)
         return (await self._call("POST", "/v1/embed", body))["embeddings"]
 
-    async def rerank(self, query, documents, model=None, top_n=None, return_documents=False):
-        body = self._rerank_body(query, documents, model, top_n, return_documents)
+    async def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
+                     truncate=True, truncation_direction="right"):
+        body = self._rerank_body(query, documents, model, top_n, return_documents, truncate,
+                                 truncation_direction)
         return (await self._call("POST", "/v1/rerank", body))["results"]
 
     async def tokenize(self, inputs, model=None, add_special_tokens=True):
         return await self._call("POST", "/v1/tokenize",
                                 self._tokenize_body(inputs, model, add_special_tokens))
 
-    async def classify(self, inputs, model=None, top_k=None, truncate=True):
-        body = self._classify_body(inputs, model, top_k, truncate)
+    async def classify(self, inputs, model=None, top_k=None, truncate=True,
+                       truncation_direction="right"):
+        body = self._classify_body(inputs, model, top_k, truncate, truncation_direction)
         return (await self._call("POST", "/v1/classify", body))["results"]
 
-    async def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True):
-        body = self._ner_body(inputs, model, aggregation_strategy, truncate)
+    async def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,
+                  truncation_direction="right"):
+        body = self._ner_body(inputs, model, aggregation_strategy, truncate,
+                              truncation_direction)
         return (await self._call("POST", "/v1/ner", body))["results"]
 
     async def models(self) -> list[dict]:

@@ -33,7 +33,7 @@ class OverQueue(Exception):
 
 
 class InputTooLong(Exception):
-    """An input over the model's max_length tokens, with truncate false."""
+    """An input over the model's max_length tokens, not to be truncated."""
 
     @classmethod
     def of(cls, index: int, tokens: int, max_length: int) -> InputTooLong:
@@ -47,7 +47,7 @@ class Item:
     future its result goes to."""
 
     text: str | tuple[str, str]
-    truncate: bool
+    truncation: str | None  # "right", "left" (the end or the start is cut), None: not cut
     future: asyncio.Future | None
     index: int = 0  # its position in the request
     encoding: Any = None
@@ -108,7 +108,7 @@ def warmup_shapes(max_size: int, max_tokens: int, max_length: int) -> list[tuple
 
 
 class Batcher:
-    """Batches run on the model's own thread, which tokenises (``encode(texts, truncate)``
+    """Batches run on the model's own thread, which tokenises (``encode(texts, truncation)``
     -> encodings) and runs (``run(arrays)`` -> [B, ...] outputs) one batch after another
     without waiting for the event loop; the loop only queues inputs and is handed each
     batch's results.
@@ -121,7 +121,7 @@ class Batcher:
 
     IN_FLIGHT = 2
 
-    def __init__(self, encode: Callable[[list, bool], list],
+    def __init__(self, encode: Callable[[list, str | None], list],
                  run: Callable[[dict[str, np.ndarray]], Any], max_length: int,
                  max_size: int, max_tokens: int, max_queue: int, max_wait_s: float = 0.0,
                  on_batch: Callable[[int, float], None] = lambda size, seconds: None,
@@ -162,7 +162,8 @@ class Batcher:
         for thread in self.threads:
             await asyncio.to_thread(thread.join)
 
-    def submit(self, texts: list, truncate: bool, encodings: list | None = None) -> list[Item]:
+    def submit(self, texts: list, truncation: str | None,
+               encodings: list | None = None) -> list[Item]:
         """Queues a request's texts together (with their ``encodings`` when the caller has
         tokenised them: the thread does not again), or raises QueueFull for all of them
         (OverQueue if they are more than it ever holds)."""
@@ -171,7 +172,7 @@ class Batcher:
                             f"({self.max_queue}, DISTILSERVE_MAX_QUEUE)")
         loop = asyncio.get_running_loop()
         encodings = encodings or [None] * len(texts)
-        items = [Item(text, truncate, loop.create_future(), i, enc)
+        items = [Item(text, truncation, loop.create_future(), i, enc)
                  for i, (text, enc) in enumerate(zip(texts, encodings))]
         with self.lock:
             if len(self.pending) + len(items) > self.max_queue:
@@ -238,11 +239,10 @@ class Batcher:
     def _launch(self, pending: list[Item]) -> tuple[list[Item], Any, float] | None:
         """Tokenises what is new, chooses a batch, starts it: (batch, what ``run``
         returned, when it started); None when no input is ready."""
-        for truncate in (True, False):
-            fresh = [it for it in pending if it.encoding is None and it.truncate is truncate]
-            if not fresh:
-                continue
-            for item, enc in zip(fresh, self._encode_each(fresh, truncate)):
+        new = [it for it in pending if it.encoding is None]
+        for truncation in dict.fromkeys(it.truncation for it in new):  # in order, once each
+            fresh = [it for it in new if it.truncation == truncation]
+            for item, enc in zip(fresh, self._encode_each(fresh, truncation)):
                 if isinstance(enc, Exception):
                     item.error = enc
                     continue
@@ -280,18 +280,18 @@ class Batcher:
         self.loop.call_soon_threadsafe(self._deliver, batch, outputs, failed, started,
                                        finished, depth)
 
-    def _encode_each(self, items: list[Item], truncate: bool) -> list:
+    def _encode_each(self, items: list[Item], truncation: str | None) -> list:
         """Their encodings, in one call; if that call fails, one call each, so that a text
         the tokenizer refuses fails alone (its exception in its place), not its cohort."""
         texts = [it.text for it in items]
         try:
-            return self.encode(texts, truncate)
+            return self.encode(texts, truncation)
         except Exception:
             pass
         out = []
         for text in texts:
             try:
-                out.append(self.encode([text], truncate)[0])
+                out.append(self.encode([text], truncation)[0])
             except Exception as e:
                 out.append(e)
         return out

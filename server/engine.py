@@ -34,6 +34,8 @@ __all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "Over
            "QueueFull", "load_engine", "on_own_thread", "open_engine"]
 
 log = logging.getLogger("distilserve")
+# how an input longer than max_length is cut: at its end, at its start, or not (refused)
+TRUNCATIONS = ("right", "left", None)
 
 
 class ModelLoadError(Exception):
@@ -123,24 +125,24 @@ class Engine:
             raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
                                  "tokenizer); re-export it with distilserve export")
         self.unk_id = tokenizer.unk_token_id
-        # the Rust tokenizer itself, set up once per truncation mode (transformers'
-        # wrapper re-configures it on every call); the model's thread encodes in batches
+        # the Rust tokenizer itself, set up once per truncation (transformers' wrapper
+        # re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer
         self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
         # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
         self.tokenizer_digest = hashlib.sha256(rust.to_str().encode()).hexdigest()
         self.word_aware = postprocess.TokenInfo.marks_words(rust)
         self.tokenizers = {}
-        for truncate in (True, False):
+        for truncation in TRUNCATIONS:
             t = Tokenizer.from_str(rust.to_str())
             t.no_padding()
-            if truncate:  # transformers' default: longest_first for pairs
-                t.enable_truncation(self.max_length)
+            if truncation:  # transformers' default: longest_first for pairs
+                t.enable_truncation(self.max_length, direction=truncation)
             else:
                 t.no_truncation()
-            self.tokenizers[truncate] = t
+            self.tokenizers[truncation] = t
         # the special tokens around one input ("[CLS] $A [SEP]"), for token-id inputs
-        probe = self.tokenizers[False].encode("a")
+        probe = self.tokenizers[None].encode("a")
         at = probe.special_tokens_mask.index(0)
         self.specials = (probe.ids[:at], probe.ids[at + 1:])
         self.filler = probe.ids[at]  # a token of text, for warm-up batches
@@ -205,7 +207,7 @@ class Engine:
         if warmup:  # first runs allocate and optimise; do them before traffic
             sample = "warm up" if self.task != "classify" else ("warm up", "pair")
             for _ in range(2):
-                await self.infer([sample], truncate=True)
+                await self.infer([sample], "right")
 
     def _warm_shapes(self) -> None:
         """On a GPU, before traffic: two batches of each of ``self.shapes``. The first shape
@@ -243,21 +245,24 @@ class Engine:
         return self.manifest.dimensions
 
     # tokenise (on the inference thread, a batch's new texts at once) -------------------
-    def tokenize(self, texts: list, truncate: bool) -> list:
-        """Texts (or pairs) -> the Rust tokenizer's encodings, in order; token-id inputs
-        (lists of ints) get the special tokens a text would get, and are truncated the
-        same way."""
+    def tokenize(self, texts: list, truncation: str | None) -> list:
+        """Texts (or pairs) -> the Rust tokenizer's encodings, in order, cut to max_length
+        at the end ("right") or the start ("left") or not at all (None); token-id inputs
+        (lists of ints) get the special tokens a text would get, and are cut the same way."""
         if not any(isinstance(t, list) for t in texts):
-            return self.tokenizers[truncate].encode_batch(texts)
+            return self.tokenizers[truncation].encode_batch(texts)
         strings = [t for t in texts if not isinstance(t, list)]
-        encoded = iter(self.tokenizers[truncate].encode_batch(strings) if strings else [])
-        return [self._from_ids(t, truncate) if isinstance(t, list) else next(encoded)
+        encoded = iter(self.tokenizers[truncation].encode_batch(strings) if strings else [])
+        return [self._from_ids(t, truncation) if isinstance(t, list) else next(encoded)
                 for t in texts]
 
-    def _from_ids(self, ids: list[int], truncate: bool) -> TokenIds:
+    def _from_ids(self, ids: list[int], truncation: str | None) -> TokenIds:
         before, after = self.specials
-        if truncate:
-            ids = ids[: max(0, self.max_length - len(before) - len(after))]
+        room = max(0, self.max_length - len(before) - len(after))
+        if truncation == "right":
+            ids = ids[:room]
+        elif truncation == "left":
+            ids = ids[max(0, len(ids) - room):]
         ids = [*before, *ids, *after]
         return TokenIds(ids, [0] * len(ids))
 
@@ -265,7 +270,7 @@ class Engine:
         """TEI's /tokenize: per text its tokens (id, text, character offsets, special),
         untruncated."""
         out = []
-        for text, enc in zip(texts, self.tokenizers[False].encode_batch(
+        for text, enc in zip(texts, self.tokenizers[None].encode_batch(
                 texts, add_special_tokens=add_special_tokens)):
             out.append([{"id": i, "special": bool(sp),
                          "text": token if sp else text[start:stop],
@@ -275,18 +280,20 @@ class Engine:
         return out
 
     # run ----------------------------------------------------------------------------
-    async def infer(self, texts: list, truncate: bool) -> Result:
+    async def infer(self, texts: list, truncation: str | None) -> Result:
+        """The texts' raw outputs, each cut to max_length as ``truncation`` says (see
+        tokenize); with None, an input longer is refused before anything is queued."""
         encodings = None
-        if not truncate:  # an input over max_length is refused before anything is queued
+        if truncation is None:
             try:
-                encodings = await asyncio.to_thread(self.tokenize, texts, False)
+                encodings = await asyncio.to_thread(self.tokenize, texts, None)
             except Exception:  # the model's thread encodes them one by one and fails the bad
                 encodings = []
             for i, enc in enumerate(encodings):
                 if len(enc.ids) > self.max_length:
                     raise InputTooLong.of(i, len(enc.ids), self.max_length)
         try:
-            items = self.batcher.submit(texts, truncate, encodings)
+            items = self.batcher.submit(texts, truncation, encodings)
         except QueueFull:
             self.series.rejected.inc(len(texts))
             raise

@@ -59,6 +59,22 @@ class _Request(BaseModel):
         return self
 
 
+class _Truncated(_Request):
+    """A request whose inputs may be longer than the model's max_length tokens."""
+
+    truncate: bool = Field(True, description="cut an input longer than the model's "
+                           "max_length tokens (false: such an input is a 413)")
+    # TEI's field, with its spelling ("Right", "Left") too
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
+        "right", description="where an input is cut: its end (right) or its start (left, "
+        "keeping the most recent text)")
+
+    @property
+    def truncation(self) -> str | None:
+        """How the engine cuts a long input: "right", "left", or None (refused)."""
+        return self.truncation_direction.lower() if self.truncate else None
+
+
 class EmbeddingsRequest(_Request):
     """OpenAI's /v1/embeddings."""
 
@@ -75,13 +91,12 @@ class EmbeddingsRequest(_Request):
         return self.input  # OpenAI's name
 
 
-class EmbedRequest(_Request):
+class EmbedRequest(_Truncated):
     inputs: Texts
     normalize: bool = True
     prompt_name: str | None = Field(None, description="one of the model's prompts (GET "
                                     "/v1/models lists them), put before every input; "
                                     "default: its default prompt, if it has one")
-    truncate: bool = True
     dimensions: Dimensions = None
 
 
@@ -90,7 +105,7 @@ class RerankDocument(BaseModel):
     text: str
 
 
-class RerankRequest(_Request):
+class RerankRequest(_Truncated):
     """Jina's and Cohere's /rerank (also vLLM's and Infinity's)."""
 
     query: str
@@ -98,7 +113,6 @@ class RerankRequest(_Request):
         description='texts, or objects with a "text" (Jina\'s and Cohere\'s other form)')
     top_n: Count | None = Field(None, description="return the best N (default all)")
     return_documents: bool = False
-    truncate: bool = True
 
     @property
     def document_texts(self) -> list[str]:
@@ -116,18 +130,16 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool = True
 
 
-class ClassifyRequest(_Request):
+class ClassifyRequest(_Truncated):
     inputs: str | Annotated[list[str | Pair], Field(min_length=1)] = Field(
         description="a text, a list of texts, or text pairs as two-item lists")
     top_k: Count | None = Field(None, description="return the N most likely labels "
                                 "(default all)")
-    truncate: bool = True
 
 
-class NerRequest(_Request):
+class NerRequest(_Truncated):
     inputs: Texts
     aggregation_strategy: Strategy = "simple"
-    truncate: bool = True
 
 
 class Usage(BaseModel):

@@ -159,7 +159,8 @@ def _on_client_gone(request: Request, callback: Callable[[], None]) -> Callable[
     return waiting.cancel
 
 
-async def infer(request: Request, engine: Engine, texts: list, truncate: bool) -> Result:
+async def infer(request: Request, engine: Engine, texts: list,
+                truncation: str | None) -> Result:
     """Runs the texts (within the limits: check_limits) on the engine; drops them from the
     queue if the client goes away."""
     task, running, gone = asyncio.current_task(), True, False
@@ -172,7 +173,7 @@ async def infer(request: Request, engine: Engine, texts: list, truncate: bool) -
 
     stop_watching = _on_client_gone(request, client_gone)
     try:
-        return await engine.infer(texts, truncate)
+        return await engine.infer(texts, truncation)
     except asyncio.CancelledError:
         if not gone:
             raise  # not the client's doing

@@ -27,7 +27,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
     check_limits(request, body.texts)
     check_embedding_request(engine, body.texts, body.dimensions)
     texts = with_prompt(engine, body.texts, None)
-    result = await infer(request, engine, texts, truncate=True)
+    result = await infer(request, engine, texts, "right")  # a long input: its end is cut
     vectors = postprocess.normalize(np.stack(result.outputs))  # [N, D]
     vectors = postprocess.first_dimensions(vectors, body.dimensions)  # [N, dimensions]
     data = [{"object": "embedding", "index": i,
@@ -43,7 +43,7 @@ async def embed(body: EmbedRequest, request: Request):
     check_limits(request, body.texts)
     check_embedding_request(engine, body.texts, body.dimensions)
     texts = with_prompt(engine, body.texts, body.prompt_name)
-    result = await infer(request, engine, texts, body.truncate)
+    result = await infer(request, engine, texts, body.truncation)
     vectors = np.stack(result.outputs)  # [N, D]
     if body.dimensions is not None:
         vectors = vectors[:, : body.dimensions]

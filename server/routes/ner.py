@@ -19,7 +19,7 @@ async def ner(body: NerRequest, request: Request):
     engine = choose(request, body.model, "ner")
     check_limits(request, body.texts)
     texts = body.texts
-    result = await infer(request, engine, texts, body.truncate)
+    result = await infer(request, engine, texts, body.truncation)
     results = await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [entities(engine, text, output, body.aggregation_strategy)
                  for text, output in zip(texts, result.outputs)])

@@ -24,12 +24,12 @@ async def rerank(body: RerankRequest, request: Request):
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         texts = (with_prompt(engine, [body.query], _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
-        result = await infer(request, engine, texts, body.truncate)
+        result = await infer(request, engine, texts, body.truncation)
         vectors = np.stack(result.outputs)  # [1 + N, D]: the query, then the documents
         scores = postprocess.cosine_ranking(vectors[0], vectors[1:])
     else:
         result = await infer(request, engine, [(body.query, d) for d in documents],
-                           body.truncate)
+                           body.truncation)
         scores = postprocess.relevance(np.stack(result.outputs), engine.labels,
                                        engine.relevant, engine.multi_label)
     return reply({"model": engine.name, "usage": usage(result), "results": postprocess.ranked(

@@ -52,6 +52,13 @@ def test_sync_client_mirrors_the_routes(url):
             c.embed("x", dimensions=100_000)
         with pytest.raises(BadRequest, match="prompt_name 'query': model 'cmow-embed' has no"):
             c.embed("x", prompt_name="query")  # sent: this model has none
+        long = "word " * 600 + "the end"  # over max_length: which end is cut matters
+        assert c.embed(long, truncation_direction="left") != c.embed(long)
+        assert len(c.classify(long, truncation_direction="left")[0]) == 2
+        assert isinstance(c.ner(long, truncation_direction="left")[0], list)
+        assert len(c.rerank("q", [long], truncate=True, truncation_direction="left")) == 1
+        with pytest.raises(BadRequest, match="truncation_direction"):
+            c.embed("x", truncation_direction="middle")
     with DistilServeClient(url) as anonymous, pytest.raises(Unauthorized):
         anonymous.models()
 

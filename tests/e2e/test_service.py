@@ -451,6 +451,37 @@ def test_truncate_true_accepts_the_same_long_text(url):
     assert float(res.headers["x-inference-time-ms"]) > 0
 
 
+def test_truncation_direction_left_keeps_the_end_of_a_long_text(url):
+    text = "word " * 300 + "the cat sat on the mat"  # 306 tokens; 2000 characters at most
+    ids = [t["id"] for t in post(url, "/v1/tokenize", {"model": "minilm", "inputs": text,
+                                                       "add_special_tokens": False}).json()[0]]
+
+    def embed(**body):
+        res = post(url, "/v1/embed", {"model": "minilm", "inputs": text, **body})
+        assert res.status_code == 200 and res.json()["usage"]["prompt_tokens"] == 256, res.text
+        return np.array(res.json()["embeddings"][0])
+
+    def of_ids(kept):  # the same model on exactly these ids
+        res = post(url, "/v1/embeddings", {"model": "minilm", "input": [kept]}).json()
+        return np.array(res["data"][0]["embedding"])
+
+    left, right = embed(truncation_direction="left"), embed()
+    assert np.abs(left - of_ids(ids[-254:])).max() < 1e-5  # 254 + [CLS] and [SEP]
+    assert np.abs(right - of_ids(ids[:254])).max() < 1e-5
+    assert np.abs(left - right).max() > 1e-2
+    assert np.array_equal(embed(truncation_direction="Left"), left)  # TEI's spelling
+    # and on the other routes that truncate, with the same field
+    for route, body in (("/v1/classify", {"model": "bert-classify-onnx"}),
+                        ("/v1/ner", {"model": "bert-ner-onnx"}),
+                        ("/v1/rerank", {"model": "minilm", "query": "cat"})):
+        key = "documents" if route == "/v1/rerank" else "inputs"
+        res = post(url, route, {**body, key: [text], "truncation_direction": "left"})
+        assert res.status_code == 200, (route, res.text)
+    bad = post(url, "/v1/embed", {"model": "minilm", "inputs": "x",
+                                  "truncation_direction": "middle"})
+    assert bad.status_code == 422 and "truncation_direction" in bad.text
+
+
 def test_metrics_count_requests_by_route_and_status(url):
     post(url, "/v1/embed", {"model": "nope", "inputs": "x"})
     text = httpx.get(url + "/metrics").text

@@ -56,7 +56,7 @@ def test_pad_right_pads_with_a_mask():
 
 def _batcher(calls, **kw):
     """Texts are words; a text's encoding has one id per word (each the word's length)."""
-    def encode(texts, truncate):
+    def encode(texts, truncation):
         calls.append(("encode", len(texts)))
         return [SimpleNamespace(ids=[len(w) for w in t.split()],
                                 type_ids=[0] * len(t.split())) for t in texts]
@@ -75,11 +75,11 @@ def test_batcher_tokenises_and_merges_waiting_inputs_and_refuses_a_full_queue():
     async def go():
         b = _batcher(calls, max_wait_s=0.01, max_length=16)
         b.start()
-        items = b.submit(["a " * i + "bb" for i in range(10)], truncate=True)
+        items = b.submit(["a " * i + "bb" for i in range(10)], truncation="right")
         with pytest.raises(QueueFull):  # 10 + 11 > 20: later, there will be room
-            b.submit(["x"] * 11, truncate=True)
+            b.submit(["x"] * 11, truncation="right")
         with pytest.raises(OverQueue):  # 21 > 20: there never will be
-            b.submit(["x"] * 21, truncate=True)
+            b.submit(["x"] * 21, truncation="right")
         results = await asyncio.gather(*(it.future for it in items))
         await b.stop()
         return results
@@ -95,7 +95,7 @@ def test_an_input_over_max_length_fails_alone():
     async def go():
         b = _batcher(calls)
         b.start()
-        long, short = b.submit(["w " * 9, "w w"], truncate=False)
+        long, short = b.submit(["w " * 9, "w w"], truncation=None)
         with pytest.raises(InputTooLong, match="input 0 has 9 tokens"):
             await long.future
         result = await short.future
@@ -106,6 +106,26 @@ def test_an_input_over_max_length_fails_alone():
     assert ("run", 1) in calls
 
 
+def test_inputs_cut_differently_are_tokenised_apart_and_share_a_batch():
+    calls, seen = [], []
+
+    async def go():
+        b = _batcher(calls)
+        encode = b.encode
+        b.encode = lambda texts, truncation: seen.append((truncation, texts)) or encode(
+            texts, truncation)
+        items = [*b.submit(["a b", "c"], "right"), *b.submit(["d e f"], "left"),
+                 *b.submit(["g"], "right")]
+        b.start()  # all four queued before the thread looks
+        results = await asyncio.gather(*(it.future for it in items))
+        await b.stop()
+        return results
+
+    assert [float(r[0]) for r in asyncio.run(go())] == [2.0, 1.0, 3.0, 1.0]
+    assert seen == [("right", ["a b", "c", "g"]), ("left", ["d e f"])]
+    assert calls.count(("run", 4)) == 1  # one forward pass for all of them
+
+
 def test_a_text_the_tokenizer_refuses_fails_alone():
     calls = []
 
@@ -113,14 +133,14 @@ def test_a_text_the_tokenizer_refuses_fails_alone():
         b = _batcher(calls)
         encode = b.encode
 
-        def picky(texts, truncate):  # refuses any call holding "bad"
+        def picky(texts, truncation):  # refuses any call holding "bad"
             if "bad" in texts:
                 raise TypeError("cannot encode")
-            return encode(texts, truncate)
+            return encode(texts, truncation)
 
         b.encode = picky
         b.start()
-        good, bad, other = b.submit(["a b", "bad", "c d e"], truncate=True)
+        good, bad, other = b.submit(["a b", "bad", "c d e"], truncation="right")
         with pytest.raises(TypeError, match="cannot encode"):
             await bad.future
         results = await asyncio.gather(good.future, other.future)
@@ -137,7 +157,7 @@ def test_with_collect_inputs_that_arrive_while_a_batch_runs_start_at_once():
     gets its own result, and an input too long fails alone."""
     calls, release = [], threading.Event()
 
-    def encode(texts, truncate):
+    def encode(texts, truncation):
         return [SimpleNamespace(ids=[len(w) for w in t.split()], type_ids=[0] * len(t.split()))
                 for t in texts]
 
@@ -163,15 +183,15 @@ def test_with_collect_inputs_that_arrive_while_a_batch_runs_start_at_once():
         b = Batcher(encode, launch, max_length=8, max_size=2, max_tokens=1000, max_queue=20,
                     collect=collect)
         b.start()
-        first = b.submit(["a"], truncate=False)
+        first = b.submit(["a"], truncation=None)
         await until(lambda: calls == [("launch", 1)], "the first batch")
-        later = b.submit(["a b", "w " * 9, "a b c"], truncate=False)  # while the first runs
+        later = b.submit(["a b", "w " * 9, "a b c"], truncation=None)  # while the first runs
         await until(lambda: len(calls) == 2, "a second batch while the first runs")
         await asyncio.sleep(0.2)  # room for a third batch to start, if it wrongly could
         assert calls == [("launch", 1), ("launch", 2)]
         with pytest.raises(InputTooLong):  # handed out without waiting for the device
             await later[1].future
-        b.submit(["a b c d"], truncate=False)
+        b.submit(["a b c d"], truncation=None)
         await asyncio.sleep(0.2)
         assert len(calls) == 2  # two batches in flight: the third waits
         release.set()
@@ -192,7 +212,7 @@ def test_with_collect_inputs_that_arrive_while_a_batch_runs_start_at_once():
 def test_with_collect_stop_finishes_everything_queued_first():
     """Stopping while batches are queued and on the device: every input still gets its
     result, then both threads end."""
-    def encode(texts, truncate):
+    def encode(texts, truncation):
         return [SimpleNamespace(ids=[1] * len(t), type_ids=[0] * len(t)) for t in texts]
 
     def collect(handle):
@@ -203,7 +223,7 @@ def test_with_collect_stop_finishes_everything_queued_first():
         b = Batcher(encode, lambda arrays: arrays["input_ids"].sum(1, keepdims=True), 100,
                     max_size=2, max_tokens=1000, max_queue=100, collect=collect)
         b.start()
-        items = b.submit([f"{i:>{i + 1}}" for i in range(11)], truncate=True)
+        items = b.submit([f"{i:>{i + 1}}" for i in range(11)], truncation="right")
         await b.stop()  # at once: most inputs are still queued
         assert not any(thread.is_alive() for thread in b.threads) and len(b.threads) == 2
         return await asyncio.wait_for(asyncio.gather(*(it.future for it in items)), 60)

@@ -43,7 +43,7 @@ def _run(engine, texts):
     async def go():
         await engine.start(warmup=False)
         try:
-            return await engine.infer(texts, truncate=True)
+            return await engine.infer(texts, "right")
         finally:
             await engine.stop()
     return asyncio.run(go())
@@ -165,16 +165,37 @@ def test_an_input_too_long_is_refused_before_it_is_queued(torch_model):
         try:
             with pytest.raises(InputTooLong, match=r"input 1 has \d+ tokens, more than the "
                                r"model's max_length \d+"):
-                await engine.infer(["short", long], truncate=False)
+                await engine.infer(["short", long], None)
             assert submitted == []  # nothing was queued, not even the short input
-            fine = await engine.infer(["short", "also short"], truncate=False)
+            fine = await engine.infer(["short", "also short"], None)
             assert len(fine.outputs) == 2 and submitted[0][2] is not None  # tokenised once
-            cut = await engine.infer([long], truncate=True)
+            cut = await engine.infer([long], "right")
             assert cut.tokens == engine.max_length
         finally:
             await engine.stop()
 
     asyncio.run(go())
+
+
+def test_a_long_input_is_cut_at_its_end_or_its_start_as_asked(torch_model):
+    engine = load_engine("m", torch_model, Settings(), Metrics())
+    n = engine.max_length
+    words = [f"w{i}" for i in range(n + 20)]
+    plain = engine.tokenize([" ".join(words)], None)[0].ids  # [CLS] ... [SEP], untruncated
+    assert len(plain) > n
+    right, left = (engine.tokenize([" ".join(words)], t)[0] for t in ("right", "left"))
+    assert right.ids == plain[: n - 1] + plain[-1:]  # the start kept
+    assert left.ids == plain[:1] + plain[len(plain) - n + 1:]  # the end kept
+    # the offsets are still the text's own: the last word is where it was
+    assert left.offsets[-2][1] == len(" ".join(words))
+    # token ids are cut alike, around the same special tokens
+    ids = plain[1:-1]
+    assert [engine.tokenize([ids], t)[0].ids for t in ("right", "left")] == [right.ids,
+                                                                             left.ids]
+    assert engine.tokenize([ids], None)[0].ids == plain
+    # a pair: the longer text is cut, from the side asked
+    pair = engine.tokenize([("first text", " ".join(words))], "left")[0]
+    assert len(pair.ids) == n and pair.offsets[-2][1] == len(" ".join(words))
 
 
 def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_last(
@@ -308,7 +329,7 @@ def test_pytorch_models_on_the_cpu_take_turns_on_the_thread_given(torch_model):
     async def go():
         for engine in engines:
             await engine.start(warmup=False)
-        await asyncio.gather(*(e.infer(["one", "two"], truncate=True) for e in engines * 2))
+        await asyncio.gather(*(e.infer(["one", "two"], "right") for e in engines * 2))
         for engine in engines:
             await engine.stop()
     asyncio.run(go())

@@ -46,13 +46,13 @@ def remote(folder, error):
 def test_an_error_the_replica_raised_is_raised_as_itself(folder, cause):
     wrapped = exceptions.RayTaskError("run", "Traceback ...", cause)
     with pytest.raises(type(cause)) as raised:
-        asyncio.run(remote(folder, wrapped).infer(["x"], True))
+        asyncio.run(remote(folder, wrapped).infer(["x"], "right"))
     assert str(raised.value) == str(cause)  # no Ray traceback in the client's message
 
 
 def test_a_dead_replica_is_model_unavailable(folder):
     with pytest.raises(ModelUnavailable, match="replica is gone"):
-        asyncio.run(remote(folder, exceptions.ActorDiedError()).infer(["x"], True))
+        asyncio.run(remote(folder, exceptions.ActorDiedError()).infer(["x"], "right"))
 
 
 def test_the_remote_engine_validates_as_a_local_one_does(folder):
