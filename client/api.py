@@ -81,19 +81,20 @@ class _Base:
                 "prompt_name": prompt_name}
 
     @staticmethod
-    def _rerank_body(query, documents, model, top_n, return_documents, truncate, direction):
+    def _rerank_body(query, documents, model, top_n, return_documents, truncate, direction,
+                     raw_scores):
         return {"query": query, "documents": documents, "model": model, "top_n": top_n,
                 "return_documents": return_documents, "truncate": truncate,
-                "truncation_direction": direction}
+                "truncation_direction": direction, "raw_scores": raw_scores}
 
     @staticmethod
     def _tokenize_body(inputs, model, add_special_tokens):
         return {"inputs": inputs, "model": model, "add_special_tokens": add_special_tokens}
 
     @staticmethod
-    def _classify_body(inputs, model, top_k, truncate, direction):
+    def _classify_body(inputs, model, top_k, truncate, direction, raw_scores):
         return {"inputs": inputs, "model": model, "top_k": top_k, "truncate": truncate,
-                "truncation_direction": direction}
+                "truncation_direction": direction, "raw_scores": raw_scores}
 
     @staticmethod
     def _ner_body(inputs, model, aggregation_strategy, truncate, direction):
@@ -124,10 +125,10 @@ class DistilServeClient(_Base):
         return self._call("POST", "/v1/embed", body)["embeddings"]
 
     def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
-               truncate=True, truncation_direction="right") -> list[dict]:
+               truncate=True, truncation_direction="right", raw_scores=False) -> list[dict]:
         """``results``: {index, relevance_score[, document]}, most relevant first."""
         body = self._rerank_body(query, documents, model, top_n, return_documents, truncate,
-                                 truncation_direction)
+                                 truncation_direction, raw_scores)
         return self._call("POST", "/v1/rerank", body)["results"]
 
     def tokenize(self, inputs, model=None, add_special_tokens=True) -> list[list[dict]]:
@@ -136,8 +137,9 @@ class DistilServeClient(_Base):
                           self._tokenize_body(inputs, model, add_special_tokens))
 
     def classify(self, inputs, model=None, top_k=None, truncate=True,
-                 truncation_direction="right") -> list[list[dict]]:
-        body = self._classify_body(inputs, model, top_k, truncate, truncation_direction)
+                 truncation_direction="right", raw_scores=False) -> list[list[dict]]:
+        body = self._classify_body(inputs, model, top_k, truncate, truncation_direction,
+                                   raw_scores)
         return self._call("POST", "/v1/classify", body)["results"]
 
     def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,
@@ -187,9 +189,9 @@ class AsyncDistilServeClient(_Base):
         return (await self._call("POST", "/v1/embed", body))["embeddings"]
 
     async def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
-                     truncate=True, truncation_direction="right"):
+                     truncate=True, truncation_direction="right", raw_scores=False):
         body = self._rerank_body(query, documents, model, top_n, return_documents, truncate,
-                                 truncation_direction)
+                                 truncation_direction, raw_scores)
         return (await self._call("POST", "/v1/rerank", body))["results"]
 
     async def tokenize(self, inputs, model=None, add_special_tokens=True):
@@ -197,8 +199,9 @@ class AsyncDistilServeClient(_Base):
                                 self._tokenize_body(inputs, model, add_special_tokens))
 
     async def classify(self, inputs, model=None, top_k=None, truncate=True,
-                       truncation_direction="right"):
-        body = self._classify_body(inputs, model, top_k, truncate, truncation_direction)
+                       truncation_direction="right", raw_scores=False):
+        body = self._classify_body(inputs, model, top_k, truncate, truncation_direction,
+                                   raw_scores)
         return (await self._call("POST", "/v1/classify", body))["results"]
 
     async def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,

@@ -46,10 +46,12 @@ def cosine_ranking(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
 
 
 def relevance(logits: np.ndarray, labels: list[str], relevant: int,
-              multi_label: bool = False) -> np.ndarray:
+              multi_label: bool = False, raw: bool = False) -> np.ndarray:
     """A cross-encoder's relevance scores from its logits [N, C]: sigmoid of the single
     logit (or of the relevant one, for labels that are independent), or the softmax
-    probability of the relevant label."""
+    probability of the relevant label; ``raw``: the relevant label's logit itself."""
+    if raw:
+        return logits[:, relevant]
     if len(labels) == 1 or multi_label:
         return sigmoid(logits[:, relevant])
     return softmax(logits)[:, relevant]
@@ -74,11 +76,17 @@ def embedding_payload(v: np.ndarray, encoding_format: str) -> np.ndarray | str:
 
 
 def classification(logits: np.ndarray, labels: list[str], top_k: int | None,
-                   multi_label: bool = False) -> list[dict]:
+                   multi_label: bool = False, raw: bool = False) -> list[dict]:
     """Scores for one input, highest first: softmax, or as transformers' pipeline the
     sigmoid of each logit for a single label or labels that are independent (a
-    multi-label model: problem_type multi_label_classification)."""
-    scores = sigmoid(logits) if len(labels) == 1 or multi_label else softmax(logits)
+    multi-label model: problem_type multi_label_classification); ``raw``: the logits
+    (the pipeline's function_to_apply="none"), in the same order."""
+    if raw:
+        scores = logits
+    elif len(labels) == 1 or multi_label:
+        scores = sigmoid(logits)
+    else:
+        scores = softmax(logits)
     order = np.argsort(-scores, kind="stable")[: top_k or len(labels)]
     return [{"label": labels[i], "score": float(scores[i])} for i in order]
 

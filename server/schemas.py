@@ -113,6 +113,8 @@ class RerankRequest(_Truncated):
         description='texts, or objects with a "text" (Jina\'s and Cohere\'s other form)')
     top_n: Count | None = Field(None, description="return the best N (default all)")
     return_documents: bool = False
+    raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
+                             "probability (TEI's field); an embedding model: the cosine")
 
     @property
     def document_texts(self) -> list[str]:
@@ -135,6 +137,7 @@ class ClassifyRequest(_Truncated):
         description="a text, a list of texts, or text pairs as two-item lists")
     top_k: Count | None = Field(None, description="return the N most likely labels "
                                 "(default all)")
+    raw_scores: bool = Field(False, description="the logits, not probabilities (TEI's field)")
 
 
 class NerRequest(_Truncated):

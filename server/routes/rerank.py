@@ -31,7 +31,7 @@ async def rerank(body: RerankRequest, request: Request):
         result = await infer(request, engine, [(body.query, d) for d in documents],
                            body.truncation)
         scores = postprocess.relevance(np.stack(result.outputs), engine.labels,
-                                       engine.relevant, engine.multi_label)
+                                       engine.relevant, engine.multi_label, body.raw_scores)
     return reply({"model": engine.name, "usage": usage(result), "results": postprocess.ranked(
         scores, documents, body.top_n, body.return_documents)}, result)
 

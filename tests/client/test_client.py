@@ -55,6 +55,10 @@ def test_sync_client_mirrors_the_routes(url):
         long = "word " * 600 + "the end"  # over max_length: which end is cut matters
         assert c.embed(long, truncation_direction="left") != c.embed(long)
         assert len(c.classify(long, truncation_direction="left")[0]) == 2
+        probabilities, logits = (c.classify("text", raw_scores=raw)[0] for raw in (False, True))
+        assert [r["label"] for r in logits] == [r["label"] for r in probabilities]
+        assert abs(sum(r["score"] for r in probabilities) - 1) < 1e-5
+        assert probabilities != logits
         assert isinstance(c.ner(long, truncation_direction="left")[0], list)
         assert len(c.rerank("q", [long], truncate=True, truncation_direction="left")) == 1
         with pytest.raises(BadRequest, match="truncation_direction"):

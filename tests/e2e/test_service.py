@@ -181,6 +181,12 @@ def test_classify_equals_the_transformers_pipeline_for_texts_and_pairs(url, tiny
     top = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": "x",
                                      "top_k": 1}).json()["results"][0]
     assert len(top) == 1
+    # raw_scores: the logits, as the pipeline's function_to_apply="none"
+    raw = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": inputs[:3],
+                                     "raw_scores": True}).json()
+    for ours, ref in zip(raw["results"], pipe(TRICKY[:3], function_to_apply="none")):
+        assert [r["label"] for r in ours] == [r["label"] for r in ref]
+        assert np.allclose([r["score"] for r in ours], [r["score"] for r in ref], atol=1e-4)
 
 
 def test_a_multi_label_classifier_scores_each_label_as_the_pipeline_does(url, repository):
@@ -614,6 +620,12 @@ def test_rerank_by_a_cross_encoder_scores_each_pair(url):
     expected = {i: r[0]["score"] for i, r in enumerate(pairs["results"])}  # sigmoid
     for r in res.json()["results"]:
         assert abs(r["relevance_score"] - expected[r["index"]]) < 1e-6
+    # raw_scores: the logit, in the same order
+    raw = post(url, "/v1/rerank", {"model": "cross", "query": query, "documents": docs,
+                                   "raw_scores": True}).json()["results"]
+    assert [r["index"] for r in raw] == [r["index"] for r in res.json()["results"]]
+    for r in raw:
+        assert abs(1 / (1 + np.exp(-r["relevance_score"])) - expected[r["index"]]) < 1e-6
     # unnamed: the one cross-encoder (its manifest names the relevant label), not one of
     # the many embedding models
     unnamed = post(url, "/v1/rerank", {"query": query, "documents": docs}).json()

@@ -20,6 +20,14 @@ def test_classification_is_sorted_probabilities_with_top_k():
     assert [r["score"] for r in independent] == pytest.approx([0.8808, 0.5], abs=1e-4)
     assert postprocess.relevance(np.array([[0.0, 2.0]]), ["a", "b"], 1, True) == \
         pytest.approx([0.8808], abs=1e-4)
+    # raw: the logits themselves, in the same order, for every kind of head
+    for logits, labels, multi in (([0.1, 2.0, -1.0], ["a", "b", "c"], False),
+                                  ([-3.0], ["yes"], False), ([0.0, 2.0], ["a", "b"], True)):
+        cooked = postprocess.classification(np.array(logits), labels, None, multi)
+        raw = postprocess.classification(np.array(logits), labels, None, multi, raw=True)
+        assert [r["label"] for r in raw] == [r["label"] for r in cooked]
+        assert sorted(r["score"] for r in raw) == sorted(logits)
+    assert postprocess.relevance(np.array([[0.5, -2.0]]), ["a", "b"], 1, raw=True) == [-2.0]
 
 
 def test_base64_is_little_endian_float32():
