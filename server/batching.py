@@ -3,10 +3,12 @@ bounded by a batch size and a token budget, grouped by length so that little is 
 run one batch at a time on the model's own inference thread.
 
 While a batch runs, new inputs queue up; the next batch takes them all at once. So a lone
-request never waits for company (unless ``max_wait`` asks it to), and many clients get
-large batches. The model's thread also tokenises, all the texts that arrived since the
-last batch in one call, and starts the next batch as soon as one ends: the event loop only
-queues inputs and hands out results. On a GPU a second thread waits for each batch's
+request never waits for company (unless ``max_wait`` asks it to), many clients get large
+batches, and a request queued behind a large one waits for a batch, not for all of it
+(each batch starts from the request with the fewest inputs started). The model's thread
+also tokenises, all the texts that arrived since the last batch in one call, and starts
+the next batch as soon as one ends: the event loop only queues inputs and hands out
+results. On a GPU a second thread waits for each batch's
 outputs, so that inputs arriving meanwhile are tokenised and started at once, queued on
 the device behind the running batch.
 """
@@ -41,6 +43,15 @@ class InputTooLong(Exception):
                    f"{max_length}; send truncate: true or a shorter text")
 
 
+class Request:
+    """What the inputs of one request share: how many of them have started."""
+
+    __slots__ = ("started",)
+
+    def __init__(self):
+        self.started = 0
+
+
 @dataclass
 class Item:
     """One input: its text (or pair), then its encoding (``.ids``, ``.type_ids``), and the
@@ -56,6 +67,7 @@ class Item:
     enqueued: float = field(default_factory=time.perf_counter)
     queued_s: float = 0.0
     inference_s: float = 0.0
+    request: Request = field(default_factory=Request)
 
     @property
     def length(self) -> int:
@@ -77,11 +89,15 @@ def pad(encodings: list) -> dict[str, np.ndarray]:
 
 
 def take_batch(pending: list[Item], max_size: int, max_tokens: int) -> list[Item]:
-    """The oldest input, then the queued inputs closest to it in length, as long as the
-    padded batch stays within ``max_size`` inputs and ``max_tokens`` tokens."""
-    first = pending[0]
+    """The oldest input of the request with the fewest inputs started (so that a request
+    queued behind a large one waits for a batch, not for all of it; ``pending`` is oldest
+    first), then the queued inputs closest to it in length (its own request's first), as
+    long as the padded batch stays within ``max_size`` inputs and ``max_tokens`` tokens."""
+    first = min(pending, key=lambda it: it.request.started)
     batch, width = [first], first.length
-    for item in sorted(pending[1:], key=lambda it: abs(it.length - first.length)):
+    rest = (it for it in pending if it is not first)
+    for item in sorted(rest, key=lambda it: (abs(it.length - first.length),
+                                             it.request is not first.request)):
         if len(batch) == max_size:
             break
         new_width = max(width, item.length)
@@ -172,7 +188,8 @@ class Batcher:
                             f"({self.max_queue}, DISTILSERVE_MAX_QUEUE)")
         loop = asyncio.get_running_loop()
         encodings = encodings or [None] * len(texts)
-        items = [Item(text, truncation, loop.create_future(), i, enc)
+        request = Request()
+        items = [Item(text, truncation, loop.create_future(), i, enc, request=request)
                  for i, (text, enc) in enumerate(zip(texts, encodings))]
         with self.lock:
             if len(self.pending) + len(items) > self.max_queue:
@@ -255,6 +272,7 @@ class Batcher:
         batch = take_batch(ready, self.max_size, self.max_tokens)
         for item in batch:
             item.launched = True
+            item.request.started += 1
         started = time.perf_counter()
         try:
             outputs = self.run(pad([it.encoding for it in batch]))

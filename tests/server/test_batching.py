@@ -12,6 +12,7 @@ from server.batching import (
     Item,
     OverQueue,
     QueueFull,
+    Request,
     pad,
     take_batch,
     warmup_shapes,
@@ -22,14 +23,43 @@ def _encoding(length):
     return SimpleNamespace(ids=list(range(1, length + 1)), type_ids=[0] * length)
 
 
-def _item(length):
-    return Item("text", True, future=None, encoding=_encoding(length))
+def _item(length, request=None):
+    return Item("text", "right", future=None, encoding=_encoding(length),
+                request=request or Request())
 
 
 def test_take_batch_starts_with_the_oldest_and_groups_by_length():
     pending = [_item(10), _item(50), _item(11), _item(9), _item(48)]
     batch = take_batch(pending, max_size=3, max_tokens=10_000)
     assert [it.length for it in batch] == [10, 11, 9]
+
+
+def test_take_batch_starts_with_the_request_least_served_then_its_own_inputs():
+    bulk, small = Request(), Request()
+    pending = [_item(10, bulk), _item(10, bulk), _item(10, small), _item(10, small),
+               _item(10, bulk)]
+    assert take_batch(pending, 2, 10_000) == pending[:2]  # none started: the oldest
+    bulk.started = 2  # two of the bulk request's inputs ran already
+    # the small request now, and of inputs as long, its own before the bulk's
+    assert take_batch(pending, 3, 10_000) == [pending[2], pending[3], pending[0]]
+
+
+def test_a_request_queued_behind_a_large_one_waits_for_one_batch_not_all():
+    calls, batches = [], []
+
+    async def go():
+        b = _batcher(calls, max_size=4, max_queue=100)
+        run = b.run
+        b.run = lambda arrays: batches.append(arrays["input_ids"].tolist()) or run(arrays)
+        bulk = b.submit(["a b"] * 40, "right")  # ids [1, 1] each (the words' lengths)
+        lone = b.submit(["c dd"], "right")  # [1, 2]
+        b.start()
+        await asyncio.gather(*(it.future for it in bulk + lone))
+        await b.stop()
+
+    asyncio.run(go())
+    assert [len(rows) for rows in batches] == [4] * 10 + [1]  # 41 inputs, batches of 4
+    assert [1, 2] in batches[1]  # the second batch, not the last
 
 
 def test_take_batch_respects_the_token_budget():
