@@ -36,7 +36,10 @@ def test_deployments_probe_the_service_and_services_reach_it(path):
     assert env["DISTILSERVE_HOST"] == "0.0.0.0"
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-    assert pod["terminationGracePeriodSeconds"] > 30  # the service drains for up to 30 s
+    # kube-proxy and ingresses stop sending to a terminating pod seconds after it is told
+    # to stop: it serves on through preStop's sleep, then drains for up to 30 s on SIGTERM
+    pause = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert pause[0] == "sleep" and pod["terminationGracePeriodSeconds"] > int(pause[1]) + 30
     service = docs["Service"]["spec"]
     assert service["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
     assert service["ports"][0]["targetPort"] == container["ports"][0]["name"]
