@@ -55,6 +55,29 @@ def drive(url: str, path: str, payloads: list[dict], clients: int, seconds: floa
     return _summary(clients, *_drive(url, path, payloads, clients, seconds))
 
 
+def beside_bulk(url: str, path: str, bulk: dict, queries: list[dict],
+                seconds: float) -> tuple[dict, dict]:
+    """One client sending ``bulk`` (a large request) over and over, beside one sending
+    ``queries`` one at a time, for ``seconds``: (the bulk client's figures, the query
+    client's), a query's latency being what a large request costs the requests queued
+    behind it."""
+    host, port = url.removeprefix("http://").split(":")
+    figures = [([], {}), ([], {})]
+
+    async def main():
+        until = time.perf_counter() + seconds
+        await asyncio.gather(*(
+            _client(host, int(port), path, [json.dumps(p).encode() for p in payloads],
+                    until, latencies, statuses)
+            for payloads, (latencies, statuses) in zip(([bulk], queries), figures)))
+
+    cpu, wall = _cpu_s(), time.perf_counter()
+    asyncio.run(main())
+    wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
+    return tuple(_summary(1, latencies, statuses, wall, cpu)
+                 for latencies, statuses in figures)
+
+
 def _spread(url, path, payloads, clients, seconds, processes) -> dict:
     import multiprocessing
 
@@ -76,7 +99,8 @@ def _summary(clients: int, latencies: list[float], statuses: dict, wall: float,
     return {"clients": clients, "seconds": round(wall, 2), "requests": len(latencies),
             "requests_per_s": len(latencies) / wall, "statuses": statuses,
             "p50_ms": float(np.percentile(ms, 50)), "p95_ms": float(np.percentile(ms, 95)),
-            "p99_ms": float(np.percentile(ms, 99)), "client_cpu_share": cpu / wall}
+            "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
+            "client_cpu_share": cpu / wall}
 
 
 def _drive(url: str, path: str, payloads: list[dict], clients: int,

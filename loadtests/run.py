@@ -2,8 +2,9 @@
 
 It starts the service on 127.0.0.1 (a free port), measures the embedding model in-process
 in the same run (the ceiling), drives the service with the light raw-socket client (one
-lone client for latency; many clients sending one sentence each for throughput), runs
-the locust scenarios headless (bounded users and time), stops everything, and writes
+lone client for latency; many clients sending one sentence each for throughput; rerank
+requests; single-sentence queries beside a client sending bulk requests), runs the locust
+scenarios headless (bounded users and time), stops everything, and writes
 CSV/HTML reports plus ``summary.json`` and ``summary.md``. Traffic goes to 127.0.0.1 only.
 """
 
@@ -144,6 +145,7 @@ class InProcess:
 
 
 RERANK_DOCUMENTS = 16
+BULK = 2048  # inputs in the bulk request (DISTILSERVE_MAX_INPUTS' default)
 
 
 def rerank_payloads(model: str) -> list[dict]:
@@ -218,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
                                       args.light_seconds)
         rerank.update(service=served_rerank, documents_per_s=served_rerank["requests_per_s"]
                       * RERANK_DOCUMENTS)
+        # a bulk request (indexing) beside single-sentence queries: what the queries wait
+        bulk_texts = (samples.SENTENCES * (1 + BULK // len(samples.SENTENCES)))[:BULK]
+        bulk, queries = lightload.beside_bulk(url, "/v1/embed", {
+            "model": embed, "inputs": bulk_texts}, payloads, args.light_seconds)
         del ceiling_model
         env = {"DISTILSERVE_LOAD_EMBED": embed,
                "DISTILSERVE_LOAD_CLASSIFY": by_task.get("classify", ""),
@@ -231,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     added = [r["lone_client"]["p50_ms"] - r["in_process"]["single_p50_ms"] for r in rounds]
     summary = {
         "model": embed, "clients": args.clients, "rounds": rounds, "locust": locust,
-        "rerank": rerank,
+        "rerank": rerank, "bulk": {"inputs": BULK, "bulk_client": bulk, "queries": queries},
         "service_vs_in_process_throughput": statistics.median(ratios),
         "added_latency_p50_ms": statistics.median(added),
     }
@@ -267,7 +273,14 @@ def main(argv: list[str] | None = None) -> int:
         f"in-process ({rerank['in_process_documents_per_s']:.0f}); p50 "
         f"{rerank['service']['p50_ms']:.1f} ms per request, "
         f"{sum(v for k, v in rerank['service']['statuses'].items() if k != 200)} failures.",
-        ""])
+        "",
+        f"Beside a client sending {BULK} sentences per request ({bulk['requests']} requests, "
+        f"{bulk['requests_per_s'] * BULK:.0f} sentences/s), single-sentence queries took "
+        f"{queries['p50_ms']:.1f} ms at p50, {queries['p99_ms']:.1f} at p99, "
+        f"{queries['max_ms']:.1f} at most ({queries['requests']} queries; a lone client's "
+        f"p50: {statistics.median(r['lone_client']['p50_ms'] for r in rounds):.1f} ms); "
+        f"{sum(v for m in (bulk, queries) for k, v in m['statuses'].items() if k != 200)} "
+        "failures.", ""])
     (args.out / "summary.md").write_text(text)
     print(text)
     return 0 if locust["failures"] == 0 and locust["exit_code"] == 0 else 1
