@@ -80,6 +80,10 @@ def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
     rerank = summary["rerank"]  # 8 clients, a query and 16 documents each
     assert rerank["documents_per_s"] > 0 and rerank["in_process_documents_per_s"] > 0
     assert set(rerank["service"]["statuses"]) == {"200"}
+    bulk = summary["bulk"]  # one client sending 2048 sentences a request, one queries
+    assert bulk["inputs"] == 2048 and bulk["bulk_client"]["requests"] >= 1
+    assert bulk["queries"]["requests"] > 0 and bulk["queries"]["max_ms"] >= bulk["queries"]["p50_ms"]
+    assert set(bulk["bulk_client"]["statuses"]) == set(bulk["queries"]["statuses"]) == {"200"}
 
 
 def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):
