@@ -15,7 +15,7 @@ import hashlib
 import logging
 import time
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -52,6 +52,7 @@ class TokenIds:
 
     ids: list[int]
     type_ids: list[int]
+    overflowing: list[int] = field(default_factory=list)  # the ids cut off (max_length)
 
 
 @dataclass
@@ -259,12 +260,14 @@ class Engine:
     def _from_ids(self, ids: list[int], truncation: str | None) -> TokenIds:
         before, after = self.specials
         room = max(0, self.max_length - len(before) - len(after))
+        kept, overflowing = ids, []
         if truncation == "right":
-            ids = ids[:room]
+            kept, overflowing = ids[:room], ids[room:]
         elif truncation == "left":
-            ids = ids[max(0, len(ids) - room):]
-        ids = [*before, *ids, *after]
-        return TokenIds(ids, [0] * len(ids))
+            cut = max(0, len(ids) - room)
+            kept, overflowing = ids[cut:], ids[:cut]
+        ids = [*before, *kept, *after]
+        return TokenIds(ids, [0] * len(ids), overflowing)
 
     def tokens(self, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
         """TEI's /tokenize: per text its tokens (id, text, character offsets, special),
@@ -305,6 +308,8 @@ class Engine:
                 item.future.cancel()
             raise
         encodings = [item.encoding for item in items]
+        if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):
+            self.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
         outputs = [r[: len(e.ids)] if self.task == "ner" else r for r, e in zip(raw, encodings)]
         if self.task == "ner":
             outputs = list(zip(outputs, encodings))

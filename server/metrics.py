@@ -32,6 +32,7 @@ class ModelSeries:
     batch_size: Any
     inference: Any
     rejected: Any  # inputs refused, queue full (a Counter's child)
+    truncated: Any  # inputs cut to max_length (a Counter's child)
 
     def observe_batch(self, size: int, seconds: float) -> None:
         self.batch_size.observe(size)
@@ -57,6 +58,8 @@ class Metrics:
                                 buckets=LATENCY_BUCKETS, registry=r)
         self.rejected = Counter("distilserve_rejected_inputs", "inputs refused, queue full",
                                 ["model"], registry=r)
+        self.truncated = Counter("distilserve_truncated_inputs", "inputs longer than the "
+                                 "model's max_length tokens, cut to it", ["model"], registry=r)
         self._per_request: dict[tuple[str, int], tuple] = {}
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
@@ -72,7 +75,8 @@ class Metrics:
     def model(self, name: str) -> ModelSeries:
         """The series of the model served as ``name``."""
         return ModelSeries(*(series.labels(name) for series in (
-            self.queue_depth, self.queued, self.batch_size, self.inference, self.rejected)))
+            self.queue_depth, self.queued, self.batch_size, self.inference, self.rejected,
+            self.truncated)))
 
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several workers: all of them

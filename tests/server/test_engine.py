@@ -150,6 +150,12 @@ def test_a_models_series_exist_from_its_start_and_count_its_batches(torch_model)
     assert value("distilserve_batch_size_sum") == 2  # both inputs, in one batch or two
     assert value("distilserve_queue_seconds_count") == 1  # per request
     assert value("distilserve_inference_seconds_count") == value("distilserve_batch_size_count")
+    # inputs cut to max_length are counted: texts and token ids, cut at either end
+    assert value("distilserve_truncated_inputs_total") == 0
+    engine = load_engine("m", torch_model, Settings(), metrics)  # the same series
+    long = "word " * (engine.max_length + 5)
+    _run(engine, [long, "short", [7] * (engine.max_length + 5), [7, 8]])
+    assert value("distilserve_truncated_inputs_total") == 2
     assert value("distilserve_queue_depth") == 0
 
 
@@ -192,6 +198,8 @@ def test_a_long_input_is_cut_at_its_end_or_its_start_as_asked(torch_model):
     ids = plain[1:-1]
     assert [engine.tokenize([ids], t)[0].ids for t in ("right", "left")] == [right.ids,
                                                                              left.ids]
+    cut = [engine.tokenize([ids], t)[0].overflowing for t in ("right", "left")]
+    assert cut == [ids[n - 2:], ids[:len(ids) - n + 2]]  # what each side cut off
     assert engine.tokenize([ids], None)[0].ids == plain
     # a pair: the longer text is cut, from the side asked
     pair = engine.tokenize([("first text", " ".join(words))], "left")[0]
