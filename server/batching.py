@@ -8,9 +8,9 @@ batches, and a request queued behind a large one waits for a batch, not for all 
 (each batch starts from the request with the fewest inputs started). The model's thread
 also tokenises, all the texts that arrived since the last batch in one call, and starts
 the next batch as soon as one ends: the event loop only queues inputs and hands out
-results. On a GPU a second thread waits for each batch's
-outputs, so that inputs arriving meanwhile are tokenised and started at once, queued on
-the device behind the running batch.
+results. On a GPU a second thread waits for each batch's outputs, so that inputs
+arriving meanwhile are tokenised and started at once, queued on the device behind the
+running batch.
 """
 
 from __future__ import annotations

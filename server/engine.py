@@ -129,13 +129,14 @@ class Engine:
         # the Rust tokenizer itself, set up once per truncation (transformers' wrapper
         # re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer
+        spec = rust.to_str()  # its JSON, serialised once for the digest and the copies
         self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
         # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
-        self.tokenizer_digest = hashlib.sha256(rust.to_str().encode()).hexdigest()
+        self.tokenizer_digest = hashlib.sha256(spec.encode()).hexdigest()
         self.word_aware = postprocess.TokenInfo.marks_words(rust)
         self.tokenizers = {}
         for truncation in TRUNCATIONS:
-            t = Tokenizer.from_str(rust.to_str())
+            t = Tokenizer.from_str(spec)
             t.no_padding()
             if truncation:  # transformers' default: longest_first for pairs
                 t.enable_truncation(self.max_length, direction=truncation)
