@@ -23,7 +23,7 @@ from starlette.routing import Match
 
 from server import errors
 from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
-from server.metrics import Metrics
+from server.metrics import STARTED, Metrics
 from server.routes import classify, embed, health, ner, rerank, tokenize
 from server.routes import models as models_route
 from server.routes.fast_path import FastPath
@@ -184,6 +184,7 @@ class RequestMetrics:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started, status = time.perf_counter(), [500]
+        scope[STARTED] = started  # for the routes' x-total-time
 
         async def send_recording(message):
             if message["type"] == "http.response.start":

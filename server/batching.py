@@ -65,8 +65,9 @@ class Item:
     error: Exception | None = None
     launched: bool = False  # in a batch that is running
     enqueued: float = field(default_factory=time.perf_counter)
-    queued_s: float = 0.0
-    inference_s: float = 0.0
+    tokenized_s: float = 0.0  # how long the call that tokenised it took
+    started: float = 0.0  # when its batch started, and when its outputs were ready
+    finished: float = 0.0
     request: Request = field(default_factory=Request)
 
     @property
@@ -106,6 +107,19 @@ def take_batch(pending: list[Item], max_size: int, max_tokens: int) -> list[Item
         batch.append(item)
         width = new_width
     return batch
+
+
+def time_spent(items: list[Item]) -> tuple[float, float, float]:
+    """Where a request's inputs spent their time from being queued to the last of their
+    outputs, in seconds: (tokenising: the call that tokenised them, waiting, running: the
+    time any of their batches ran, overlapping ones counted once)."""
+    tokenizing = max(it.tokenized_s for it in items)
+    running, end = 0.0, float("-inf")
+    for start, stop in sorted({(it.started, it.finished) for it in items}):
+        running += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    total = max(it.finished for it in items) - min(it.enqueued for it in items)
+    return tokenizing, max(0.0, total - tokenizing - running), running
 
 
 def warmup_shapes(max_size: int, max_tokens: int, max_length: int) -> list[tuple[int, int]]:
@@ -259,7 +273,11 @@ class Batcher:
         new = [it for it in pending if it.encoding is None]
         for truncation in dict.fromkeys(it.truncation for it in new):  # in order, once each
             fresh = [it for it in new if it.truncation == truncation]
-            for item, enc in zip(fresh, self._encode_each(fresh, truncation)):
+            began = time.perf_counter()
+            encodings = self._encode_each(fresh, truncation)
+            took = time.perf_counter() - began
+            for item, enc in zip(fresh, encodings):
+                item.tokenized_s = took
                 if isinstance(enc, Exception):
                     item.error = enc
                     continue
@@ -329,6 +347,6 @@ class Batcher:
         if batch:
             self.on_batch(len(batch), finished - started)
         for row, item in enumerate(batch):
-            item.queued_s, item.inference_s = started - item.enqueued, finished - started
+            item.started, item.finished = started, finished
             if not item.future.done():
                 item.future.set_result(outputs[row])

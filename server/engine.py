@@ -26,7 +26,15 @@ from models.io.manifest import Manifest, ManifestError
 from models.runtime import open_backend
 from models.runtime.base import Backend, BackendError
 from server import postprocess
-from server.batching import Batcher, InputTooLong, OverQueue, QueueFull, pad, warmup_shapes
+from server.batching import (
+    Batcher,
+    InputTooLong,
+    OverQueue,
+    QueueFull,
+    pad,
+    time_spent,
+    warmup_shapes,
+)
 from server.metrics import Metrics
 from server.settings import Settings
 
@@ -57,12 +65,16 @@ class TokenIds:
 
 @dataclass
 class Result:
-    """What a request gets back: one output per input, and where its time went."""
+    """What a request gets back: one output per input, what was computed, and where its
+    time went (seconds; as TEI's response headers say it: server/routes/common.reply)."""
 
     outputs: list
     tokens: int
-    queued_s: float
-    inference_s: float
+    characters: int  # of the texts run (with their prompts); token-id inputs have none
+    tokenize_s: float
+    queued_s: float  # waiting: neither tokenised nor in a batch
+    inference_s: float  # while one of its batches ran
+    device: str
 
 
 def relevant_index(manifest: Manifest, labels: list[str]) -> int | None:
@@ -287,12 +299,14 @@ class Engine:
     async def infer(self, texts: list, truncation: str | None) -> Result:
         """The texts' raw outputs, each cut to max_length as ``truncation`` says (see
         tokenize); with None, an input longer is refused before anything is queued."""
-        encodings = None
+        encodings, tokenizing = None, 0.0
         if truncation is None:
+            began = time.perf_counter()
             try:
                 encodings = await asyncio.to_thread(self.tokenize, texts, None)
             except Exception:  # the model's thread encodes them one by one and fails the bad
                 encodings = []
+            tokenizing = time.perf_counter() - began
             for i, enc in enumerate(encodings):
                 if len(enc.ids) > self.max_length:
                     raise InputTooLong.of(i, len(enc.ids), self.max_length)
@@ -314,10 +328,13 @@ class Engine:
         outputs = [r[: len(e.ids)] if self.task == "ner" else r for r, e in zip(raw, encodings)]
         if self.task == "ner":
             outputs = list(zip(outputs, encodings))
-        queued = max(it.queued_s for it in items)
-        self.series.queued.observe(queued)
-        return Result(outputs, sum(len(e.ids) for e in encodings), queued,
-                      max(it.inference_s for it in items))
+        tokenized, waited, running = time_spent(items)
+        self.series.queued.observe(waited)
+        self.series.tokenized.observe(tokenizing + tokenized)
+        characters = sum(len(t) if isinstance(t, str) else 0 if isinstance(t, list)
+                         else len(t[0]) + len(t[1]) for t in texts)  # text, ids, pair
+        return Result(outputs, sum(len(e.ids) for e in encodings), characters,
+                      tokenizing + tokenized, waited, running, self.backend.device)
 
 
 def _run_on(thread: Executor, run, arrays):

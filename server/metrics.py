@@ -20,6 +20,9 @@ from prometheus_client import (
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# the ASGI scope's key for when the request arrived (time.perf_counter(), set by the app's
+# outermost middleware)
+STARTED = "distilserve.started"
 
 
 @dataclass(frozen=True)
@@ -28,7 +31,8 @@ class ModelSeries:
     these are counted per request or per batch)."""
 
     queue_depth: Any  # inputs waiting (a Gauge's child)
-    queued: Any  # seconds a request's inputs waited (a Histogram's child)
+    queued: Any  # seconds a request waited (a Histogram's child)
+    tokenized: Any  # seconds its inputs were tokenised
     batch_size: Any
     inference: Any
     rejected: Any  # inputs refused, queue full (a Counter's child)
@@ -53,9 +57,12 @@ class Metrics:
                                     ["model"], buckets=BATCH_BUCKETS, registry=r)
         self.inference = Histogram("distilserve_inference_seconds", "forward pass time",
                                    ["model"], buckets=LATENCY_BUCKETS, registry=r)
-        self.queued = Histogram("distilserve_queue_seconds", "time a request's inputs waited "
-                                "for their batch to start (the longest of them)", ["model"],
+        self.queued = Histogram("distilserve_queue_seconds", "time a request waited, its "
+                                "inputs neither tokenised nor in a batch", ["model"],
                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.tokenized = Histogram("distilserve_tokenize_seconds", "time a request's inputs "
+                                   "were tokenised", ["model"], buckets=LATENCY_BUCKETS,
+                                   registry=r)
         self.rejected = Counter("distilserve_rejected_inputs", "inputs refused, queue full",
                                 ["model"], registry=r)
         self.truncated = Counter("distilserve_truncated_inputs", "inputs longer than the "
@@ -75,7 +82,7 @@ class Metrics:
     def model(self, name: str) -> ModelSeries:
         """The series of the model served as ``name``."""
         return ModelSeries(*(series.labels(name) for series in (
-            self.queue_depth, self.queued, self.batch_size, self.inference, self.rejected,
+            self.queue_depth, self.queued, self.tokenized, self.batch_size, self.inference, self.rejected,
             self.truncated)))
 
     def render(self) -> bytes:

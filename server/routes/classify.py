@@ -16,7 +16,7 @@ async def classify(body: ClassifyRequest, request: Request):
     engine = choose(request, body.model, "classify")
     check_limits(request, body.texts)
     result = await infer(request, engine, body.texts, body.truncation)
-    return reply({"model": engine.name, "results": [
+    return reply(request, {"model": engine.name, "results": [
         postprocess.classification(logits, engine.labels, body.top_k, engine.multi_label,
                                    body.raw_scores)
         for logits in result.outputs]}, result)

@@ -5,6 +5,7 @@ server.app.ApiKey.)"""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 import orjson
@@ -13,6 +14,7 @@ from fastapi import Request, Response
 from server.connections import DISCONNECT
 from server.engine import Engine, InputTooLong, ModelUnavailable, OverQueue, QueueFull, Result
 from server.errors import ApiError, client_closed
+from server.metrics import STARTED
 
 
 def service(request: Request):
@@ -195,14 +197,26 @@ async def infer(request: Request, engine: Engine, texts: list,
         stop_watching()
 
 
-def reply(payload: dict, result: Result) -> Response:
-    """The JSON response, with the time its inputs spent queued and in inference. orjson
-    writes numpy arrays and scalars as they are: an embedding costs no Python floats, and
-    no second validation (the route's response_model documents the shape)."""
-    return Response(orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY),
-                    media_type="application/json",
-                    headers={"x-queue-time-ms": f"{result.queued_s * 1000:.2f}",
-                             "x-inference-time-ms": f"{result.inference_s * 1000:.2f}"})
+def reply(request: Request, payload: dict, result: Result) -> Response:
+    """The JSON response, and where its time went in TEI's headers: x-total-time (since the
+    request arrived; x-compute-time the same), x-tokenization-time, x-queue-time and
+    x-inference-time in whole milliseconds, x-compute-tokens, x-compute-characters and
+    x-compute-type (cpu or gpu); and in a Server-Timing header (milliseconds to the
+    microsecond, as browsers' developer tools show it). orjson writes numpy arrays and
+    scalars as they are: an embedding costs no Python floats, and no second validation
+    (the route's response_model documents the shape)."""
+    body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    spent = {"tokenization": result.tokenize_s, "queue": result.queued_s,
+             "inference": result.inference_s,
+             "total": time.perf_counter() - request.scope[STARTED]}
+    headers = {f"x-{name}-time": str(int(seconds * 1000)) for name, seconds in spent.items()}
+    headers.update({
+        "x-compute-time": headers["x-total-time"], "x-compute-tokens": str(result.tokens),
+        "x-compute-characters": str(result.characters),
+        "x-compute-type": "cpu" if result.device == "cpu" else "gpu",
+        "server-timing": ", ".join(f"{name};dur={seconds * 1000:.3f}"
+                                   for name, seconds in spent.items())})
+    return Response(body, media_type="application/json", headers=headers)
 
 
 def usage(result: Result) -> dict:

@@ -33,7 +33,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
     data = [{"object": "embedding", "index": i,
              "embedding": postprocess.embedding_payload(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
-    return reply({"object": "list", "data": data, "model": engine.name,
+    return reply(request, {"object": "list", "data": data, "model": engine.name,
                   "usage": usage(result)}, result)
 
 
@@ -49,5 +49,5 @@ async def embed(body: EmbedRequest, request: Request):
         vectors = vectors[:, : body.dimensions]
     if body.normalize:
         vectors = postprocess.normalize(vectors)
-    return reply({"model": engine.name, "embeddings": vectors, "usage": usage(result)},
+    return reply(request, {"model": engine.name, "embeddings": vectors, "usage": usage(result)},
                  result)

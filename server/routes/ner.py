@@ -23,7 +23,7 @@ async def ner(body: NerRequest, request: Request):
     results = await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [entities(engine, text, output, body.aggregation_strategy)
                  for text, output in zip(texts, result.outputs)])
-    return reply({"model": engine.name, "results": results}, result)
+    return reply(request, {"model": engine.name, "results": results}, result)
 
 
 def entities(engine, text: str, output, strategy: str) -> list[dict]:

@@ -32,7 +32,7 @@ async def rerank(body: RerankRequest, request: Request):
                            body.truncation)
         scores = postprocess.relevance(np.stack(result.outputs), engine.labels,
                                        engine.relevant, engine.multi_label, body.raw_scores)
-    return reply({"model": engine.name, "usage": usage(result), "results": postprocess.ranked(
+    return reply(request, {"model": engine.name, "usage": usage(result), "results": postprocess.ranked(
         scores, documents, body.top_n, body.return_documents)}, result)
 
 

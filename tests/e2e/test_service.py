@@ -454,7 +454,25 @@ def test_empty_strings_are_texts_too(url):
 def test_truncate_true_accepts_the_same_long_text(url):
     res = post(url, "/v1/embed", {"model": "minilm", "inputs": "word " * 400})
     assert res.status_code == 200 and res.json()["usage"]["prompt_tokens"] == 256
-    assert float(res.headers["x-inference-time-ms"]) > 0
+
+
+@pytest.mark.parametrize("truncate", [True, False])
+def test_responses_say_where_their_time_went_as_tei_does(url, truncate):
+    texts = ["The cat sat on the mat.", "Dogs bark."]
+    res = post(url, "/v1/embed", {"model": "minilm", "inputs": texts, "truncate": truncate})
+    assert res.status_code == 200
+    h = res.headers
+    assert int(h["x-compute-tokens"]) == res.json()["usage"]["prompt_tokens"] == 14
+    assert int(h["x-compute-characters"]) == sum(map(len, texts))
+    assert h["x-compute-type"] == "cpu" and h["x-compute-time"] == h["x-total-time"]
+    # Server-Timing: the same times to the microsecond; the parts fit in the whole
+    timing = dict(part.split(";dur=") for part in h["server-timing"].split(", "))
+    ms = {name: float(value) for name, value in timing.items()}
+    assert set(ms) == {"tokenization", "queue", "inference", "total"}
+    for name, value in ms.items():  # TEI's headers: whole milliseconds
+        assert int(h[f"x-{name}-time"]) == int(value)
+    assert ms["tokenization"] > 0 and ms["inference"] > 0 and ms["queue"] >= 0
+    assert ms["tokenization"] + ms["queue"] + ms["inference"] <= ms["total"] + 0.002
 
 
 def test_truncation_direction_left_keeps_the_end_of_a_long_text(url):

@@ -15,6 +15,7 @@ from server.batching import (
     Request,
     pad,
     take_batch,
+    time_spent,
     warmup_shapes,
 )
 
@@ -42,6 +43,19 @@ def test_take_batch_starts_with_the_request_least_served_then_its_own_inputs():
     bulk.started = 2  # two of the bulk request's inputs ran already
     # the small request now, and of inputs as long, its own before the bulk's
     assert take_batch(pending, 3, 10_000) == [pending[2], pending[3], pending[0]]
+
+
+def test_time_spent_counts_overlapping_batches_once():
+    def item(started, finished):
+        it = _item(3)
+        it.enqueued, it.tokenized_s, it.started, it.finished = 0.0, 0.5, started, finished
+        return it
+
+    # queued at 0, tokenised for 0.5; batches 1-3 and 2-4 (on a GPU, the second started
+    # while the first ran) run 3 s together, and 5-6 one more: of 6 s, 1.5 s waiting
+    items = [item(1, 3), item(1, 3), item(2, 4), item(5, 6)]
+    assert time_spent(items) == (0.5, 1.5, 4.0)
+    assert time_spent([item(1, 3)]) == (0.5, 0.5, 2.0)
 
 
 def test_a_request_queued_behind_a_large_one_waits_for_one_batch_not_all():

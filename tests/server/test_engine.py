@@ -149,6 +149,7 @@ def test_a_models_series_exist_from_its_start_and_count_its_batches(torch_model)
     assert value("distilserve_batch_size_count") >= 1
     assert value("distilserve_batch_size_sum") == 2  # both inputs, in one batch or two
     assert value("distilserve_queue_seconds_count") == 1  # per request
+    assert value("distilserve_tokenize_seconds_count") == 1
     assert value("distilserve_inference_seconds_count") == value("distilserve_batch_size_count")
     # inputs cut to max_length are counted: texts and token ids, cut at either end
     assert value("distilserve_truncated_inputs_total") == 0
