@@ -24,7 +24,7 @@ from starlette.routing import Match
 from server import errors
 from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
 from server.metrics import STARTED, Metrics
-from server.routes import classify, embed, health, ner, rerank, tokenize
+from server.routes import classify, embed, health, ner, rerank, tei, tokenize
 from server.routes import models as models_route
 from server.routes.fast_path import FastPath
 from server.settings import Settings
@@ -242,7 +242,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     routers = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
-               models_route.router, health.router)
+               tei.router, models_route.router, health.router)
     # outermost: counts the 401s and 413s too, under the route they were sent to
     app.add_middleware(RequestMetrics, routes=[r for router in routers for r in router.routes])
     for router in routers:

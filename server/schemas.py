@@ -145,6 +145,54 @@ class NerRequest(_Truncated):
     aggregation_strategy: Strategy = "simple"
 
 
+# TEI's own bodies (server/routes/tei.py) -------------------------------------------------
+# one input of TEI's /predict: [text] or [text, text]
+Sequence = Annotated[list[str], Field(min_length=1, max_length=2)]
+
+
+class TeiPredictRequest(_Truncated):
+    """TEI's /predict: a text, a pair [text, text], or a batch [[text], [text, text], ...]."""
+
+    inputs: str | Sequence | Annotated[list[Sequence], Field(min_length=1)] = Field(
+        description="a text, a pair of texts [text, text], or a batch of [text] and "
+        "[text, text] items")
+    raw_scores: bool = Field(False, description="the logits, not probabilities")
+
+    @property
+    def batch(self) -> bool:
+        return not isinstance(self.inputs, str) and isinstance(self.inputs[0], list)
+
+    @property
+    def texts(self) -> list:
+        sequences = self.inputs if self.batch else [self.inputs]
+        return [s if isinstance(s, str) else s[0] if len(s) == 1 else (s[0], s[1])
+                for s in sequences]
+
+
+class TeiRerankRequest(_Truncated):
+    """TEI's /rerank."""
+
+    query: str
+    texts_: Annotated[list[str], Field(min_length=1)] = Field(alias="texts")
+    raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
+                             "probability; an embedding model: the cosine")
+    return_text: bool = False
+
+    @property
+    def document_texts(self) -> list[str]:
+        return self.texts_
+
+    @property
+    def texts(self) -> list:
+        return [self.query, *self.texts_]
+
+
+class TeiRank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     total_tokens: int

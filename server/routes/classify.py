@@ -5,18 +5,26 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
+from server.engine import Engine, Result
 from server.routes.common import check_limits, choose, infer, reply
-from server.schemas import ClassifyRequest, ClassifyResponse
+from server.schemas import ClassifyRequest, ClassifyResponse, TeiPredictRequest
 
 router = APIRouter(tags=["classification"])
 
 
 @router.post("/v1/classify", response_model=ClassifyResponse, responses=errors.INFERENCE)
 async def classify(body: ClassifyRequest, request: Request):
+    engine, results, result = await classified(body, request, body.top_k)
+    return reply(request, {"model": engine.name, "results": results}, result)
+
+
+async def classified(body: ClassifyRequest | TeiPredictRequest, request: Request,
+                     top_k: int | None = None) -> tuple[Engine, list[list[dict]], Result]:
+    """The classification model, each input's labels and scores (highest first, the best
+    ``top_k``), and the run (also TEI's /predict)."""
     engine = choose(request, body.model, "classify")
     check_limits(request, body.texts)
     result = await infer(request, engine, body.texts, body.truncation)
-    return reply(request, {"model": engine.name, "results": [
-        postprocess.classification(logits, engine.labels, body.top_k, engine.multi_label,
-                                   body.raw_scores)
-        for logits in result.outputs]}, result)
+    return engine, [postprocess.classification(logits, engine.labels, top_k,
+                                               engine.multi_label, body.raw_scores)
+                    for logits in result.outputs], result

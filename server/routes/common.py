@@ -197,12 +197,12 @@ async def infer(request: Request, engine: Engine, texts: list,
         stop_watching()
 
 
-def reply(request: Request, payload: dict, result: Result) -> Response:
-    """The JSON response, and where its time went in TEI's headers: x-total-time (since the
-    request arrived; x-compute-time the same), x-tokenization-time, x-queue-time and
-    x-inference-time in whole milliseconds, x-compute-tokens, x-compute-characters and
-    x-compute-type (cpu or gpu); and in a Server-Timing header (milliseconds to the
-    microsecond, as browsers' developer tools show it). orjson writes numpy arrays and
+def reply(request: Request, payload, result: Result) -> Response:
+    """``payload`` as the JSON response, and where its time went in TEI's headers:
+    x-total-time (since the request arrived; x-compute-time the same), x-tokenization-time,
+    x-queue-time and x-inference-time in whole milliseconds, x-compute-tokens,
+    x-compute-characters and x-compute-type (cpu or gpu); and in a Server-Timing header
+    (milliseconds to the microsecond, as browsers' developer tools show it). orjson writes numpy arrays and
     scalars as they are: an embedding costs no Python floats, and no second validation
     (the route's response_model documents the shape)."""
     body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)

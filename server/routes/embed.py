@@ -1,5 +1,5 @@
-"""POST /v1/embeddings (OpenAI-compatible: texts or token ids, ``dimensions``) and
-POST /v1/embed."""
+"""POST /v1/embeddings (OpenAI-compatible: texts or token ids, ``dimensions``; also at
+/embeddings, as TEI and Infinity serve it) and POST /v1/embed."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
+from server.engine import Engine, Result
 from server.routes.common import (
     check_embedding_request,
     check_limits,
@@ -22,6 +23,7 @@ router = APIRouter(tags=["embeddings"])
 
 
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
+@router.post("/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
 async def embeddings(body: EmbeddingsRequest, request: Request):
     engine = choose(request, body.model, "embed")
     check_limits(request, body.texts)
@@ -39,6 +41,13 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
 
 @router.post("/v1/embed", response_model=EmbedResponse, responses=errors.INFERENCE)
 async def embed(body: EmbedRequest, request: Request):
+    engine, vectors, result = await embedded(body, request)
+    return reply(request, {"model": engine.name, "embeddings": vectors, "usage": usage(result)},
+                 result)
+
+
+async def embedded(body: EmbedRequest, request: Request) -> tuple[Engine, np.ndarray, Result]:
+    """The embedding model, the inputs' embeddings [N, D] and the run (also TEI's /embed)."""
     engine = choose(request, body.model, "embed")
     check_limits(request, body.texts)
     check_embedding_request(engine, body.texts, body.dimensions)
@@ -49,5 +58,4 @@ async def embed(body: EmbedRequest, request: Request):
         vectors = vectors[:, : body.dimensions]
     if body.normalize:
         vectors = postprocess.normalize(vectors)
-    return reply(request, {"model": engine.name, "embeddings": vectors, "usage": usage(result)},
-                 result)
+    return engine, vectors, result

@@ -1,5 +1,5 @@
 """The inference routes (POST /v1/embeddings, /v1/embed, /v1/classify, /v1/ner,
-/v1/rerank, /v1/tokenize) without FastAPI's per-request machinery.
+/v1/rerank, /v1/tokenize, and TEI's) without FastAPI's per-request machinery.
 
 Requests come hundreds a second, often one short text each, and FastAPI's routing,
 dependency solving and exception middleware cost a large share of the event loop's time
@@ -26,10 +26,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 
 from server import errors
-from server.routes import classify, embed, ner, rerank, tokenize
+from server.routes import classify, embed, ner, rerank, tei, tokenize
 
 # every route: f(body, request)
-ROUTERS = (embed.router, classify.router, ner.router, rerank.router, tokenize.router)
+ROUTERS = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
+           tei.router)
 
 
 def _unparseable(error: Exception) -> str:

@@ -9,8 +9,9 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
+from server.engine import Engine, Result
 from server.routes.common import check_limits, choose_reranker, infer, reply, usage, with_prompt
-from server.schemas import RerankRequest, RerankResponse
+from server.schemas import RerankRequest, RerankResponse, TeiRerankRequest
 
 router = APIRouter(tags=["rerank"])
 
@@ -18,6 +19,15 @@ router = APIRouter(tags=["rerank"])
 @router.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True,
              responses=errors.INFERENCE)
 async def rerank(body: RerankRequest, request: Request):
+    engine, scores, result = await scored(body, request)
+    return reply(request, {"model": engine.name, "usage": usage(result), "results":
+                           postprocess.ranked(scores, body.document_texts, body.top_n,
+                                              body.return_documents)}, result)
+
+
+async def scored(body: RerankRequest | TeiRerankRequest, request: Request
+                 ) -> tuple[Engine, np.ndarray, Result]:
+    """The reranking model, each document's score [N], and the run (also TEI's /rerank)."""
     engine = choose_reranker(request, body.model)
     documents = body.document_texts
     check_limits(request, body.texts, len(documents), "documents")  # the query: not counted
@@ -26,14 +36,11 @@ async def rerank(body: RerankRequest, request: Request):
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
         result = await infer(request, engine, texts, body.truncation)
         vectors = np.stack(result.outputs)  # [1 + N, D]: the query, then the documents
-        scores = postprocess.cosine_ranking(vectors[0], vectors[1:])
-    else:
-        result = await infer(request, engine, [(body.query, d) for d in documents],
-                           body.truncation)
-        scores = postprocess.relevance(np.stack(result.outputs), engine.labels,
-                                       engine.relevant, engine.multi_label, body.raw_scores)
-    return reply(request, {"model": engine.name, "usage": usage(result), "results": postprocess.ranked(
-        scores, documents, body.top_n, body.return_documents)}, result)
+        return engine, postprocess.cosine_ranking(vectors[0], vectors[1:]), result
+    result = await infer(request, engine, [(body.query, d) for d in documents], body.truncation)
+    return engine, postprocess.relevance(np.stack(result.outputs), engine.labels,
+                                         engine.relevant, engine.multi_label,
+                                         body.raw_scores), result
 
 
 def _first(engine, *names: str) -> str | None:

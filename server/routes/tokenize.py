@@ -1,4 +1,5 @@
-"""POST /v1/tokenize (TEI's /tokenize): each input's tokens, with character offsets."""
+"""POST /v1/tokenize (also /tokenize, as TEI serves it): each input's tokens, with
+character offsets."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ from server.schemas import Token, TokenizeRequest
 router = APIRouter(tags=["tokenize"])
 
 
+# never queued: no 429; /tokenize as TEI serves it
 @router.post("/v1/tokenize", response_model=list[list[Token]],
-             responses=errors.responses(400, 401, 404, 413, 422, 503))  # never queued: no 429
+             responses=errors.responses(400, 401, 404, 413, 422, 503))
+@router.post("/tokenize", response_model=list[list[Token]],
+             responses=errors.responses(400, 401, 404, 413, 422, 503))
 async def tokenize(body: TokenizeRequest, request: Request):
     engine = choose_tokenizer(request, body.model)
     texts = body.texts

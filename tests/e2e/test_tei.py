@@ -1,0 +1,120 @@
+"""End to end: Text Embeddings Inference's own routes (server/routes/tei.py) give what the
+/v1 routes give, in TEI's shapes, and the clients written for TEI work against them."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+from models import export
+from models.io import checkpoint
+from tests.conftest import running_server
+
+PAIR = ["How old is the Eiffel Tower?", "It was finished in 1889."]
+
+
+@pytest.fixture(scope="module")
+def url(tiny_checkpoints, tmp_path_factory):
+    """One embedding model (so that TEI's routes may leave it unnamed), a classifier and a
+    cross-encoder."""
+    repo = tmp_path_factory.mktemp("tei")
+    export.export(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx")
+    export.export(tiny_checkpoints["bert", "classify"], repo / "classifier", "torch")
+    cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
+                            repo.parent / "cross-checkpoint")
+    export.export(cross, repo / "cross", "onnx", relevant_label="relevant")
+    with running_server(repo, max_inputs=8) as url:
+        yield url
+
+
+def post(url, route, body):
+    res = httpx.post(url + route, json=body, timeout=60)
+    assert res.status_code == 200, (route, res.text)
+    return res.json()
+
+
+def test_embed_and_the_root_give_v1_embeds_embeddings_alone(url):
+    body = {"inputs": ["The cat sat on the mat.", "Dogs bark."], "dimensions": 16}
+    expected = post(url, "/v1/embed", body)["embeddings"]
+    for route in ("/embed", "/"):
+        vectors = post(url, route, body)
+        assert np.shape(vectors) == (2, 16)
+        np.testing.assert_allclose(vectors, expected, atol=1e-6)
+    one = post(url, "/embed", {"inputs": "Dogs bark.", "normalize": False})  # a text: [[...]]
+    raw = post(url, "/v1/embed", {"inputs": "Dogs bark.", "normalize": False})["embeddings"]
+    np.testing.assert_allclose(one, raw, atol=1e-6)
+
+
+def test_huggingface_hubs_inference_client(url, monkeypatch):
+    """As LangChain's HuggingFaceEndpointEmbeddings and Haystack's TEI embedders call it:
+    the service's URL as the model, at its root or at /embed."""
+    hub = pytest.importorskip("huggingface_hub")
+    expected = post(url, "/v1/embed", {"inputs": "Dogs bark."})["embeddings"]
+    # the suite sets HF_HUB_OFFLINE (nothing downloads), under which huggingface_hub's
+    # sessions refuse every request, this one to loopback too
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
+    hub.utils.reset_sessions()
+    try:
+        for model in (url, url + "/embed"):
+            got = hub.InferenceClient(model=model).feature_extraction("Dogs bark.")
+            assert got.dtype == np.float32
+            np.testing.assert_allclose(got, expected, atol=1e-6)
+    finally:
+        monkeypatch.undo()
+        hub.utils.reset_sessions()
+
+
+def test_predict_takes_a_text_a_pair_or_a_batch_as_tei_does(url):
+    def v1(inputs):
+        return post(url, "/v1/classify", {"model": "classifier", "inputs": inputs})["results"]
+
+    def predict(inputs, **kw):
+        return post(url, "/predict", {"model": "classifier", "inputs": inputs, **kw})
+
+    text = "The soup was delicious."
+    assert predict(text) == v1(text)[0]  # one list of every label, highest first
+    assert len(predict(text)) == 2 and predict(text)[0]["score"] >= predict(text)[1]["score"]
+    assert predict(PAIR) == v1([PAIR])[0]  # two texts: one pair, not a batch
+    assert predict([[text], PAIR]) == v1([text, PAIR])  # a batch: a list per input
+    logits = predict(text, raw_scores=True)
+    assert {p["label"]: p["score"] for p in logits} == {
+        r["label"]: r["score"] for r in post(url, "/v1/classify", {
+            "model": "classifier", "inputs": text, "raw_scores": True})["results"][0]}
+    for bad in (["a", "b", "c"], [["a", "b", "c"]], [], [[]]):
+        res = httpx.post(url + "/predict", json={"model": "classifier", "inputs": bad})
+        assert res.status_code == 422 and "inputs" in res.json()["error"]["message"], bad
+
+
+@pytest.mark.parametrize("model", ["cross", "embedder"])
+def test_rerank_gives_v1_reranks_scores_in_teis_shape(url, model):
+    texts = ["Bananas are rich in potassium.", "The tower was finished in 1889.", "Paris."]
+    query = "How old is the Eiffel Tower?"
+    ranks = post(url, "/rerank", {"model": model, "query": query, "texts": texts,
+                                  "return_text": True})
+    expected = post(url, "/v1/rerank", {"model": model, "query": query, "documents": texts,
+                                        "return_documents": True})["results"]
+    assert [r["index"] for r in ranks] == [r["index"] for r in expected]
+    np.testing.assert_allclose([r["score"] for r in ranks],
+                               [r["relevance_score"] for r in expected], atol=1e-6)
+    assert [r["text"] for r in ranks] == [texts[r["index"]] for r in ranks]
+    plain = post(url, "/rerank", {"model": model, "query": query, "texts": texts})
+    assert all(set(r) == {"index", "score"} for r in plain)
+    # the request limits count the texts, as /v1/rerank's documents
+    res = httpx.post(url + "/rerank", json={"model": model, "query": query, "texts": ["x"] * 9})
+    assert res.status_code == 413 and "9 documents" in res.json()["error"]["message"]
+
+
+def test_tokenize_and_embeddings_also_where_tei_and_infinity_serve_them(url):
+    body = {"inputs": ["Hello, world"], "model": "embedder"}
+    assert post(url, "/tokenize", body) == post(url, "/v1/tokenize", body)
+    body = {"input": "Hello, world", "model": "embedder"}
+    assert post(url, "/embeddings", body) == post(url, "/v1/embeddings", body)
+
+
+def test_tei_routes_say_where_their_time_went(url):
+    tokens = post(url, "/v1/embed", {"inputs": "Dogs bark."})["usage"]["prompt_tokens"]
+    res = httpx.post(url + "/embed", json={"inputs": "Dogs bark."})
+    assert int(res.headers["x-compute-tokens"]) == tokens
+    assert int(res.headers["x-compute-characters"]) == len("Dogs bark.")
+    assert "inference;dur=" in res.headers["server-timing"]
