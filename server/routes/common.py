@@ -202,9 +202,9 @@ def reply(request: Request, payload, result: Result) -> Response:
     x-total-time (since the request arrived; x-compute-time the same), x-tokenization-time,
     x-queue-time and x-inference-time in whole milliseconds, x-compute-tokens,
     x-compute-characters and x-compute-type (cpu or gpu); and in a Server-Timing header
-    (milliseconds to the microsecond, as browsers' developer tools show it). orjson writes numpy arrays and
-    scalars as they are: an embedding costs no Python floats, and no second validation
-    (the route's response_model documents the shape)."""
+    (milliseconds to the microsecond, as browsers' developer tools show it). orjson writes
+    numpy arrays and scalars as they are: an embedding costs no Python floats, and no
+    second validation (the route's response_model documents the shape)."""
     body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
     spent = {"tokenization": result.tokenize_s, "queue": result.queued_s,
              "inference": result.inference_s,
