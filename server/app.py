@@ -19,6 +19,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
 
 from server import errors
@@ -30,6 +31,11 @@ from server.routes.fast_path import FastPath
 from server.settings import Settings
 
 log = logging.getLogger("distilserve")
+# the response headers a web page's script may read, where CORS lets it call the service:
+# the timing headers (server/routes/common.reply) and Retry-After
+EXPOSED = ["x-total-time", "x-compute-time", "x-tokenization-time", "x-queue-time",
+           "x-inference-time", "x-compute-tokens", "x-compute-characters", "x-compute-type",
+           "server-timing", "retry-after"]
 
 
 @dataclass
@@ -241,6 +247,11 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     app.add_middleware(FastPath)  # the inference routes, answered without FastAPI's stack
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    if settings.cors_origins():  # outside the API key: a browser's preflight carries none
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins(),
+                           allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"],
+                           expose_headers=EXPOSED, max_age=600)
     routers = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
                tei.router, models_route.router, health.router)
     # outermost: counts the 401s and 413s too, under the route they were sent to

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
                                       "on every route but /health and /ready")
     require_all_models: bool = Field(False, description="/ready stays 503 while any model "
                                      "folder failed to load (default: 200, failures listed)")
+    cors_allow_origins: str = Field("", description="origins whose web pages may call the "
+                                    "service from a browser (CORS), comma-separated, or * "
+                                    "for any; none by default")
 
     # connections
     header_timeout: float = Field(10.0, gt=0, description="seconds a client has to send a "
@@ -77,6 +80,9 @@ class Settings(BaseSettings):
             return check_device(value)
         except BackendError as e:
             raise ValueError(str(e)) from None
+
+    def cors_origins(self) -> list[str]:
+        return [o.strip() for o in self.cors_allow_origins.split(",") if o.strip()]
 
     def model_threads(self) -> int:
         """Intra-op threads per model: DISTILSERVE_THREADS, else the cores this process may

@@ -557,6 +557,38 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         assert secured == set(schema["paths"]) - {"/health", "/ready"}
 
 
+def test_cors_lets_the_origins_named_call_from_a_browser(repository, tmp_path, url):
+    small = tmp_path / "repo"
+    small.mkdir()
+    shutil.copytree(repository / "minilm", small / "minilm")
+    page, other = "https://app.example", "https://elsewhere.example"
+    with running_server(small, api_key="sekret", cors_allow_origins=f" {page}, ") as u:
+        # the browser's preflight carries no API key: answered before the key is asked for
+        preflight = {"Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization, content-type"}
+        res = httpx.options(u + "/v1/embed", headers={"Origin": page, **preflight})
+        assert res.status_code == 200 and res.headers["access-control-allow-origin"] == page
+        assert httpx.options(u + "/v1/embed", headers={"Origin": other, **preflight}
+                             ).status_code == 400
+        res = httpx.post(u + "/embed", json={"inputs": "x"}, headers={
+            "Origin": page, "Authorization": "Bearer sekret"})
+        assert res.status_code == 200 and res.headers["access-control-allow-origin"] == page
+        # the page's script may read every timing header the answer has
+        exposed = set(res.headers["access-control-expose-headers"].lower().split(", "))
+        assert {h for h in res.headers if h.startswith("x-") or h == "server-timing"} <= exposed
+        assert "retry-after" in exposed
+        unauthorized = httpx.post(u + "/v1/embed", json={"inputs": "x"}, headers={"Origin": page})
+        assert unauthorized.status_code == 401  # readable by the page, so it can say why
+        assert unauthorized.headers["access-control-allow-origin"] == page
+        res = httpx.post(u + "/v1/embed", json={"inputs": "x"}, headers={
+            "Origin": other, "Authorization": "Bearer sekret"})
+        assert "access-control-allow-origin" not in res.headers
+    # by default no origin may
+    res = httpx.post(url + "/v1/embed", json={"model": "minilm", "inputs": "x"},
+                     headers={"Origin": page})
+    assert res.status_code == 200 and "access-control-allow-origin" not in res.headers
+
+
 def test_inputs_of_a_client_that_went_away_are_not_run(repository, tmp_path):
     small = tmp_path / "repo"
     small.mkdir()
