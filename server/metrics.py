@@ -82,8 +82,8 @@ class Metrics:
     def model(self, name: str) -> ModelSeries:
         """The series of the model served as ``name``."""
         return ModelSeries(*(series.labels(name) for series in (
-            self.queue_depth, self.queued, self.tokenized, self.batch_size, self.inference, self.rejected,
-            self.truncated)))
+            self.queue_depth, self.queued, self.tokenized, self.batch_size, self.inference,
+            self.rejected, self.truncated)))
 
     def render(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several workers: all of them
