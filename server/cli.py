@@ -94,6 +94,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
+    from server import logs
     from server.app import create_app
     from server.connections import Config, Server
     from server.settings import Settings
@@ -127,7 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"distilserve serve: cannot listen on {settings.host}:{settings.port}: "
               f"{e.strerror or e}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    log_config = logs.configure(settings.log_format)
     if repository is None:
         logging.getLogger("distilserve").info(
             "serving the embedded default; it is built on the first start (a few minutes; "
@@ -135,7 +136,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # the app builds the embedded default (no repository) and loads the models in the
     # background, with the port open: /health answers at once, /ready when they are loaded
     common = dict(settings=settings, host=settings.host, port=settings.port, log_level="info",
-                  access_log=settings.access_log, timeout_graceful_shutdown=30)
+                  access_log=settings.access_log, timeout_graceful_shutdown=30,
+                  **({"log_config": log_config} if log_config else {}))
     if settings.workers == 1:
         Server(Config(create_app(settings, repository), **common)).run(sockets=[sock])
         return 0

@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     warmup: bool = True
     access_log: bool = Field(False, description="log every request (uvicorn's access log; "
                              "costs throughput under load)")
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text, or json: one JSON object a line (time, level, logger, "
+        "message; an access line's client, method, path, status) for log collectors")
 
     @field_validator("device")
     @classmethod

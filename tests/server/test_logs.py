@@ -1,0 +1,46 @@
+"""DISTILSERVE_LOG_FORMAT=json: every line `distilserve serve` writes is one JSON object,
+uvicorn's and the access log's included, in worker processes too."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import httpx
+import pytest
+
+from loadtests.run import free_port, start_server
+from models import export
+from tests.conftest import wait_for
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_json_logs_are_one_object_a_line_with_the_access_logs_fields(
+        tiny_checkpoints, tmp_path, workers):
+    export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
+    port, log = free_port(), tmp_path / "server.log"
+    server = start_server(tmp_path / "repo", port, log, {
+        "DISTILSERVE_LOG_FORMAT": "json", "DISTILSERVE_ACCESS_LOG": "true",
+        "DISTILSERVE_WORKERS": workers})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert httpx.post(url + "/v1/embed", json={"inputs": "x"}).status_code == 200
+        assert httpx.post(url + "/v1/embed", json={"inputs": []}).status_code == 422
+        # every worker has loaded the model (and said so) before the service stops
+        wait_for(lambda: log.read_text().count("serving cmow") == int(workers),
+                 "every worker to load the model")
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+    records = [json.loads(line) for line in log.read_text().splitlines()]  # all JSON
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+    assert not any("color_message" in r for r in records)  # uvicorn's terminal colours
+    access = [r for r in records if r["logger"] == "uvicorn.access"
+              and r["path"] == "/v1/embed"]
+    assert [(r["method"], r["status"]) for r in access] == [("POST", 200), ("POST", 422)]
+    assert any(r["logger"] == "distilserve" and "serving cmow" in r["message"]
+               for r in records)
+    last = "Stopping parent process" if workers == "2" else "Finished server process"
+    assert any(r["message"].startswith(last) for r in records)  # logged to the end
