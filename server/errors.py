@@ -57,7 +57,7 @@ def responses(*statuses: int) -> dict:
     return {status: {"model": ErrorBody, "description": WHY[status]} for status in statuses}
 
 
-INFERENCE = responses(400, 401, 404, 413, 422, 429, 503)  # every POST /v1/... route
+INFERENCE = responses(400, 401, 404, 413, 422, 429, 503)  # every route that runs a model
 
 
 def _location(loc) -> str:
