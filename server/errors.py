@@ -99,8 +99,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, exc: RequestValidationError):
         if not json_content_type(request.headers) and any(
-                tuple(e.get("loc", ())) == ("body",) for e in exc.errors()):
-            # FastAPI validated the body's bytes, unparsed: "a valid dictionary", it says
+                _location(e.get("loc", ())) == "body" for e in exc.errors()):
+            # FastAPI validated the body's bytes, unparsed (against each model of a union
+            # body): "a valid dictionary", it says
             return JSONResponse(body("invalid_request",
                                      _not_json(request.headers["content-type"])), 422)
         problems = []

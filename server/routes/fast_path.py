@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from typing import get_type_hints
 
+from pydantic import TypeAdapter
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -61,8 +62,9 @@ def _replay(body: bytes, receive):
 class FastPath:
     def __init__(self, app):
         self.app = app
-        # path -> FastAPI's route (the metrics read its label from it) and its body's model
-        self.routes = {r.path: (r, get_type_hints(r.endpoint)["body"])
+        # path -> FastAPI's route (the metrics read its label from it) and what validates
+        # its body (a model, or a union of them: TypeAdapter)
+        self.routes = {r.path: (r, TypeAdapter(get_type_hints(r.endpoint)["body"]).validate_python)
                        for router in ROUTERS for r in router.routes}
 
     async def __call__(self, scope, receive, send):
@@ -70,7 +72,7 @@ class FastPath:
         if (entry is None or scope["method"] != "POST"
                 or not errors.json_content_type(Headers(scope=scope))):
             return await self.app(scope, receive, send)
-        route, model = entry
+        route, validate = entry
         scope["route"] = route
         request = Request(scope, receive)
         try:
@@ -85,7 +87,7 @@ class FastPath:
             response = errors.api_error(errors.ApiError(422, "invalid_request", _unparseable(e)))
             return await response(scope, receive, send)
         try:
-            body = model.model_validate(parsed)
+            body = validate(parsed)
         except Exception:  # invalid, or nested too deep to validate: FastAPI says why
             return await self.app(scope, _replay(raw, receive), send)
         try:

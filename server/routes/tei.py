@@ -3,19 +3,28 @@ InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's TEI compo
 LlamaIndex's TextEmbeddingsInference): POST /embed, /predict and /rerank with TEI's
 bodies, and POST / as TEI serves an embedding model there. The models, queue, limits,
 errors and timing headers are those of the /v1 routes (their functions run them); only
-the bodies' shapes are TEI's. (/tokenize and /embeddings sit beside /v1/tokenize and
-/v1/embeddings, in their own files.)"""
+the bodies' shapes are TEI's. /rerank also takes the body that Infinity and vLLM take at
+that path (Cohere's, with ``documents``) and answers it as /v1/rerank. (/tokenize and
+/embeddings sit beside /v1/tokenize and /v1/embeddings, in their own files.)"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
+from server.routes import rerank as v1
 from server.routes.classify import classified
 from server.routes.common import reply
 from server.routes.embed import embedded
-from server.routes.rerank import scored
-from server.schemas import EmbedRequest, Score, TeiPredictRequest, TeiRank, TeiRerankRequest
+from server.schemas import (
+    EmbedRequest,
+    RerankRequest,
+    RerankResponse,
+    Score,
+    TeiPredictRequest,
+    TeiRank,
+    TeiRerankRequest,
+)
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 
@@ -37,11 +46,15 @@ async def predict(body: TeiPredictRequest, request: Request):
     return reply(request, results if body.batch else results[0], result)
 
 
-@router.post("/rerank", response_model=list[TeiRank], response_model_exclude_none=True,
-             responses=errors.INFERENCE)
-async def rerank(body: TeiRerankRequest, request: Request):
-    """Every text's score, highest first (ties in input order), with the text if asked."""
-    _, scores, result = await scored(body, request)
+@router.post("/rerank", response_model=list[TeiRank] | RerankResponse,
+             response_model_exclude_none=True, responses=errors.INFERENCE)
+async def rerank(body: TeiRerankRequest | RerankRequest, request: Request):
+    """TEI's body (``texts``): every text's score, highest first (ties in input order),
+    with the text if asked. Cohere's, Jina's, Infinity's and vLLM's (``documents``): as
+    /v1/rerank."""
+    if isinstance(body, RerankRequest):
+        return await v1.rerank(body, request)
+    _, scores, result = await v1.scored(body, request)
     texts = body.document_texts
     return reply(request, [{"index": r["index"], "score": r["relevance_score"],
                             **({"text": texts[r["index"]]} if body.return_text else {})}

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 import numpy as np
 import pytest
@@ -103,6 +105,19 @@ def test_rerank_gives_v1_reranks_scores_in_teis_shape(url, model):
     # the request limits count the texts, as /v1/rerank's documents
     res = httpx.post(url + "/rerank", json={"model": model, "query": query, "texts": ["x"] * 9})
     assert res.status_code == 413 and "9 documents" in res.json()["error"]["message"]
+
+
+def test_rerank_answers_infinitys_and_vllms_body_as_v1_rerank(url):
+    """Infinity and vLLM take Cohere's body at /rerank (infinity_client sends query,
+    documents, return_documents, raw_scores, model, top_n; it reads results' index and
+    relevance_score, model and usage): answered as /v1/rerank answers it."""
+    body = {"model": "cross", "query": "How old is the Eiffel Tower?", "raw_scores": False,
+            "documents": ["Bananas.", "The tower was finished in 1889.", "Paris."],
+            "return_documents": True, "top_n": 2}
+    assert post(url, "/rerank", body) == post(url, "/v1/rerank", body)
+    res = httpx.post(url + "/rerank", json={"query": "q"})
+    assert res.status_code == 422
+    assert {"texts", "documents"} <= set(re.findall(r"\w+", res.json()["error"]["message"]))
 
 
 def test_tokenize_and_embeddings_also_where_tei_and_infinity_serve_them(url):
