@@ -91,6 +91,7 @@ class Inside:
         return {"batches_per_s": grew("distilserve_batch_size_count") / wall,
                 "inputs_per_batch": mean("distilserve_batch_size"),
                 "ms_per_batch": 1000 * mean("distilserve_inference_seconds"),
+                "ms_tokenizing": 1000 * mean("distilserve_tokenize_seconds"),
                 "ms_queued": 1000 * mean("distilserve_queue_seconds"),
                 "cpu_cores": sum(used.values()) / wall,
                 "event_loop_cpu": max(loops, default=0.0) / wall,
@@ -209,13 +210,15 @@ def main(argv: list[str] | None = None) -> int:
                      f" | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cells} |")
     lines += ["", "Inside distilserve in each phase (CPU as a fraction of one core; the event "
               "loop is a process's main thread):", "",
-              "| phase | batches/s | inputs per batch | ms per batch | ms queued | CPU, cores "
-              "| event loop | busiest other thread |", "|---|---|---|---|---|---|---|---|"]
+              "| phase | batches/s | inputs per batch | ms per batch | ms tokenising | ms "
+              "queued | CPU, cores | event loop | busiest other thread |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in ours:
         i = r["inside"]
         lines.append(f"| {r['phase']} | {i['batches_per_s']:.0f} | {i['inputs_per_batch']:.1f} | "
-                     f"{i['ms_per_batch']:.2f} | {i['ms_queued']:.2f} | {i['cpu_cores']:.2f} | "
-                     f"{i['event_loop_cpu']:.0%} | {i['busiest_other_thread_cpu']:.0%} |")
+                     f"{i['ms_per_batch']:.2f} | {i['ms_tokenizing']:.2f} | {i['ms_queued']:.2f} | "
+                     f"{i['cpu_cores']:.2f} | {i['event_loop_cpu']:.0%} | "
+                     f"{i['busiest_other_thread_cpu']:.0%} |")
     if args.profile:
         lines += profile_table(ours)
     (args.out / "peer.md").write_text("\n".join(lines) + "\n")

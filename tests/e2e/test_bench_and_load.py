@@ -113,11 +113,11 @@ def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):
     assert inside["4 clients x 32 sentences"]["inputs_per_batch"] > 1
     for figures in inside.values():
         assert figures["batches_per_s"] > 0 and figures["ms_per_batch"] > 0
-        assert figures["ms_queued"] > 0
+        assert figures["ms_queued"] > 0 and figures["ms_tokenizing"] > 0
         assert figures["event_loop_cpu"] <= figures["cpu_cores"]
     # CPU times come in clock ticks (10 ms): a short phase on a slow machine may show none
     assert sum(figures["event_loop_cpu"] for figures in inside.values()) > 0
-    assert "| batches/s | inputs per batch |" in (out / "peer.md").read_text()
+    assert "| ms per batch | ms tokenising | ms queued |" in (out / "peer.md").read_text()
 
 
 def test_peer_with_an_emulated_gpu(tiny_checkpoints, tmp_path):
