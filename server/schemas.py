@@ -187,6 +187,26 @@ class TeiRerankRequest(_Truncated):
         return [self.query, *self.texts_]
 
 
+class TeiInfo(BaseModel):
+    """TEI's GET /info."""
+
+    model_id: str
+    model_sha: str | None
+    model_dtype: str
+    model_type: dict = Field(description='{"embedding": {"pooling"}}, or {"classifier": '
+                             '{"id2label", "label2id"}} ("reranker" for a cross-encoder)')
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str
+    sha: str | None
+    docker_label: str | None
+
+
 class TeiRank(BaseModel):
     index: int
     score: float

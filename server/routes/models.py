@@ -1,4 +1,4 @@
-"""GET /v1/models and GET /v1/models/{id}."""
+"""GET /v1/models (also /models, as Infinity serves it) and GET /v1/models/{id}."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ router = APIRouter(tags=["models"])
 
 
 @router.get("/v1/models", responses=errors.responses(401))
+@router.get("/models", responses=errors.responses(401))
 async def list_models(request: Request):
     return {"object": "list",
             "data": [e.describe() for e in service(request).engines.values()]}

@@ -1,7 +1,7 @@
 """Text Embeddings Inference's own routes, for the clients written for TEI (huggingface_hub's
 InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's TEI components,
 LlamaIndex's TextEmbeddingsInference): POST /embed, /predict and /rerank with TEI's
-bodies, and POST / as TEI serves an embedding model there. The models, queue, limits,
+bodies, POST / as TEI serves an embedding model there, and GET /info. The models, queue, limits,
 errors and timing headers are those of the /v1 routes (their functions run them); only
 the bodies' shapes are TEI's. /rerank also takes the body that Infinity and vLLM take at
 that path (Cohere's, with ``documents``) and answers it as /v1/rerank. (/tokenize and
@@ -14,19 +14,21 @@ from fastapi import APIRouter, Request
 from server import errors, postprocess
 from server.routes import rerank as v1
 from server.routes.classify import classified
-from server.routes.common import reply
+from server.routes.common import choose, named, reply, service
 from server.routes.embed import embedded
 from server.schemas import (
     EmbedRequest,
     RerankRequest,
     RerankResponse,
     Score,
+    TeiInfo,
     TeiPredictRequest,
     TeiRank,
     TeiRerankRequest,
 )
 
 router = APIRouter(tags=["Text Embeddings Inference"])
+DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @router.post("/embed", response_model=list[list[float]], responses=errors.INFERENCE)
@@ -59,3 +61,28 @@ async def rerank(body: TeiRerankRequest | RerankRequest, request: Request):
     return reply(request, [{"index": r["index"], "score": r["relevance_score"],
                             **({"text": texts[r["index"]]} if body.return_text else {})}
                            for r in postprocess.ranked(scores, texts, None, False)], result)
+
+
+@router.get("/info", response_model=TeiInfo, responses=errors.responses(400, 401, 404, 503))
+async def info(request: Request, model: str | None = None):
+    """The model named in ``model``, else the one POST / serves, described as TEI does."""
+    engine = choose(request, None, "embed") if model is None else named(service(request), model)
+    if engine.task == "ner":
+        raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does ner, which TEI's "
+                              f"/info does not describe: GET /v1/models/{engine.name}")
+    described, settings = engine.describe(), service(request).settings
+    batch_size, batch_tokens = settings.batch_limits(described["device"])
+    if engine.task == "embed":
+        kind = {"embedding": {"pooling": described.get("pooling") or "mean"}}
+    else:  # a cross-encoder: one logit, or exported with --relevant-label
+        reranker = len(engine.labels) == 1 or engine.manifest.relevant_label is not None
+        kind = {"reranker" if reranker else "classifier": {
+            "id2label": {str(i): label for i, label in enumerate(engine.labels)},
+            "label2id": {label: i for i, label in enumerate(engine.labels)}}}
+    return {"model_id": engine.name, "model_sha": None,
+            "model_dtype": DTYPES[described["dtype"]], "model_type": kind,
+            "max_concurrent_requests": settings.max_connections,
+            "max_input_length": engine.max_length, "max_batch_tokens": batch_tokens,
+            "max_batch_requests": batch_size, "max_client_batch_size": settings.max_inputs,
+            "auto_truncate": True, "tokenization_workers": 1, "version": request.app.version,
+            "sha": None, "docker_label": None}

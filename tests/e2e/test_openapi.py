@@ -42,6 +42,7 @@ def test_schemathesis_all_checks_on_every_operation(repository, tmp_path):
     paths = {"/v1/embeddings", "/v1/embed", "/v1/classify", "/v1/ner", "/v1/rerank",
              "/v1/tokenize", "/v1/models", "/v1/models/{model_id}", "/health", "/ready",
              "/metrics",
-             "/embeddings", "/tokenize", "/embed", "/", "/predict", "/rerank"}  # TEI's
+             "/embeddings", "/tokenize", "/embed", "/", "/predict", "/rerank", "/info",
+             "/models"}  # TEI's and Infinity's
     assert tested.split()[-1] == str(len(paths)), summary  # every operation
     assert " passed" in summary and "failure" not in summary.lower(), summary

@@ -18,14 +18,15 @@ PAIR = ["How old is the Eiffel Tower?", "It was finished in 1889."]
 
 @pytest.fixture(scope="module")
 def url(tiny_checkpoints, tmp_path_factory):
-    """One embedding model (so that TEI's routes may leave it unnamed), a classifier and a
-    cross-encoder."""
+    """One embedding model (so that TEI's routes may leave it unnamed), a classifier, a
+    cross-encoder and a NER model."""
     repo = tmp_path_factory.mktemp("tei")
     export.export(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx")
     export.export(tiny_checkpoints["bert", "classify"], repo / "classifier", "torch")
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")
     export.export(cross, repo / "cross", "onnx", relevant_label="relevant")
+    export.export(tiny_checkpoints["bert", "ner"], repo / "tagger", "torch")
     with running_server(repo, max_inputs=8) as url:
         yield url
 
@@ -62,6 +63,8 @@ def test_huggingface_hubs_inference_client(url, monkeypatch):
             got = hub.InferenceClient(model=model).feature_extraction("Dogs bark.")
             assert got.dtype == np.float32
             np.testing.assert_allclose(got, expected, atol=1e-6)
+        info = hub.InferenceClient(model=url, provider="hf-inference").get_endpoint_info()
+        assert info["model_id"] == "embedder"
     finally:
         monkeypatch.undo()
         hub.utils.reset_sessions()
@@ -133,3 +136,23 @@ def test_tei_routes_say_where_their_time_went(url):
     assert int(res.headers["x-compute-tokens"]) == tokens
     assert int(res.headers["x-compute-characters"]) == len("Dogs bark.")
     assert "inference;dur=" in res.headers["server-timing"]
+
+
+def test_info_describes_a_model_as_tei_does(url):
+    models = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
+    info = httpx.get(url + "/info").json()  # unnamed: the model POST / serves
+    assert (info["model_id"], info["model_type"], info["model_dtype"]) == (
+        "embedder", {"embedding": {"pooling": models["embedder"]["pooling"]}}, "float32")
+    assert info["max_input_length"] == models["embedder"]["max_length"]
+    assert (info["max_client_batch_size"], info["max_batch_requests"], info["auto_truncate"]) \
+        == (8, 32, True)  # DISTILSERVE_MAX_INPUTS, the CPU's batch size
+    cross = httpx.get(url + "/info", params={"model": "cross"}).json()["model_type"]
+    assert cross == {"reranker": {"id2label": {"0": "relevant"}, "label2id": {"relevant": 0}}}
+    labels = models["classifier"]["labels"]
+    assert httpx.get(url + "/info", params={"model": "classifier"}).json()["model_type"] == {
+        "classifier": {"id2label": {str(i): label for i, label in enumerate(labels)},
+                       "label2id": {label: i for i, label in enumerate(labels)}}}
+    ner = httpx.get(url + "/info", params={"model": "tagger"})
+    assert ner.status_code == 400 and "/v1/models/tagger" in ner.json()["error"]["message"]
+    assert httpx.get(url + "/info", params={"model": "nope"}).status_code == 404
+    assert httpx.get(url + "/models").json() == httpx.get(url + "/v1/models").json()  # Infinity's
