@@ -63,7 +63,9 @@ async def rerank(body: TeiRerankRequest | RerankRequest, request: Request):
                            for r in postprocess.ranked(scores, texts, None, False)], result)
 
 
-@router.get("/info", response_model=TeiInfo, responses=errors.responses(400, 401, 404, 503))
+# 422: FastAPI would document its own error shape for the query parameter (never refused)
+@router.get("/info", response_model=TeiInfo,
+            responses=errors.responses(400, 401, 404, 422, 503))
 async def info(request: Request, model: str | None = None):
     """The model named in ``model``, else the one POST / serves, described as TEI does."""
     engine = choose(request, None, "embed") if model is None else named(service(request), model)
@@ -73,7 +75,7 @@ async def info(request: Request, model: str | None = None):
     described, settings = engine.describe(), service(request).settings
     batch_size, batch_tokens = settings.batch_limits(described["device"])
     if engine.task == "embed":
-        kind = {"embedding": {"pooling": described.get("pooling") or "mean"}}
+        kind = {"embedding": {"pooling": described.get("pooling")}}
     else:  # a cross-encoder: one logit, or exported with --relevant-label
         reranker = len(engine.labels) == 1 or engine.manifest.relevant_label is not None
         kind = {"reranker" if reranker else "classifier": {
