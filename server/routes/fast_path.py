@@ -29,7 +29,7 @@ from starlette.requests import ClientDisconnect, Request
 from server import errors
 from server.routes import classify, embed, ner, rerank, tei, tokenize
 
-# every route: f(body, request)
+# their POST routes: f(body, request)
 ROUTERS = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
            tei.router)
 
@@ -64,8 +64,9 @@ class FastPath:
         self.app = app
         # path -> FastAPI's route (the metrics read its label from it) and what validates
         # its body (a model, or a union of them: TypeAdapter)
-        self.routes = {r.path: (r, TypeAdapter(get_type_hints(r.endpoint)["body"]).validate_python)
-                       for router in ROUTERS for r in router.routes if "POST" in r.methods}
+        self.routes = {
+            r.path: (r, TypeAdapter(get_type_hints(r.endpoint)["body"]).validate_python)
+            for router in ROUTERS for r in router.routes if "POST" in r.methods}
 
     async def __call__(self, scope, receive, send):
         entry = self.routes.get(scope["path"]) if scope["type"] == "http" else None
