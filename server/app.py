@@ -247,8 +247,8 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     app.add_middleware(FastPath)  # the inference routes, answered without FastAPI's stack
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    if settings.cors_origins():  # outside the API key: a browser's preflight carries none
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins(),
+    if origins := settings.cors_origins():  # outside the API key: a preflight carries none
+        app.add_middleware(CORSMiddleware, allow_origins=origins,
                            allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type"],
                            expose_headers=EXPOSED, max_age=600)

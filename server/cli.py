@@ -177,6 +177,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
 
     from pydantic import ValidationError
 
+    from server import logs
     from server.settings import Settings
 
     try:
@@ -188,7 +189,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
                              if k in Scaling.model_fields and v is not None})
     except ValidationError as e:
         return refused("ray", e)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO, format=logs.TEXT)
     repository = settings.model_repository
     if repository is None:  # the embedded default, built here first (on the first run)
         from server.embedded_default import ensure_default_repository

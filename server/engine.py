@@ -329,12 +329,13 @@ class Engine:
         if self.task == "ner":
             outputs = list(zip(outputs, encodings))
         tokenized, waited, running = time_spent(items)
+        tokenizing += tokenized  # before it was queued (truncation None), and on its thread
         self.series.queued.observe(waited)
-        self.series.tokenized.observe(tokenizing + tokenized)
+        self.series.tokenized.observe(tokenizing)
         characters = sum(len(t) if isinstance(t, str) else 0 if isinstance(t, list)
                          else len(t[0]) + len(t[1]) for t in texts)  # text, ids, pair
         return Result(outputs, sum(len(e.ids) for e in encodings), characters,
-                      tokenizing + tokenized, waited, running, self.backend.device)
+                      tokenizing, waited, running, self.backend.device)
 
 
 def _run_on(thread: Executor, run, arrays):

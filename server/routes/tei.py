@@ -1,11 +1,12 @@
-"""Text Embeddings Inference's own routes, for the clients written for TEI (huggingface_hub's
-InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's TEI components,
-LlamaIndex's TextEmbeddingsInference): POST /embed, /predict and /rerank with TEI's
-bodies, POST / as TEI serves an embedding model there, and GET /info. The models, queue, limits,
-errors and timing headers are those of the /v1 routes (their functions run them); only
-the bodies' shapes are TEI's. /rerank also takes the body that Infinity and vLLM take at
-that path (Cohere's, with ``documents``) and answers it as /v1/rerank. (/tokenize and
-/embeddings sit beside /v1/tokenize and /v1/embeddings, in their own files.)"""
+"""Text Embeddings Inference's own routes, for the clients written for TEI
+(huggingface_hub's InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's
+TEI components, LlamaIndex's TextEmbeddingsInference): POST /embed, /predict and /rerank
+with TEI's bodies, POST / as TEI serves an embedding model there, and GET /info. The
+models, queue, limits, errors and timing headers are those of the /v1 routes (their
+functions run them); only the bodies' shapes are TEI's. /rerank also takes the body that
+Infinity and vLLM take at that path (Cohere's, with ``documents``) and answers it as
+/v1/rerank. (/tokenize and /embeddings sit beside /v1/tokenize and /v1/embeddings, in
+their own files.)"""
 
 from __future__ import annotations
 
