@@ -159,15 +159,21 @@ class BodyLimit:
 
 class ApiKey:
     """401 unless ``Authorization: Bearer KEY`` matches DISTILSERVE_API_KEY (when one is
-    set), on every route but the probes (the docs and the OpenAPI document included)."""
+    set), on every route but the probes, GET (or HEAD) only: POST / runs a model (the docs
+    and the OpenAPI document need it too)."""
 
-    PUBLIC = frozenset({"/health", "/ready"})
+    PUBLIC = frozenset({"/health", "/ready", "/ping", "/"})
+
+    @classmethod
+    def public(cls, method: str, path: str) -> bool:
+        return path in cls.PUBLIC and method in ("GET", "HEAD")
 
     def __init__(self, app, key: str | None):
         self.app, self.key = app, key and key.encode()
 
     async def __call__(self, scope, receive, send):
-        if self.key is None or scope["type"] != "http" or scope["path"] in self.PUBLIC:
+        if (self.key is None or scope["type"] != "http"
+                or self.public(scope["method"], scope["path"])):
             return await self.app(scope, receive, send)
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
@@ -273,8 +279,8 @@ def document_api_key(app: FastAPI) -> None:
                 "apiKey": {"type": "http", "scheme": "bearer",
                            "description": "DISTILSERVE_API_KEY"}}
             for path, operations in schema["paths"].items():
-                for operation in operations.values():
-                    if path not in ApiKey.PUBLIC:
+                for method, operation in operations.items():
+                    if not ApiKey.public(method.upper(), path):
                         operation["security"] = [{"apiKey": []}]
         return app.openapi_schema
 

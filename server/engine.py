@@ -295,6 +295,10 @@ class Engine:
                             enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)])
         return out
 
+    def decode(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        """TEI's /decode: each list of token ids as text."""
+        return self.tokenizers[None].decode_batch(ids, skip_special_tokens=skip_special_tokens)
+
     # run ----------------------------------------------------------------------------
     async def infer(self, texts: list, truncation: str | None) -> Result:
         """The texts' raw outputs, each cut to max_length as ``truncation`` says (see

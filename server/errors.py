@@ -8,6 +8,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 
 class ApiError(Exception):
@@ -91,6 +92,13 @@ def http_error(exc: StarletteHTTPException) -> JSONResponse:
                         headers=getattr(exc, "headers", None))
 
 
+def _allowed(routes, scope) -> list[str]:
+    """The methods some route takes at the scope's path."""
+    return [method for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+            if any(route.matches({**scope, "method": method})[0] is Match.FULL
+                   for route in routes)]
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError):
@@ -117,6 +125,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 405:  # Starlette's Allow names the methods of the first
+            # route of the path (GET / and POST / are two), not of all of them
+            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(
+                _allowed(request.app.router.routes, request.scope))}
         return http_error(exc)
 
     @app.exception_handler(Exception)

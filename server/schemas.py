@@ -59,9 +59,10 @@ class _Request(BaseModel):
         return self
 
 
-class _Truncated(_Request):
-    """A request whose inputs may be longer than the model's max_length tokens."""
+class _Truncation(BaseModel):
+    """How an input longer than the model's max_length tokens is cut, if at all."""
 
+    model_config = _Request.model_config
     truncate: bool = Field(True, description="cut an input longer than the model's "
                            "max_length tokens (false: such an input is a 413)")
     # TEI's field, with its spelling ("Right", "Left") too
@@ -73,6 +74,10 @@ class _Truncated(_Request):
     def truncation(self) -> str | None:
         """How the engine cuts a long input: "right", "left", or None (refused)."""
         return self.truncation_direction.lower() if self.truncate else None
+
+
+class _Truncated(_Truncation, _Request):
+    """A request whose inputs may be longer than the model's max_length tokens."""
 
 
 class EmbeddingsRequest(_Request):
@@ -185,6 +190,41 @@ class TeiRerankRequest(_Truncated):
     @property
     def texts(self) -> list:
         return [self.query, *self.texts_]
+
+
+class TeiSimilarityInputs(BaseModel):
+    model_config = _Request.model_config
+    source_sentence: str
+    sentences: Annotated[list[str], Field(min_length=1)] = Field(
+        description="the texts compared with source_sentence")
+
+
+class TeiSimilarityParameters(_Truncation):
+    prompt_name: str | None = Field(None, description="as /v1/embed's")
+
+
+class TeiSimilarityRequest(_Request):
+    """TEI's /similarity (huggingface_hub's InferenceClient.sentence_similarity posts it
+    to /)."""
+
+    inputs: TeiSimilarityInputs
+    parameters: TeiSimilarityParameters | None = None
+
+    @property
+    def texts(self) -> list:
+        return [self.inputs.source_sentence, *self.inputs.sentences]
+
+
+class DecodeRequest(_Request):
+    """TEI's /decode: token ids back to text."""
+
+    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
+        description="one input's ids [int], or several [[int]]")
+    skip_special_tokens: bool = True
+
+    @property
+    def texts(self) -> list:
+        return [self.ids] if not self.ids or isinstance(self.ids[0], int) else self.ids
 
 
 class TeiInfo(BaseModel):

@@ -104,6 +104,12 @@ def check_embedding_request(engine: Engine, texts: list, dimensions: int | None)
     if dimensions is not None and engine.dimensions and dimensions > engine.dimensions:
         raise ApiError(422, "invalid_request", f"dimensions {dimensions} is more than model "
                        f"{engine.name!r}'s width, {engine.dimensions}")
+    check_token_ids(engine, texts)
+
+
+def check_token_ids(engine: Engine, texts: list) -> None:
+    """A 422 naming the first token id outside the model's vocabulary (of the inputs that
+    are token ids)."""
     for i, text in enumerate(texts):
         if isinstance(text, list):
             bad = next((t for t in text if not 0 <= t < engine.vocab_size), None)

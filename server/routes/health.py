@@ -1,4 +1,5 @@
-"""GET /health (alive), GET /ready (every model loaded and warmed), GET /metrics."""
+"""GET /health (alive), GET /ready (every model loaded and warmed; also at / and /ping),
+GET /metrics."""
 
 from __future__ import annotations
 
@@ -17,10 +18,16 @@ async def health():
     return {"status": "ok"}
 
 
-@router.get("/ready", responses={503: {
-    "model": errors.ErrorBody, "description": "still building or loading the models ("
-    "'status' says what), shutting down, or (with DISTILSERVE_REQUIRE_ALL_MODELS) a model "
-    "failed to load"}})
+READY = {503: {"model": errors.ErrorBody, "description": "still building or loading the "
+               "models ('status' says what), shutting down, or (with "
+               "DISTILSERVE_REQUIRE_ALL_MODELS) a model failed to load"}}
+
+
+# also GET / and /ping: the health checks of TEI's clients and of SageMaker (which sends
+# traffic to a container once its /ping answers 200)
+@router.get("/ready", responses=READY)
+@router.get("/ping", responses=READY)
+@router.get("/", responses=READY)
 async def ready(request: Request):
     """200 once every model folder has been loaded and warmed or has failed (failures are
     listed); with DISTILSERVE_REQUIRE_ALL_MODELS, 503 while any failed."""

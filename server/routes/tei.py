@@ -1,12 +1,13 @@
 """Text Embeddings Inference's own routes, for the clients written for TEI
 (huggingface_hub's InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's
-TEI components, LlamaIndex's TextEmbeddingsInference): POST /embed, /predict and /rerank
-with TEI's bodies, POST / as TEI serves an embedding model there, and GET /info. The
-models, queue, limits, errors and timing headers are those of the /v1 routes (their
-functions run them); only the bodies' shapes are TEI's. /rerank also takes the body that
-Infinity and vLLM take at that path (Cohere's, with ``documents``) and answers it as
-/v1/rerank. (/tokenize and /embeddings sit beside /v1/tokenize and /v1/embeddings, in
-their own files.)"""
+TEI components, LlamaIndex's TextEmbeddingsInference): POST /embed, /similarity, /predict
+and /rerank with TEI's bodies, POST / (and SageMaker's /invocations) as TEI serves an
+embedding model there, and GET /info. The models, queue, limits, errors and timing
+headers are those of the /v1 routes (their functions run them); only the bodies' shapes
+are TEI's. /rerank also takes the body that Infinity and vLLM take at that path
+(Cohere's, with ``documents``) and answers it as /v1/rerank. (/tokenize, /decode and
+/embeddings sit beside their /v1 twins, in their own files; GET / and /ping, TEI's and
+SageMaker's health checks, beside /ready.)"""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from server.schemas import (
     TeiPredictRequest,
     TeiRank,
     TeiRerankRequest,
+    TeiSimilarityParameters,
+    TeiSimilarityRequest,
 )
 
 router = APIRouter(tags=["Text Embeddings Inference"])
@@ -33,11 +36,33 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @router.post("/embed", response_model=list[list[float]], responses=errors.INFERENCE)
-@router.post("/", response_model=list[list[float]], responses=errors.INFERENCE)
 async def embed(body: EmbedRequest, request: Request):
     """/v1/embed's request; the embeddings alone, one list per input."""
     _, vectors, result = await embedded(body, request)
     return reply(request, vectors, result)
+
+
+@router.post("/similarity", response_model=list[float], responses=errors.INFERENCE)
+async def similarity(body: TeiSimilarityRequest, request: Request):
+    """The cosine of source_sentence's embedding with each sentence's, in order."""
+    parameters = body.parameters or TeiSimilarityParameters()
+    _, vectors, result = await embedded(EmbedRequest(
+        model=body.model, inputs=body.texts, normalize=False,
+        prompt_name=parameters.prompt_name, truncate=parameters.truncate,
+        truncation_direction=parameters.truncation_direction), request)
+    return reply(request, postprocess.cosine_ranking(vectors[0], vectors[1:]), result)
+
+
+# the root as TEI serves an embedding model, the body saying which: /embed's (huggingface_hub's
+# feature_extraction) or /similarity's (its sentence_similarity); /invocations: SageMaker's
+@router.post("/", response_model=list[list[float]] | list[float], responses=errors.INFERENCE)
+@router.post("/invocations", response_model=list[list[float]] | list[float],
+             responses=errors.INFERENCE)
+async def root(body: EmbedRequest | TeiSimilarityRequest, request: Request):
+    """/embed's body: as /embed; /similarity's: as /similarity."""
+    if isinstance(body, TeiSimilarityRequest):
+        return await similarity(body, request)
+    return await embed(body, request)
 
 
 @router.post("/predict", response_model=list[Score] | list[list[Score]],

@@ -1,5 +1,5 @@
 """POST /v1/tokenize (also /tokenize, as TEI serves it): each input's tokens, with
-character offsets."""
+character offsets; and POST /v1/decode (also /decode, TEI's): token ids back to text."""
 
 from __future__ import annotations
 
@@ -9,20 +9,32 @@ import orjson
 from fastapi import APIRouter, Request, Response
 
 from server import errors
-from server.routes.common import check_limits, choose_tokenizer
-from server.schemas import Token, TokenizeRequest
+from server.routes.common import check_limits, check_token_ids, choose_tokenizer
+from server.schemas import DecodeRequest, Token, TokenizeRequest
 
 router = APIRouter(tags=["tokenize"])
+# never queued: no 429
+RESPONSES = errors.responses(400, 401, 404, 413, 422, 503)
 
 
-# never queued: no 429; /tokenize as TEI serves it
-@router.post("/v1/tokenize", response_model=list[list[Token]],
-             responses=errors.responses(400, 401, 404, 413, 422, 503))
-@router.post("/tokenize", response_model=list[list[Token]],
-             responses=errors.responses(400, 401, 404, 413, 422, 503))
+@router.post("/v1/tokenize", response_model=list[list[Token]], responses=RESPONSES)
+@router.post("/tokenize", response_model=list[list[Token]], responses=RESPONSES)
 async def tokenize(body: TokenizeRequest, request: Request):
     engine = choose_tokenizer(request, body.model)
     texts = body.texts
     check_limits(request, texts)
     tokens = await asyncio.to_thread(engine.tokens, texts, body.add_special_tokens)
     return Response(orjson.dumps(tokens), media_type="application/json")
+
+
+@router.post("/v1/decode", response_model=list[str], responses=RESPONSES)
+@router.post("/decode", response_model=list[str], responses=RESPONSES)
+async def decode(body: DecodeRequest, request: Request):
+    """Each input's text, one per list of ids (special tokens left out unless
+    ``skip_special_tokens`` is false)."""
+    engine = choose_tokenizer(request, body.model)
+    ids = body.texts
+    check_limits(request, ids)
+    check_token_ids(engine, ids)
+    texts = await asyncio.to_thread(engine.decode, ids, body.skip_special_tokens)
+    return Response(orjson.dumps(texts), media_type="application/json")

@@ -544,17 +544,18 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         text = httpx.get(u + "/metrics", headers=auth).text  # counted by route all the same
         assert 'distilserve_requests_total{route="/v1/embed",status="401"} 2.0' in text
         assert 'distilserve_requests_total{route="/v1/models/{model_id}",status="401"}' in text
-        assert httpx.get(u + "/health").status_code == 200
-        assert httpx.get(u + "/ready").status_code == 200
-        # the docs and the OpenAPI document too: all but /health and /ready
+        for probe in ("/health", "/ready", "/ping", "/"):
+            assert httpx.get(u + probe).status_code == 200, probe
+        assert httpx.post(u + "/", json={"inputs": "x"}).status_code == 401  # runs a model
+        # the docs and the OpenAPI document too: all but the probes
         for page in ("/docs", "/redoc", "/openapi.json", "/metrics"):
             assert httpx.get(u + page).status_code == 401, page
             assert httpx.get(u + page, headers=auth).status_code == 200, page
         schema = httpx.get(u + "/openapi.json", headers=auth).json()
         assert schema["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
-        secured = {path for path, ops in schema["paths"].items()
-                   if all("security" in op for op in ops.values())}
-        assert secured == set(schema["paths"]) - {"/health", "/ready"}
+        public = {(method, path) for path, ops in schema["paths"].items()
+                  for method, op in ops.items() if "security" not in op}
+        assert public == {("get", p) for p in ("/health", "/ready", "/ping", "/")}
 
 
 def test_cors_lets_the_origins_named_call_from_a_browser(repository, tmp_path, url):

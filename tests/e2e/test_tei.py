@@ -65,9 +65,59 @@ def test_huggingface_hubs_inference_client(url, monkeypatch):
             np.testing.assert_allclose(got, expected, atol=1e-6)
         info = hub.InferenceClient(model=url, provider="hf-inference").get_endpoint_info()
         assert info["model_id"] == "embedder"
+        sentences = ["A cat sat on a rug.", "Stocks fell."]  # posted to / as /similarity's
+        got = hub.InferenceClient(model=url).sentence_similarity("A cat sat.", sentences)
+        np.testing.assert_allclose(got, post(url, "/similarity", {"inputs": {
+            "source_sentence": "A cat sat.", "sentences": sentences}}), atol=1e-6)
     finally:
         monkeypatch.undo()
         hub.utils.reset_sessions()
+
+
+def test_similarity_is_the_cosine_of_the_embeddings_also_at_the_root(url):
+    source, sentences = "A cat sat on the mat.", ["A cat was sitting on a rug.", "Stocks fell."]
+    vectors = np.array(post(url, "/v1/embed", {"inputs": [source, *sentences]})["embeddings"])
+    body = {"inputs": {"source_sentence": source, "sentences": sentences}}
+    for route in ("/similarity", "/", "/invocations"):  # the root: the body says which
+        got = post(url, route, body)
+        assert len(got) == 2
+        np.testing.assert_allclose(got, vectors[1:] @ vectors[0], atol=1e-5)
+    np.testing.assert_allclose(post(url, "/invocations", {"inputs": sentences}), vectors[1:],
+                               atol=1e-6)  # SageMaker's route: the root's twin
+
+    def refused(parameters=None, sentences=sentences):
+        res = httpx.post(url + "/similarity", json={"parameters": parameters, "inputs": {
+            "source_sentence": source, "sentences": sentences}})
+        return res.status_code, res.json()["error"]["message"]
+
+    # TEI's parameters, as /v1/embed's fields
+    assert refused({"prompt_name": "query"}) == (
+        422, "prompt_name 'query': model 'embedder' has no prompts")
+    code, message = refused({"truncate": False}, ["word " * 600])
+    assert code == 413 and "max_length" in message, message
+    code, message = refused(sentences=["x"] * 8)  # 9 inputs with the source
+    assert code == 413 and "9 inputs" in message, message
+    assert refused(sentences=[])[0] == 422
+
+
+def test_decode_gives_tokenizes_ids_back_as_text(url):
+    tokens = post(url, "/tokenize", {"inputs": ["Hello, world", "Dogs bark."]})
+    ids = [[t["id"] for t in input_tokens] for input_tokens in tokens]
+    for route in ("/decode", "/v1/decode"):
+        assert post(url, route, {"ids": ids}) == ["hello, world", "dogs bark."]
+    assert post(url, "/decode", {"ids": ids[0], "skip_special_tokens": False}) == [
+        "[CLS] hello, world [SEP]"]  # one input: [int]
+    res = httpx.post(url + "/decode", json={"ids": [7592, 10**6]})
+    assert res.status_code == 422 and "token id 1000000" in res.json()["error"]["message"]
+
+
+def test_the_root_and_ping_are_readiness_checks(url):
+    ready = httpx.get(url + "/ready").json()
+    for probe in ("/", "/ping"):  # TEI's and SageMaker's
+        res = httpx.get(url + probe)
+        assert res.status_code == 200 and res.json() == ready
+    wrong = httpx.put(url + "/")  # two routes at one path: the 405 names both methods
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, POST"
 
 
 def test_predict_takes_a_text_a_pair_or_a_batch_as_tei_does(url):

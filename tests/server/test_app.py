@@ -65,8 +65,10 @@ def test_api_key_guards_all_but_the_probes():
     for path in ("/v1/embed", "/docs", "/openapi.json", "/metrics", "/static-offline-docs/x"):
         status, body = call(app, path=path)
         assert status == 401 and json.loads(body)["error"]["type"] == "unauthorized", path
-    for path in ("/health", "/ready"):
-        assert call(app, path=path)[0] == 200
+    for path in ("/health", "/ready", "/ping", "/"):  # the probes: read, never POSTed
+        assert call(app, path=path, method="GET")[0] == 200
+        assert call(app, path=path, method="HEAD")[0] == 200
+        assert call(app, path=path)[0] == 401, path  # POST / runs a model
     assert call(app, headers=[("authorization", "Bearer sekret")])[0] == 200
     assert call(app, headers=[("authorization", "bearer sekret")])[0] == 200  # scheme: any case
     for wrong in ("Bearer nope", "Basic sekret", "sekret", "Bearer "):
