@@ -145,6 +145,17 @@ class ClassifyRequest(_Truncated):
     raw_scores: bool = Field(False, description="the logits, not probabilities (TEI's field)")
 
 
+class InfinityClassifyRequest(_Truncated):
+    """Infinity's /classify."""
+
+    input: Texts = Field(description="a text or a list of texts")
+    raw_scores: bool = Field(False, description="the logits, not probabilities")
+
+    @property
+    def inputs(self):
+        return self.input  # Infinity's name
+
+
 class NerRequest(_Truncated):
     inputs: Texts
     aggregation_strategy: Strategy = "simple"
@@ -285,6 +296,13 @@ class Score(BaseModel):
 class ClassifyResponse(BaseModel):
     model: str
     results: list[list[Score]]
+
+
+class InfinityClassifyResponse(BaseModel):
+    object: Literal["classify"] = "classify"
+    data: list[list[Score]]
+    model: str
+    usage: Usage
 
 
 class NerResponse(BaseModel):

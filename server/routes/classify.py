@@ -1,4 +1,4 @@
-"""POST /v1/classify: single texts and text pairs."""
+"""POST /v1/classify: single texts and text pairs; POST /classify, Infinity's."""
 
 from __future__ import annotations
 
@@ -6,8 +6,14 @@ from fastapi import APIRouter, Request
 
 from server import errors, postprocess
 from server.engine import Engine, Result
-from server.routes.common import check_limits, choose, infer, reply
-from server.schemas import ClassifyRequest, ClassifyResponse, TeiPredictRequest
+from server.routes.common import check_limits, choose, infer, reply, usage
+from server.schemas import (
+    ClassifyRequest,
+    ClassifyResponse,
+    InfinityClassifyRequest,
+    InfinityClassifyResponse,
+    TeiPredictRequest,
+)
 
 router = APIRouter(tags=["classification"])
 
@@ -18,10 +24,19 @@ async def classify(body: ClassifyRequest, request: Request):
     return reply(request, {"model": engine.name, "results": results}, result)
 
 
-async def classified(body: ClassifyRequest | TeiPredictRequest, request: Request,
-                     top_k: int | None = None) -> tuple[Engine, list[list[dict]], Result]:
+@router.post("/classify", response_model=InfinityClassifyResponse, responses=errors.INFERENCE)
+async def classify_infinity(body: InfinityClassifyRequest, request: Request):
+    """Infinity's: every label's score per input, highest first."""
+    engine, results, result = await classified(body, request)
+    return reply(request, {"object": "classify", "data": results, "model": engine.name,
+                           "usage": usage(result)}, result)
+
+
+async def classified(body: ClassifyRequest | TeiPredictRequest | InfinityClassifyRequest,
+                     request: Request, top_k: int | None = None
+                     ) -> tuple[Engine, list[list[dict]], Result]:
     """The classification model, each input's labels and scores (highest first, the best
-    ``top_k``), and the run (also TEI's /predict)."""
+    ``top_k``), and the run (also TEI's /predict and Infinity's /classify)."""
     engine = choose(request, body.model, "classify")
     check_limits(request, body.texts)
     result = await infer(request, engine, body.texts, body.truncation)

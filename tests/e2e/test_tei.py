@@ -1,5 +1,6 @@
-"""End to end: Text Embeddings Inference's own routes (server/routes/tei.py) give what the
-/v1 routes give, in TEI's shapes, and the clients written for TEI work against them."""
+"""End to end: Text Embeddings Inference's own routes (server/routes/tei.py) and
+Infinity's give what the /v1 routes give, in their shapes, and the clients written for
+TEI work against them."""
 
 from __future__ import annotations
 
@@ -139,6 +140,21 @@ def test_predict_takes_a_text_a_pair_or_a_batch_as_tei_does(url):
     for bad in (["a", "b", "c"], [["a", "b", "c"]], [], [[]]):
         res = httpx.post(url + "/predict", json={"model": "classifier", "inputs": bad})
         assert res.status_code == 422 and "inputs" in res.json()["error"]["message"], bad
+
+
+def test_classify_answers_infinitys_body(url):
+    """infinity_client's classify: {"input", "model", "raw_scores"} -> {"object": "classify",
+    "data": one list of labels per input, highest first, "model", "usage"}."""
+    texts = ["The soup was delicious.", "The box was crushed."]
+    for raw in (False, True):
+        got = post(url, "/classify", {"model": "classifier", "input": texts, "raw_scores": raw})
+        expected = post(url, "/v1/classify", {"model": "classifier", "inputs": texts,
+                                              "raw_scores": raw})["results"]
+        assert got["data"] == expected and (got["object"], got["model"]) == (
+            "classify", "classifier")
+        assert got["usage"]["prompt_tokens"] > 0
+    res = httpx.post(url + "/classify", json={"model": "embedder", "input": ["x"]})
+    assert res.status_code == 400 and res.json()["error"]["type"] == "wrong_task"
 
 
 @pytest.mark.parametrize("model", ["cross", "embedder"])
