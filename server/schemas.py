@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 Strategy = Literal["none", "simple", "first", "average", "max"]
@@ -224,6 +232,18 @@ class TeiSimilarityRequest(_Request):
     @property
     def texts(self) -> list:
         return [self.inputs.source_sentence, *self.inputs.sentences]
+
+
+def _root_body(value) -> str:
+    """Which of TEI's bodies POST / was sent: /similarity's (its inputs an object) or
+    /embed's; the errors are then that body's alone."""
+    inputs = value.get("inputs") if isinstance(value, dict) else getattr(value, "inputs", None)
+    return "Similarity" if isinstance(inputs, dict | TeiSimilarityInputs) else "Embed"
+
+
+TeiRootRequest = Annotated[Annotated[EmbedRequest, Tag("Embed")]
+                           | Annotated[TeiSimilarityRequest, Tag("Similarity")],
+                           Discriminator(_root_body)]
 
 
 class DecodeRequest(_Request):

@@ -65,7 +65,8 @@ class FastPath:
         # path -> FastAPI's route (the metrics read its label from it) and what validates
         # its body (a model, or a union of them: TypeAdapter)
         self.routes = {
-            r.path: (r, TypeAdapter(get_type_hints(r.endpoint)["body"]).validate_python)
+            r.path: (r, TypeAdapter(get_type_hints(r.endpoint, include_extras=True)["body"]
+                                    ).validate_python)
             for router in ROUTERS for r in router.routes if "POST" in r.methods}
 
     async def __call__(self, scope, receive, send):

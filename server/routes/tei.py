@@ -27,6 +27,7 @@ from server.schemas import (
     TeiPredictRequest,
     TeiRank,
     TeiRerankRequest,
+    TeiRootRequest,
     TeiSimilarityParameters,
     TeiSimilarityRequest,
 )
@@ -58,7 +59,7 @@ async def similarity(body: TeiSimilarityRequest, request: Request):
 @router.post("/", response_model=list[list[float]] | list[float], responses=errors.INFERENCE)
 @router.post("/invocations", response_model=list[list[float]] | list[float],
              responses=errors.INFERENCE)
-async def root(body: EmbedRequest | TeiSimilarityRequest, request: Request):
+async def root(body: TeiRootRequest, request: Request):
     """/embed's body: as /embed; /similarity's: as /similarity."""
     if isinstance(body, TeiSimilarityRequest):
         return await similarity(body, request)

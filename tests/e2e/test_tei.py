@@ -99,6 +99,12 @@ def test_similarity_is_the_cosine_of_the_embeddings_also_at_the_root(url):
     code, message = refused(sentences=["x"] * 8)  # 9 inputs with the source
     assert code == 413 and "9 inputs" in message, message
     assert refused(sentences=[])[0] == 422
+    # the root: the body's shape says which it is, and the errors are that body's alone
+    for body, message in (({"inputs": {"source_sentence": source}}, "inputs.sentences: Field "
+                           "required"), ({"inputs": "x", "normalize": 1},
+                                         "normalize: Input should be a valid boolean")):
+        res = httpx.post(url + "/", json=body)
+        assert (res.status_code, res.json()["error"]["message"]) == (422, message)
 
 
 def test_decode_gives_tokenizes_ids_back_as_text(url):
