@@ -258,6 +258,21 @@ class DecodeRequest(_Request):
         return [self.ids] if not self.ids or isinstance(self.ids[0], int) else self.ids
 
 
+def _rerank_body(value) -> str | None:
+    """Which body /rerank was sent: Cohere's (``documents``) or TEI's (``texts``)."""
+    if isinstance(value, RerankRequest) or isinstance(value, dict) and "documents" in value:
+        return "Cohere"
+    if isinstance(value, TeiRerankRequest) or isinstance(value, dict) and "texts" in value:
+        return "Tei"
+    return None  # neither: the error says what a body needs
+
+
+TeiRerankBody = Annotated[
+    Annotated[TeiRerankRequest, Tag("Tei")] | Annotated[RerankRequest, Tag("Cohere")],
+    Discriminator(_rerank_body, custom_error_type="invalid_body", custom_error_message=(
+        "a rerank body has 'texts' (TEI's) or 'documents' (Cohere's, as /v1/rerank)"))]
+
+
 class TeiInfo(BaseModel):
     """TEI's GET /info."""
 

@@ -26,7 +26,7 @@ from server.schemas import (
     TeiInfo,
     TeiPredictRequest,
     TeiRank,
-    TeiRerankRequest,
+    TeiRerankBody,
     TeiRootRequest,
     TeiSimilarityParameters,
     TeiSimilarityRequest,
@@ -77,7 +77,7 @@ async def predict(body: TeiPredictRequest, request: Request):
 
 @router.post("/rerank", response_model=list[TeiRank] | RerankResponse,
              response_model_exclude_none=True, responses=errors.INFERENCE)
-async def rerank(body: TeiRerankRequest | RerankRequest, request: Request):
+async def rerank(body: TeiRerankBody, request: Request):
     """TEI's body (``texts``): every text's score, highest first (ties in input order),
     with the text if asked. Cohere's, Jina's, Infinity's and vLLM's (``documents``): as
     /v1/rerank."""
