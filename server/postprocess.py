@@ -32,14 +32,6 @@ def normalize(v: np.ndarray) -> np.ndarray:
     return v / np.maximum(length, 1e-12)
 
 
-def first_dimensions(v: np.ndarray, dimensions: int | None) -> np.ndarray:
-    """The first ``dimensions`` components of each row, re-normalised (as sentence-
-    transformers' truncate_dim and OpenAI's text-embedding-3 ``dimensions``)."""
-    if dimensions is None:
-        return v
-    return normalize(v[..., :dimensions])
-
-
 def cosine_ranking(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
     """Cosine similarity of one query embedding [D] with document embeddings [N, D]."""
     return normalize(documents) @ normalize(query)

@@ -25,13 +25,9 @@ router = APIRouter(tags=["embeddings"])
 @router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
 @router.post("/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
 async def embeddings(body: EmbeddingsRequest, request: Request):
-    engine = choose(request, body.model, "embed")
-    check_limits(request, body.texts)
-    check_embedding_request(engine, body.texts, body.dimensions)
-    texts = with_prompt(engine, body.texts, None)
-    result = await infer(request, engine, texts, "right")  # a long input: its end is cut
-    vectors = postprocess.normalize(np.stack(result.outputs))  # [N, D]
-    vectors = postprocess.first_dimensions(vectors, body.dimensions)  # [N, dimensions]
+    # unit length, the first ``dimensions`` components re-normalised; a long input: its
+    # end is cut
+    engine, vectors, result = await embedded(request, body.model, body.texts, body.dimensions)
     data = [{"object": "embedding", "index": i,
              "embedding": postprocess.embedding_payload(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
@@ -41,21 +37,27 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
 
 @router.post("/v1/embed", response_model=EmbedResponse, responses=errors.INFERENCE)
 async def embed(body: EmbedRequest, request: Request):
-    engine, vectors, result = await embedded(body, request)
+    engine, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
+                                             body.prompt_name, body.truncation, body.normalize)
     return reply(request, {"model": engine.name, "embeddings": vectors, "usage": usage(result)},
                  result)
 
 
-async def embedded(body: EmbedRequest, request: Request) -> tuple[Engine, np.ndarray, Result]:
-    """The embedding model, the inputs' embeddings [N, D] and the run (also TEI's /embed)."""
-    engine = choose(request, body.model, "embed")
-    check_limits(request, body.texts)
-    check_embedding_request(engine, body.texts, body.dimensions)
-    texts = with_prompt(engine, body.texts, body.prompt_name)
-    result = await infer(request, engine, texts, body.truncation)
+async def embedded(request: Request, model: str | None, texts: list,
+                   dimensions: int | None = None, prompt_name: str | None = None,
+                   truncation: str | None = "right", normalize: bool = True
+                   ) -> tuple[Engine, np.ndarray, Result]:
+    """The embedding model (``model``, or the only one), the inputs' embeddings [N, D] (the
+    first ``dimensions`` components, then unit length if ``normalize``) and the run; for
+    /v1/embeddings, /v1/embed and TEI's /embed and /similarity. ``texts``: texts or token
+    ids, behind the prompt ``prompt_name`` (None: the model's default prompt)."""
+    engine = choose(request, model, "embed")
+    check_limits(request, texts)
+    check_embedding_request(engine, texts, dimensions)
+    result = await infer(request, engine, with_prompt(engine, texts, prompt_name), truncation)
     vectors = np.stack(result.outputs)  # [N, D]
-    if body.dimensions is not None:
-        vectors = vectors[:, : body.dimensions]
-    if body.normalize:
+    if dimensions is not None:
+        vectors = vectors[:, :dimensions]  # [N, dimensions]
+    if normalize:
         vectors = postprocess.normalize(vectors)
     return engine, vectors, result

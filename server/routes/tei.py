@@ -39,7 +39,8 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 @router.post("/embed", response_model=list[list[float]], responses=errors.INFERENCE)
 async def embed(body: EmbedRequest, request: Request):
     """/v1/embed's request; the embeddings alone, one list per input."""
-    _, vectors, result = await embedded(body, request)
+    _, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
+                                        body.prompt_name, body.truncation, body.normalize)
     return reply(request, vectors, result)
 
 
@@ -47,11 +48,9 @@ async def embed(body: EmbedRequest, request: Request):
 async def similarity(body: TeiSimilarityRequest, request: Request):
     """The cosine of source_sentence's embedding with each sentence's, in order."""
     parameters = body.parameters or TeiSimilarityParameters()
-    _, vectors, result = await embedded(EmbedRequest(
-        model=body.model, inputs=body.texts, normalize=False,
-        prompt_name=parameters.prompt_name, truncate=parameters.truncate,
-        truncation_direction=parameters.truncation_direction), request)
-    return reply(request, postprocess.cosine_ranking(vectors[0], vectors[1:]), result)
+    _, vectors, result = await embedded(request, body.model, body.texts, None,
+                                        parameters.prompt_name, parameters.truncation)
+    return reply(request, vectors[1:] @ vectors[0], result)  # unit length: the cosines
 
 
 # the root as TEI serves an embedding model, the body saying which: /embed's (huggingface_hub's
