@@ -16,6 +16,8 @@ COPY --chown=app:app . .
 USER app
 RUN make install \
     && .venv/bin/python -c "from server.embedded_default import ensure_default_repository as build; from server.settings import Settings; build(Settings().cache_dir)"
+# SageMaker runs the image as `docker run IMAGE serve`: deploy/sagemaker/serve (port 8080)
+ENV PATH=/home/app/distilserve/deploy/sagemaker:${PATH}
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2)"
