@@ -159,8 +159,8 @@ class BodyLimit:
 
 class ApiKey:
     """401 unless ``Authorization: Bearer KEY`` matches DISTILSERVE_API_KEY (when one is
-    set), on every route but the probes, GET (or HEAD) only: POST / runs a model (the docs
-    and the OpenAPI document need it too)."""
+    set), on every request but a GET (or HEAD) of a probe: POST / runs a model, and the
+    docs and the OpenAPI document need the key too."""
 
     PUBLIC = frozenset({"/health", "/ready", "/ping", "/"})
 

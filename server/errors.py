@@ -92,6 +92,20 @@ def http_error(exc: StarletteHTTPException) -> JSONResponse:
                         headers=getattr(exc, "headers", None))
 
 
+def invalid(errors: list[dict]) -> str:
+    """A 422's message: pydantic's errors, each where it is (``field.0.field: why``)."""
+    problems = []
+    for e in errors:
+        loc = e.get("loc", ())
+        if isinstance(e.get("input"), list | dict) and loc and loc[-1] == "str":
+            continue  # the union's string branch, for a value that is a list or object
+        if e.get("type") == "json_invalid":
+            problems.append(f"malformed JSON: {e.get('ctx', {}).get('error', e['msg'])}")
+        else:
+            problems.append(f"{_location(loc)}: {e['msg']}")
+    return "; ".join(dict.fromkeys(problems))
+
+
 def _allowed(routes, scope) -> list[str]:
     """The methods some route takes at the scope's path."""
     return [method for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -112,16 +126,7 @@ def install(app: FastAPI) -> None:
             # body): "a valid dictionary", it says
             return JSONResponse(body("invalid_request",
                                      _not_json(request.headers["content-type"])), 422)
-        problems = []
-        for e in exc.errors():
-            loc = e.get("loc", ())
-            if isinstance(e.get("input"), list | dict) and loc and loc[-1] == "str":
-                continue  # the union's string branch, for a value that is a list or object
-            if e.get("type") == "json_invalid":
-                problems.append(f"malformed JSON: {e.get('ctx', {}).get('error', e['msg'])}")
-            else:
-                problems.append(f"{_location(loc)}: {e['msg']}")
-        return JSONResponse(body("invalid_request", "; ".join(dict.fromkeys(problems))), 422)
+        return JSONResponse(body("invalid_request", invalid(exc.errors())), 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException):

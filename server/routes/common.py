@@ -57,6 +57,17 @@ def choose(request: Request, name: str | None, task: str) -> Engine:
     return engine
 
 
+def choose_root(request: Request, name: str | None) -> Engine:
+    """The model of TEI's root (POST /), where TEI serves its one model: the one named,
+    else the only one served, else the one embedding model."""
+    svc = _serving(request)
+    if name is not None:
+        return named(svc, name)
+    if len(svc.engines) == 1:
+        return next(iter(svc.engines.values()))
+    return choose(request, None, "embed")
+
+
 def choose_reranker(request: Request, name: str | None) -> Engine:
     """A cross-encoder (a classification model with a relevant label) or an embedding
     model. Unnamed: the one cross-encoder, else the one embedding model."""

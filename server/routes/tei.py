@@ -1,8 +1,8 @@
 """Text Embeddings Inference's own routes, for the clients written for TEI
 (huggingface_hub's InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's
 TEI components, LlamaIndex's TextEmbeddingsInference): POST /embed, /similarity, /predict
-and /rerank with TEI's bodies, POST / (and SageMaker's /invocations) as TEI serves an
-embedding model there, and GET /info. The models, queue, limits, errors and timing
+and /rerank with TEI's bodies, POST / (and SageMaker's /invocations) as TEI serves its
+one model there, and GET /info. The models, queue, limits, errors and timing
 headers are those of the /v1 routes (their functions run them); only the bodies' shapes
 are TEI's. /rerank also takes the body that Infinity and vLLM take at that path
 (Cohere's, with ``documents``) and answers it as /v1/rerank. (/tokenize, /decode and
@@ -12,11 +12,12 @@ SageMaker's health checks, beside /ready.)"""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
+from pydantic import TypeAdapter, ValidationError
 
 from server import errors, postprocess
 from server.routes import rerank as v1
 from server.routes.classify import classified
-from server.routes.common import choose, named, reply, service
+from server.routes.common import choose_root, reply, service
 from server.routes.embed import embedded
 from server.schemas import (
     EmbedRequest,
@@ -27,6 +28,7 @@ from server.schemas import (
     TeiPredictRequest,
     TeiRank,
     TeiRerankBody,
+    TeiRerankRequest,
     TeiRootRequest,
     TeiSimilarityParameters,
     TeiSimilarityRequest,
@@ -53,16 +55,38 @@ async def similarity(body: TeiSimilarityRequest, request: Request):
     return reply(request, vectors[1:] @ vectors[0], result)  # unit length: the cosines
 
 
-# the root as TEI serves an embedding model, the body saying which: /embed's (huggingface_hub's
-# feature_extraction) or /similarity's (its sentence_similarity); /invocations: SageMaker's
-@router.post("/", response_model=list[list[float]] | list[float], responses=errors.INFERENCE)
-@router.post("/invocations", response_model=list[list[float]] | list[float],
-             responses=errors.INFERENCE)
-async def root(body: TeiRootRequest, request: Request):
-    """/embed's body: as /embed; /similarity's: as /similarity."""
-    if isinstance(body, TeiSimilarityRequest):
-        return await similarity(body, request)
-    return await embed(body, request)
+# POST / (and SageMaker's /invocations) as TEI serves its one model there: the body of the
+# route that does what the model does, documented as any of them
+ROOT_BODIES = {"embed": TypeAdapter(TeiRootRequest), "classify": TypeAdapter(TeiPredictRequest),
+               "rerank": TypeAdapter(TeiRerankRequest)}
+ROOT_DOCUMENTED = {"requestBody": {"content": {"application/json": {"schema": {"anyOf": [
+    {"$ref": f"#/components/schemas/{body.__name__}"}
+    for body in (EmbedRequest, TeiSimilarityRequest, TeiPredictRequest, TeiRerankRequest)]}}}}}
+ROOT_ANSWERS = list[list[float]] | list[float] | list[Score] | list[list[Score]] | list[TeiRank]
+
+
+@router.post("/", response_model=ROOT_ANSWERS, response_model_exclude_none=True,
+             responses=errors.INFERENCE, openapi_extra=ROOT_DOCUMENTED)
+@router.post("/invocations", response_model=ROOT_ANSWERS, response_model_exclude_none=True,
+             responses=errors.INFERENCE, openapi_extra=ROOT_DOCUMENTED)
+async def root(body: dict, request: Request):
+    """The model named in ``model``, else the only one, else the one embedding model; an
+    embedding model's body: /embed's (huggingface_hub's feature_extraction) or
+    /similarity's (its sentence_similarity), answered as there; a classifier's: /predict's
+    (its text_classification), or /rerank's when it has a ``query``."""
+    name = body.get("model")
+    engine = choose_root(request, name if isinstance(name, str) else None)
+    if engine.task == "ner":
+        raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does ner, which "
+                              "TEI's / does not serve: POST /v1/ner")
+    kind = "rerank" if engine.task == "classify" and "query" in body else engine.task
+    try:  # the model chosen, named: the route's own choice is the same
+        parsed = ROOT_BODIES[kind].validate_python({"model": engine.name, **body})
+    except ValidationError as e:
+        raise errors.ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
+    route = {TeiSimilarityRequest: similarity, TeiPredictRequest: predict,
+             TeiRerankRequest: rerank}.get(type(parsed), embed)
+    return await route(parsed, request)
 
 
 @router.post("/predict", response_model=list[Score] | list[list[Score]],
@@ -94,7 +118,7 @@ async def rerank(body: TeiRerankBody, request: Request):
             responses=errors.responses(400, 401, 404, 422, 503))
 async def info(request: Request, model: str | None = None):
     """The model named in ``model``, else the one POST / serves, described as TEI does."""
-    engine = choose(request, None, "embed") if model is None else named(service(request), model)
+    engine = choose_root(request, model)
     if engine.task == "ner":
         raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does ner, which TEI's "
                               f"/info does not describe: GET /v1/models/{engine.name}")

@@ -105,6 +105,44 @@ def test_similarity_is_the_cosine_of_the_embeddings_also_at_the_root(url):
         assert (res.status_code, res.json()["error"]["message"]) == (422, message)
 
 
+def test_the_root_answers_as_the_route_of_what_its_model_does(url):
+    """TEI serves its one model at /: named here, a classifier's body is /predict's (or
+    /rerank's, with a query), a cross-encoder's /rerank's; NER is not served there."""
+    for body, route in (({"model": "classifier", "inputs": PAIR}, "/predict"),
+                        ({"model": "classifier", "inputs": [["a"], PAIR]}, "/predict"),
+                        ({"model": "cross", "query": "q", "texts": ["a", "b"]}, "/rerank"),
+                        ({"model": "embedder", "inputs": ["a", "b"]}, "/embed")):
+        assert post(url, "/", body) == post(url, route, body), body
+    res = httpx.post(url + "/", json={"model": "tagger", "inputs": "Paris."})
+    assert res.status_code == 400 and "POST /v1/ner" in res.json()["error"]["message"]
+    res = httpx.post(url + "/", json={"model": "classifier", "inputs": ["a", "b", "c"]})
+    assert res.status_code == 422 and res.json()["error"]["message"].startswith("inputs")
+    res = httpx.post(url + "/", json={"model": 5, "inputs": "a"})  # unnamed: the embedder's
+    assert res.status_code == 422 and "model: Input should be a valid string" in res.text
+
+
+def test_a_lone_classifier_is_served_at_the_root(tiny_checkpoints, tmp_path, monkeypatch):
+    """As TEI serves a classifier: its /predict at / and /info, unnamed; huggingface_hub's
+    text_classification works against it."""
+    export.export(tiny_checkpoints["bert", "classify"], tmp_path / "sentiment", "torch")
+    with running_server(tmp_path) as lone:
+        text = "The soup was delicious."
+        expected = post(lone, "/predict", {"inputs": text})
+        assert post(lone, "/", {"inputs": text}) == expected
+        assert "classifier" in httpx.get(lone + "/info").json()["model_type"]
+        hub = pytest.importorskip("huggingface_hub")
+        monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)  # as above
+        hub.utils.reset_sessions()
+        try:
+            got = hub.InferenceClient(model=lone).text_classification(text)
+        finally:
+            monkeypatch.undo()
+            hub.utils.reset_sessions()
+        # it keeps the first of the list TEI's / answers for one text: the best label
+        assert (got.label, got.score) == (expected[0]["label"],
+                                          pytest.approx(expected[0]["score"], abs=1e-6))
+
+
 def test_decode_gives_tokenizes_ids_back_as_text(url):
     tokens = post(url, "/tokenize", {"inputs": ["Hello, world", "Dogs bark."]})
     ids = [[t["id"] for t in input_tokens] for input_tokens in tokens]
