@@ -24,7 +24,8 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(Path.home() / ".cache" / "distilserve",
                             description="where the embedded default repository is built")
     api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY "
-                                      "on every route but /health and /ready")
+                                      "on every request but a GET of /health, /ready, "
+                                      "/ping or /")
     require_all_models: bool = Field(False, description="/ready stays 503 while any model "
                                      "folder failed to load (default: 200, failures listed)")
     cors_allow_origins: str = Field("", description="origins whose web pages may call the "
