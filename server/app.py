@@ -10,6 +10,7 @@ import gc
 import hmac
 import logging
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
 
-from server import errors
+from server import errors, logs
 from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
 from server.metrics import STARTED, Metrics
 from server.routes import classify, embed, health, ner, rerank, tei, tokenize
@@ -32,10 +33,10 @@ from server.settings import Settings
 
 log = logging.getLogger("distilserve")
 # the response headers a web page's script may read, where CORS lets it call the service:
-# the timing headers (server/routes/common.reply) and Retry-After
+# the timing headers (server/routes/common.reply), Retry-After and X-Request-Id
 EXPOSED = ["x-total-time", "x-compute-time", "x-tokenization-time", "x-queue-time",
            "x-inference-time", "x-compute-tokens", "x-compute-characters", "x-compute-type",
-           "server-timing", "retry-after"]
+           "server-timing", "retry-after", "x-request-id"]
 
 
 @dataclass
@@ -186,6 +187,32 @@ class ApiKey:
         return await self.app(scope, receive, send)
 
 
+class RequestId:
+    """Each request's id: the client's X-Request-Id (printable ASCII, at most 200
+    characters; a proxy's, e.g. ingress-nginx's), else a new one. Sent back as
+    X-Request-Id, and carried by the log records written while the request is answered
+    (server/logs.py)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        given = Headers(scope=scope).get("x-request-id", "")
+        request_id = (given if 0 < len(given) <= 200 and given.isascii() and given.isprintable()
+                      else uuid.uuid4().hex)
+        logs.REQUEST_ID.set(request_id)  # in this request's own task
+        header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message):
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), header]
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
 class RequestMetrics:
     """Counts requests by route and status and times them, for /metrics."""
 
@@ -256,12 +283,13 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     if origins := settings.cors_origins():  # outside the API key: a preflight carries none
         app.add_middleware(CORSMiddleware, allow_origins=origins,
                            allow_methods=["GET", "POST"],
-                           allow_headers=["authorization", "content-type"],
+                           allow_headers=["authorization", "content-type", "x-request-id"],
                            expose_headers=EXPOSED, max_age=600)
     routers = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
                tei.router, models_route.router, health.router)
     # outermost: counts the 401s and 413s too, under the route they were sent to
     app.add_middleware(RequestMetrics, routes=[r for router in routers for r in router.routes])
+    app.add_middleware(RequestId)
     for router in routers:
         app.include_router(router)
     return app

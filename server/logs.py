@@ -1,16 +1,30 @@
 """How ``distilserve serve`` logs: lines of text (the default), or with
 DISTILSERVE_LOG_FORMAT=json one JSON object a line for log collectors (Loki, Elasticsearch,
 Cloud Logging): distilserve's own messages and uvicorn's, its access log too
-(DISTILSERVE_ACCESS_LOG), in every worker process. python-json-logger writes them."""
+(DISTILSERVE_ACCESS_LOG), in every worker process, each written while a request was
+answered with that request's id. python-json-logger writes them."""
 
 from __future__ import annotations
 
 import logging
 import logging.config
+from contextvars import ContextVar
 
 from pythonjsonlogger.core import RESERVED_ATTRS
 
 TEXT = "%(asctime)s %(levelname)s %(message)s"
+# the id of the request being answered (server.app.RequestId sets it in the request's task)
+REQUEST_ID: ContextVar[str | None] = ContextVar("distilserve_request_id", default=None)
+
+
+class RequestIds(logging.Filter):
+    """Records written while a request is answered (uvicorn's access record among them)
+    carry its id, ``request_id``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (request_id := REQUEST_ID.get()) is not None:
+            record.request_id = request_id
+        return True
 
 
 class AccessFields(logging.Filter):
@@ -26,21 +40,23 @@ class AccessFields(logging.Filter):
 def json_config() -> dict:
     """A logging.config.dictConfig: every record as {"time" (ISO 8601, UTC), "level",
     "logger", "message", and what else it carries (an exception's traceback as
-    "exc_info")}; access records on stdout, the rest on stderr, as uvicorn's own."""
+    "exc_info", the request's id as "request_id")}; access records on stdout, the rest on
+    stderr, as uvicorn's own."""
     def handler(stream: str, *filters: str) -> dict:
         return {"class": "logging.StreamHandler", "formatter": "json",
                 "stream": f"ext://sys.{stream}", "filters": list(filters)}
 
     return {
         "version": 1, "disable_existing_loggers": False,
-        "filters": {"access": {"()": AccessFields}},
+        "filters": {"access": {"()": AccessFields}, "request": {"()": RequestIds}},
         "formatters": {"json": {
             "()": "pythonjsonlogger.json.JsonFormatter", "timestamp": "time",
             "fmt": ["levelname", "name", "message"],
             "rename_fields": {"levelname": "level", "name": "logger"},
             # uvicorn's records carry their message again, with terminal colours
             "reserved_attrs": [*RESERVED_ATTRS, "color_message"]}},
-        "handlers": {"default": handler("stderr"), "access": handler("stdout", "access")},
+        "handlers": {"default": handler("stderr", "request"),
+                     "access": handler("stdout", "access", "request")},
         "loggers": {"uvicorn": {"handlers": ["default"], "level": "INFO", "propagate": False},
                     "uvicorn.access": {"handlers": ["access"], "level": "INFO",
                                        "propagate": False}},

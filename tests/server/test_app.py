@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 from starlette.exceptions import HTTPException
 
-from server.app import ApiKey, BodyLimit, RequestMetrics, Service, build_and_load
+from server import logs
+from server.app import ApiKey, BodyLimit, RequestId, RequestMetrics, Service, build_and_load
 from server.metrics import Metrics
 from server.routes import embed
 from server.settings import Settings
@@ -74,6 +75,31 @@ def test_api_key_guards_all_but_the_probes():
     for wrong in ("Bearer nope", "Basic sekret", "sekret", "Bearer "):
         assert call(app, headers=[("authorization", wrong)])[0] == 401, wrong
     assert call(ApiKey(echo, key=None), path="/v1/embed")[0] == 200  # no key: open
+
+
+def test_a_request_id_is_the_clients_or_a_new_one_and_comes_back():
+    async def answer_with_the_id(scope, receive, send):  # as a log record would see it
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": logs.REQUEST_ID.get().encode()})
+
+    def ids(header: str | None) -> tuple[str, str]:
+        sent = []
+
+        async def send(message):
+            sent.append(message)
+
+        headers = [] if header is None else [(b"x-request-id", header.encode())]
+        asyncio.run(RequestId(answer_with_the_id)({"type": "http", "headers": headers},
+                                                  None, send))
+        returned = dict(sent[0]["headers"])[b"x-request-id"].decode()
+        return returned, sent[1]["body"].decode()
+
+    assert ids("ingress-1234") == ("ingress-1234", "ingress-1234")
+    for unusable in (None, "", "x" * 201, "tab\there", "caf\u00e9"):
+        made, seen = ids(unusable)
+        assert made == seen and len(made) == 32 and made != unusable, unusable
+    assert ids(None)[0] != ids(None)[0]  # a new one each time
+    assert logs.REQUEST_ID.get() is None  # set in the request's task, not here
 
 
 def test_request_metrics_count_by_route_and_status():

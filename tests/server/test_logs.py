@@ -24,8 +24,10 @@ def test_json_logs_are_one_object_a_line_with_the_access_logs_fields(
         "DISTILSERVE_WORKERS": workers})
     url = f"http://127.0.0.1:{port}"
     try:
-        assert httpx.post(url + "/v1/embed", json={"inputs": "x"}).status_code == 200
-        assert httpx.post(url + "/v1/embed", json={"inputs": []}).status_code == 422
+        ok = httpx.post(url + "/v1/embed", json={"inputs": "x"})
+        refused = httpx.post(url + "/v1/embed", json={"inputs": []},
+                             headers={"x-request-id": "from-the-ingress"})
+        assert (ok.status_code, refused.status_code) == (200, 422)
         # every worker has loaded the model (and said so) before the service stops
         wait_for(lambda: log.read_text().count("serving cmow") == int(workers),
                  "every worker to load the model")
@@ -40,6 +42,9 @@ def test_json_logs_are_one_object_a_line_with_the_access_logs_fields(
     access = [r for r in records if r["logger"] == "uvicorn.access"
               and r["path"] == "/v1/embed"]
     assert [(r["method"], r["status"]) for r in access] == [("POST", 200), ("POST", 422)]
+    # each with its request's id, the one it was sent back with (the client's, if it gave one)
+    assert [r["request_id"] for r in access] == [ok.headers["x-request-id"], "from-the-ingress"]
+    assert not any("request_id" in r for r in records if r["logger"] == "distilserve")
     assert any(r["logger"] == "distilserve" and "serving cmow" in r["message"]
                for r in records)
     last = "Stopping parent process" if workers == "2" else "Finished server process"
