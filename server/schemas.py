@@ -328,6 +328,22 @@ class Score(BaseModel):
     score: float
 
 
+# what POST / answers: /embed's, /similarity's, /predict's or /rerank's answer
+TeiAnswer = list[list[float]] | list[float] | list[Score] | list[list[Score]] | list[TeiRank]
+
+
+class TeiVertexRequest(BaseModel):
+    """Vertex AI's prediction request, as TEI takes it at /vertex."""
+
+    model_config = _Request.model_config
+    instances: Annotated[list[dict], Field(min_length=1)] = Field(
+        description="each a body POST / takes")
+
+
+class TeiVertexResponse(BaseModel):
+    predictions: list[TeiAnswer] = Field(description="each instance's answer, in order")
+
+
 class ClassifyResponse(BaseModel):
     model: str
     results: list[list[Score]]

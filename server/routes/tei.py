@@ -2,28 +2,33 @@
 (huggingface_hub's InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's
 TEI components, LlamaIndex's TextEmbeddingsInference): POST /embed, /similarity, /predict
 and /rerank with TEI's bodies, POST / (and SageMaker's /invocations) as TEI serves its
-one model there, and GET /info. The models, queue, limits, errors and timing
-headers are those of the /v1 routes (their functions run them); only the bodies' shapes
-are TEI's. /rerank also takes the body that Infinity and vLLM take at that path
-(Cohere's, with ``documents``) and answers it as /v1/rerank. (/tokenize, /decode and
-/embeddings sit beside their /v1 twins, in their own files; GET / and /ping, TEI's and
-SageMaker's health checks, beside /ready.)"""
+one model there, POST /vertex (Vertex AI's instances, each a body of /), and GET /info.
+The models, queue, limits, errors and timing headers are those of the /v1 routes (their
+functions run them); only the bodies' shapes are TEI's. /rerank also takes the body that
+Infinity and vLLM take at that path (Cohere's, with ``documents``) and answers it as
+/v1/rerank. (/tokenize, /decode and /embeddings sit beside their /v1 twins, in their own
+files; GET / and /ping, TEI's and SageMaker's health checks, beside /ready.)"""
 
 from __future__ import annotations
 
+import asyncio
+
+import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import TypeAdapter, ValidationError
 
 from server import errors, postprocess
+from server.engine import Result
 from server.routes import rerank as v1
 from server.routes.classify import classified
-from server.routes.common import choose_root, reply, service
+from server.routes.common import check_limits, choose_root, reply, service
 from server.routes.embed import embedded
 from server.schemas import (
     EmbedRequest,
     RerankRequest,
     RerankResponse,
     Score,
+    TeiAnswer,
     TeiInfo,
     TeiPredictRequest,
     TeiRank,
@@ -32,48 +37,54 @@ from server.schemas import (
     TeiRootRequest,
     TeiSimilarityParameters,
     TeiSimilarityRequest,
+    TeiVertexRequest,
+    TeiVertexResponse,
 )
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
-@router.post("/embed", response_model=list[list[float]], responses=errors.INFERENCE)
-async def embed(body: EmbedRequest, request: Request):
-    """/v1/embed's request; the embeddings alone, one list per input."""
+# each route's answer and its run, for the route, the root and /vertex -----------------
+async def embedding(body: EmbedRequest, request: Request) -> tuple[np.ndarray, Result]:
     _, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
                                         body.prompt_name, body.truncation, body.normalize)
-    return reply(request, vectors, result)
+    return vectors, result
 
 
-@router.post("/similarity", response_model=list[float], responses=errors.INFERENCE)
-async def similarity(body: TeiSimilarityRequest, request: Request):
-    """The cosine of source_sentence's embedding with each sentence's, in order."""
+async def similarities(body: TeiSimilarityRequest, request: Request
+                       ) -> tuple[np.ndarray, Result]:
     parameters = body.parameters or TeiSimilarityParameters()
     _, vectors, result = await embedded(request, body.model, body.texts, None,
                                         parameters.prompt_name, parameters.truncation)
-    return reply(request, vectors[1:] @ vectors[0], result)  # unit length: the cosines
+    return vectors[1:] @ vectors[0], result  # unit length: the cosines
 
 
-# POST / (and SageMaker's /invocations) as TEI serves its one model there: the body of the
-# route that does what the model does, documented as any of them
+async def predictions(body: TeiPredictRequest, request: Request) -> tuple[list, Result]:
+    _, results, result = await classified(body, request)
+    return results if body.batch else results[0], result
+
+
+async def ranks(body: TeiRerankRequest, request: Request) -> tuple[list[dict], Result]:
+    _, scores, result = await v1.scored(body, request)
+    texts = body.document_texts
+    return [{"index": r["index"], "score": r["relevance_score"],
+             **({"text": texts[r["index"]]} if body.return_text else {})}
+            for r in postprocess.ranked(scores, texts, None, False)], result
+
+
+ANSWERS = {EmbedRequest: embedding, TeiSimilarityRequest: similarities,
+           TeiPredictRequest: predictions, TeiRerankRequest: ranks}
+# the body of POST /, by what its model does
 ROOT_BODIES = {"embed": TypeAdapter(TeiRootRequest), "classify": TypeAdapter(TeiPredictRequest),
                "rerank": TypeAdapter(TeiRerankRequest)}
-ROOT_DOCUMENTED = {"requestBody": {"content": {"application/json": {"schema": {"anyOf": [
-    {"$ref": f"#/components/schemas/{body.__name__}"}
-    for body in (EmbedRequest, TeiSimilarityRequest, TeiPredictRequest, TeiRerankRequest)]}}}}}
-ROOT_ANSWERS = list[list[float]] | list[float] | list[Score] | list[list[Score]] | list[TeiRank]
 
 
-@router.post("/", response_model=ROOT_ANSWERS, response_model_exclude_none=True,
-             responses=errors.INFERENCE, openapi_extra=ROOT_DOCUMENTED)
-@router.post("/invocations", response_model=ROOT_ANSWERS, response_model_exclude_none=True,
-             responses=errors.INFERENCE, openapi_extra=ROOT_DOCUMENTED)
-async def root(body: dict, request: Request):
-    """The model named in ``model``, else the only one, else the one embedding model; an
-    embedding model's body: /embed's (huggingface_hub's feature_extraction) or
-    /similarity's (its sentence_similarity), answered as there; a classifier's: /predict's
-    (its text_classification), or /rerank's when it has a ``query``."""
+def parse_root(body: dict, request: Request):
+    """POST /'s body, as the route doing what its model does takes it: the model named in
+    ``model``, else the only one, else the one embedding model; an embedding model's body
+    is /embed's or /similarity's, a classifier's /predict's, or /rerank's when it has a
+    ``query``."""
     name = body.get("model")
     engine = choose_root(request, name if isinstance(name, str) else None)
     if engine.task == "ner":
@@ -81,12 +92,83 @@ async def root(body: dict, request: Request):
                               "TEI's / does not serve: POST /v1/ner")
     kind = "rerank" if engine.task == "classify" and "query" in body else engine.task
     try:  # the model chosen, named: the route's own choice is the same
-        parsed = ROOT_BODIES[kind].validate_python({"model": engine.name, **body})
+        return ROOT_BODIES[kind].validate_python({"model": engine.name, **body})
     except ValidationError as e:
         raise errors.ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
-    route = {TeiSimilarityRequest: similarity, TeiPredictRequest: predict,
-             TeiRerankRequest: rerank}.get(type(parsed), embed)
-    return await route(parsed, request)
+
+
+# the routes -------------------------------------------------------------------------
+@router.post("/embed", response_model=list[list[float]], responses=errors.INFERENCE)
+async def embed(body: EmbedRequest, request: Request):
+    """/v1/embed's request; the embeddings alone, one list per input."""
+    return reply(request, *await embedding(body, request))
+
+
+@router.post("/similarity", response_model=list[float], responses=errors.INFERENCE)
+async def similarity(body: TeiSimilarityRequest, request: Request):
+    """The cosine of source_sentence's embedding with each sentence's, in order."""
+    return reply(request, *await similarities(body, request))
+
+
+# POST / (and SageMaker's /invocations) as TEI serves its one model there: the body of the
+# route that does what the model does, documented as any of them
+ROOT_DOCUMENTED = {"requestBody": {"content": {"application/json": {"schema": {"anyOf": [
+    {"$ref": f"#/components/schemas/{body.__name__}"} for body in ANSWERS]}}}}}
+
+
+@router.post("/", response_model=TeiAnswer, response_model_exclude_none=True,
+             responses=errors.INFERENCE, openapi_extra=ROOT_DOCUMENTED)
+@router.post("/invocations", response_model=TeiAnswer, response_model_exclude_none=True,
+             responses=errors.INFERENCE, openapi_extra=ROOT_DOCUMENTED)
+async def root(body: dict, request: Request):
+    """The route's answer for the model parse_root chooses: an embedding model's /embed or
+    /similarity (huggingface_hub's feature_extraction, sentence_similarity), a
+    classifier's /predict (its text_classification) or /rerank."""
+    parsed = parse_root(body, request)
+    return reply(request, *await ANSWERS[type(parsed)](parsed, request))
+
+
+@router.post("/vertex", response_model=TeiVertexResponse, response_model_exclude_none=True,
+             responses=errors.INFERENCE)
+async def vertex(body: TeiVertexRequest, request: Request):
+    """Vertex AI's prediction request (deploy with the predict route /vertex): each
+    instance a body POST / takes, run together; an instance refused refuses them all,
+    named by its index."""
+    check_limits(request, [], len(body.instances), "instances")
+    parsed = []
+    for i, instance in enumerate(body.instances):
+        try:
+            parsed.append(parse_root(instance, request))
+        except errors.ApiError as e:
+            raise _instance(i, e) from None
+
+    async def run(i: int, instance):
+        try:
+            return await ANSWERS[type(instance)](instance, request)
+        except errors.ApiError as e:
+            raise _instance(i, e) from None
+
+    try:
+        async with asyncio.TaskGroup() as group:  # the first refusal cancels the others
+            runs = [group.create_task(run(i, instance)) for i, instance in enumerate(parsed)]
+    except ExceptionGroup as failed:
+        raise failed.exceptions[0] from None
+    answers = [task.result() for task in runs]
+    return reply(request, {"predictions": [answer for answer, _ in answers]},
+                 _together([result for _, result in answers]))
+
+
+def _instance(i: int, error: errors.ApiError) -> errors.ApiError:
+    return errors.ApiError(error.status, error.kind, f"instances.{i}: {error.message}",
+                           error.headers)
+
+
+def _together(results: list[Result]) -> Result:
+    """One run's account of runs made at once (the timing headers): the counts summed,
+    each time the longest."""
+    return Result([], sum(r.tokens for r in results), sum(r.characters for r in results),
+                  max(r.tokenize_s for r in results), max(r.queued_s for r in results),
+                  max(r.inference_s for r in results), results[0].device)
 
 
 @router.post("/predict", response_model=list[Score] | list[list[Score]],
@@ -94,8 +176,7 @@ async def root(body: dict, request: Request):
 async def predict(body: TeiPredictRequest, request: Request):
     """Every label's score, highest first: a list for a text or a pair, a list of them for
     a batch."""
-    _, results, result = await classified(body, request)
-    return reply(request, results if body.batch else results[0], result)
+    return reply(request, *await predictions(body, request))
 
 
 @router.post("/rerank", response_model=list[TeiRank] | RerankResponse,
@@ -106,11 +187,7 @@ async def rerank(body: TeiRerankBody, request: Request):
     /v1/rerank."""
     if isinstance(body, RerankRequest):
         return await v1.rerank(body, request)
-    _, scores, result = await v1.scored(body, request)
-    texts = body.document_texts
-    return reply(request, [{"index": r["index"], "score": r["relevance_score"],
-                            **({"text": texts[r["index"]]} if body.return_text else {})}
-                           for r in postprocess.ranked(scores, texts, None, False)], result)
+    return reply(request, *await ranks(body, request))
 
 
 # 422: FastAPI would document its own error shape for the query parameter (never refused)

@@ -46,6 +46,6 @@ def test_schemathesis_all_checks_on_every_operation(repository, tmp_path):
         # TEI's, Infinity's and SageMaker's
         "POST /embeddings", "POST /tokenize", "POST /decode", "POST /embed", "POST /",
         "POST /invocations", "POST /similarity", "POST /predict", "POST /rerank",
-        "POST /classify", "GET /info", "GET /models", "GET /", "GET /ping"]
+        "POST /classify", "POST /vertex", "GET /info", "GET /models", "GET /", "GET /ping"]
     assert tested.split()[-1] == str(len(operations)), summary  # every operation
     assert " passed" in summary and "failure" not in summary.lower(), summary

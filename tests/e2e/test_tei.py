@@ -121,6 +121,44 @@ def test_the_root_answers_as_the_route_of_what_its_model_does(url):
     assert res.status_code == 422 and "model: Input should be a valid string" in res.text
 
 
+def _same(a, b) -> bool:
+    """Equal JSON, floats to 1e-5 (inputs batched with others may differ in the last bits)."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, float):
+        return abs(a - b) < 1e-5
+    return a == b
+
+
+def test_vertex_answers_each_instance_as_the_root(url):
+    instances = [{"inputs": "Dogs bark."}, {"model": "classifier", "inputs": PAIR},
+                 {"model": "cross", "query": "q", "texts": ["a", "b"], "return_text": True},
+                 {"inputs": {"source_sentence": "a", "sentences": ["b", "c"]}}]
+    res = httpx.post(url + "/vertex", json={"instances": instances}, timeout=60)
+    assert res.status_code == 200, res.text
+    alone = [httpx.post(url + "/", json=instance) for instance in instances]
+    assert _same(res.json(), {"predictions": [answer.json() for answer in alone]})
+    assert int(res.headers["x-compute-tokens"]) == sum(
+        int(answer.headers["x-compute-tokens"]) for answer in alone)
+
+    def refused(instances):
+        res = httpx.post(url + "/vertex", json={"instances": instances})
+        return res.status_code, res.json()["error"]["message"]
+
+    # an instance refused refuses them all, named by its index
+    assert refused([{"inputs": "a"}, {"inputs": 5}])[0] == 422
+    assert refused([{"inputs": "a"}, {"inputs": 5}])[1].startswith("instances.1: inputs")
+    assert refused([{"model": "tagger", "inputs": "a"}]) == (
+        400, "instances.0: model 'tagger' does ner, which TEI's / does not serve: POST /v1/ner")
+    code, message = refused([{"inputs": "a"}, {"inputs": ["x"] * 9}])
+    assert code == 413 and message.startswith("instances.1: 9 inputs"), message
+    assert refused([{"inputs": "a"}] * 9) == (413, "9 instances; at most 8 per request "
+                                                   "(DISTILSERVE_MAX_INPUTS)")
+    assert refused([])[0] == 422
+
+
 def test_a_lone_classifier_is_served_at_the_root(tiny_checkpoints, tmp_path, monkeypatch):
     """As TEI serves a classifier: its /predict at / and /info, unnamed; huggingface_hub's
     text_classification works against it."""
