@@ -110,6 +110,25 @@ async def similarity(body: TeiSimilarityRequest, request: Request):
     return reply(request, *await similarities(body, request))
 
 
+@router.post("/predict", response_model=list[Score] | list[list[Score]],
+             responses=errors.INFERENCE)
+async def predict(body: TeiPredictRequest, request: Request):
+    """Every label's score, highest first: a list for a text or a pair, a list of them for
+    a batch."""
+    return reply(request, *await predictions(body, request))
+
+
+@router.post("/rerank", response_model=list[TeiRank] | RerankResponse,
+             response_model_exclude_none=True, responses=errors.INFERENCE)
+async def rerank(body: TeiRerankBody, request: Request):
+    """TEI's body (``texts``): every text's score, highest first (ties in input order),
+    with the text if asked. Cohere's, Jina's, Infinity's and vLLM's (``documents``): as
+    /v1/rerank."""
+    if isinstance(body, RerankRequest):
+        return await v1.rerank(body, request)
+    return reply(request, *await ranks(body, request))
+
+
 # POST / (and SageMaker's /invocations) as TEI serves its one model there: the body of the
 # route that does what the model does, documented as any of them
 ROOT_DOCUMENTED = {"requestBody": {"content": {"application/json": {"schema": {"anyOf": [
@@ -169,25 +188,6 @@ def _together(results: list[Result]) -> Result:
     return Result([], sum(r.tokens for r in results), sum(r.characters for r in results),
                   max(r.tokenize_s for r in results), max(r.queued_s for r in results),
                   max(r.inference_s for r in results), results[0].device)
-
-
-@router.post("/predict", response_model=list[Score] | list[list[Score]],
-             responses=errors.INFERENCE)
-async def predict(body: TeiPredictRequest, request: Request):
-    """Every label's score, highest first: a list for a text or a pair, a list of them for
-    a batch."""
-    return reply(request, *await predictions(body, request))
-
-
-@router.post("/rerank", response_model=list[TeiRank] | RerankResponse,
-             response_model_exclude_none=True, responses=errors.INFERENCE)
-async def rerank(body: TeiRerankBody, request: Request):
-    """TEI's body (``texts``): every text's score, highest first (ties in input order),
-    with the text if asked. Cohere's, Jina's, Infinity's and vLLM's (``documents``): as
-    /v1/rerank."""
-    if isinstance(body, RerankRequest):
-        return await v1.rerank(body, request)
-    return reply(request, *await ranks(body, request))
 
 
 # 422: FastAPI would document its own error shape for the query parameter (never refused)
