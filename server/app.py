@@ -287,9 +287,10 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
                            expose_headers=EXPOSED, max_age=600)
     routers = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
                tei.router, models_route.router, health.router)
-    # outermost: counts the 401s and 413s too, under the route they were sent to
+    # outside the API key and the body limit: counts the 401s and 413s too, under the route
+    # they were sent to
     app.add_middleware(RequestMetrics, routes=[r for router in routers for r in router.routes])
-    app.add_middleware(RequestId)
+    app.add_middleware(RequestId)  # outermost: every answer carries the request's id
     for router in routers:
         app.include_router(router)
     return app
