@@ -539,6 +539,7 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         wrong = httpx.post(u + "/v1/embed", json={"inputs": "x"},
                            headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and "API key" in wrong.json()["error"]["message"]
+        assert len(wrong.headers["x-request-id"]) == 32  # every answer: refused ones too
         assert httpx.get(u + "/v1/models").status_code == 401
         assert httpx.get(u + "/v1/models/minilm").status_code == 401
         text = httpx.get(u + "/metrics", headers=auth).text  # counted by route all the same
