@@ -11,11 +11,14 @@ import httpx
 
 
 class DistilServeError(Exception):
-    """An error answer: ``status``, ``type`` and ``message`` from the body."""
+    """An error answer: ``status``, ``type`` and ``message`` from the body, and the
+    ``request_id`` the server logged it under (its X-Request-Id)."""
 
-    def __init__(self, status: int, type: str, message: str):
-        super().__init__(f"{status} {type}: {message}")
+    def __init__(self, status: int, type: str, message: str, request_id: str | None = None):
+        super().__init__(f"{status} {type}: {message}"
+                         + (f" (request {request_id})" if request_id else ""))
         self.status, self.type, self.message = status, type, message
+        self.request_id = request_id
 
 
 class BadRequest(DistilServeError):
@@ -55,7 +58,8 @@ def _raise_for(response: httpx.Response) -> Any:
         kind, message = err["type"], err["message"]
     except (ValueError, KeyError, TypeError):
         kind, message = "http_error", response.text
-    raise _ERRORS.get(response.status_code, DistilServeError)(response.status_code, kind, message)
+    raise _ERRORS.get(response.status_code, DistilServeError)(
+        response.status_code, kind, message, response.headers.get("x-request-id"))
 
 
 def _delay(response: httpx.Response, attempt: int, backoff: float) -> float:
@@ -90,6 +94,10 @@ class _Base:
     @staticmethod
     def _tokenize_body(inputs, model, add_special_tokens):
         return {"inputs": inputs, "model": model, "add_special_tokens": add_special_tokens}
+
+    @staticmethod
+    def _decode_body(ids, model, skip_special_tokens):
+        return {"ids": ids, "model": model, "skip_special_tokens": skip_special_tokens}
 
     @staticmethod
     def _classify_body(inputs, model, top_k, truncate, direction, raw_scores):
@@ -135,6 +143,11 @@ class DistilServeClient(_Base):
         """Per input its tokens: {id, text, start, stop, special}."""
         return self._call("POST", "/v1/tokenize",
                           self._tokenize_body(inputs, model, add_special_tokens))
+
+    def decode(self, ids, model=None, skip_special_tokens=True) -> list[str]:
+        """The text of each list of token ids ([int] for one)."""
+        return self._call("POST", "/v1/decode",
+                          self._decode_body(ids, model, skip_special_tokens))
 
     def classify(self, inputs, model=None, top_k=None, truncate=True,
                  truncation_direction="right", raw_scores=False) -> list[list[dict]]:
@@ -197,6 +210,10 @@ class AsyncDistilServeClient(_Base):
     async def tokenize(self, inputs, model=None, add_special_tokens=True):
         return await self._call("POST", "/v1/tokenize",
                                 self._tokenize_body(inputs, model, add_special_tokens))
+
+    async def decode(self, ids, model=None, skip_special_tokens=True):
+        return await self._call("POST", "/v1/decode",
+                                self._decode_body(ids, model, skip_special_tokens))
 
     async def classify(self, inputs, model=None, top_k=None, truncate=True,
                        truncation_direction="right", raw_scores=False):

@@ -37,6 +37,7 @@ def test_sync_client_mirrors_the_routes(url):
         with pytest.raises(NotFound) as e:
             c.embed("x", model="missing")
         assert e.value.status == 404 and "missing" in e.value.message
+        assert len(e.value.request_id) == 32 and e.value.request_id in str(e.value)
         with pytest.raises(BadRequest):
             c.embed([])
         short = c.embed(["a", "b"], dimensions=8)
@@ -48,6 +49,10 @@ def test_sync_client_mirrors_the_routes(url):
         # the input's own text, as TEI gives it (the tokenizer lower-cases: "hello")
         assert [t["text"] for t in tokens[0]] == ["[CLS]", "Hello", "world", "[SEP]"]
         assert (tokens[0][2]["start"], tokens[0][2]["stop"]) == (6, 11)
+        ids = [t["id"] for t in tokens[0]]
+        assert c.decode(ids, model="cmow-embed") == ["hello world"]
+        assert c.decode([ids], model="cmow-embed", skip_special_tokens=False) == [
+            "[CLS] hello world [SEP]"]
         with pytest.raises(BadRequest, match="more than model 'cmow-embed'"):
             c.embed("x", dimensions=100_000)
         with pytest.raises(BadRequest, match="prompt_name 'query': model 'cmow-embed' has no"):
@@ -77,6 +82,8 @@ def test_async_client_mirrors_the_routes(url):
             assert len(vectors) == 1 and len(vectors[0]) == 4 and len(results[0]) == 2
             assert sorted(r["index"] for r in ranked) == [0, 1]
             assert [len(t) for t in tokens] == [3, 4]
+            ids = [[t["id"] for t in input_tokens] for input_tokens in tokens]
+            assert await c.decode(ids, model="cmow-ner") == ["x", "y z"]
             return await c.models()
 
     assert len(asyncio.run(go())) == 3
