@@ -97,6 +97,7 @@ class FAlbert(RecursiveEncoder):
         super().__init__()
         self.config = config
         self.task = task
+        self.pooling = "mean"  # an embedding: "none" returns the token vectors [B, T, D]
         self.num_iterations = config.num_hidden_layers
         self.ffn_widths = config.ffn_widths
         # every reuse with the whole FFN (ALBERT, LR-ALBERT): not sliced (AlbertLayer)
@@ -119,7 +120,7 @@ class FAlbert(RecursiveEncoder):
 
     def output(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.task == "embed":
-            return heads.mean_pool(hidden, attention_mask)  # [B, D]
+            return heads.pool(hidden, attention_mask, self.pooling)  # [B, D] (none: [B, T, D])
         if self.task == "classify":
             return self.classifier(torch.tanh(self.albert.pooler(hidden[:, 0])))  # [B, C]
         return self.classifier(hidden)  # [B, T, C]

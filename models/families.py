@@ -25,6 +25,9 @@ class Family:
     architecture: str | None = None  # config.json "architectures": this + the task's suffix
     recursive: bool = False  # one shared layer applied many times (export --loop keep)
     pooling: str = "mean"  # how an embedding is pooled (the manifest's "pooling")
+    # a vector per token that an embedding model can give unpooled (export
+    # --token-embeddings); CMOW's embedding is a product of token matrices
+    token_vectors: bool = True
     dtypes: tuple[str, ...] = ALL_DTYPES  # compute dtypes it runs in
 
     @property
@@ -41,7 +44,7 @@ REGISTRY: dict[str, Family] = {f.name: f for f in (
     Family("falbert", falbert.PRESETS, ("falbert",), falbert.FAlbertConfig, falbert.FAlbert,
            "FAlbert", recursive=True),
     Family("cmow", cmow.PRESETS, ("seq2mat",), cmow.CmowConfig, cmow.Cmow, "Seq2Mat",
-           pooling="cmow", dtypes=cmow.DTYPES),
+           pooling="cmow", dtypes=cmow.DTYPES, token_vectors=False),
 )}
 FAMILIES = tuple(REGISTRY)
 RECURSIVE = tuple(f.name for f in REGISTRY.values() if f.recursive)

@@ -1,6 +1,7 @@
 """What every family puts on top of its encoder: pooling and the task output.
 
-Tasks: ``embed`` -> sentence embedding [B, D]; ``classify`` -> logits [B, C];
+Tasks: ``embed`` -> sentence embedding [B, D] (or, exported with --token-embeddings,
+the token vectors [B, T, D], pooled by the service); ``classify`` -> logits [B, C];
 ``ner`` -> per-token logits [B, T, C]. Normalisation and softmax happen after the model,
 in the server's postprocessing, so that exported graphs carry raw numbers.
 """
@@ -31,11 +32,14 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, how: str) -> torch.Tensor:
     """A sentence embedding from token vectors, [B, T, D] -> [B, D]: ``mean`` of the real
-    tokens' vectors, or ``cls``, the first token's (the [CLS] token's)."""
+    tokens' vectors, or ``cls``, the first token's (the [CLS] token's); ``none``: the token
+    vectors themselves, [B, T, D] (a model exported with --token-embeddings)."""
+    if how == "none":
+        return hidden
     if how == "cls":
         return hidden[:, 0]
     if how != "mean":
-        raise ValueError(f"unknown pooling {how!r} (mean, cls)")
+        raise ValueError("unknown pooling " + how + " (mean, cls, none)")
     return mean_pool(hidden, attention_mask)
 
 

@@ -124,6 +124,7 @@ class MiniAlbert(RecursiveEncoder):
         super().__init__()
         self.config = config
         self.task = task
+        self.pooling = "mean"  # an embedding: "none" returns the token vectors [B, T, D]
         self.num_iterations = config.num_hidden_layers
         self.albert = _Backbone(config)
         self.classifier = (nn.Linear(config.hidden_size, num_labels) if task != "embed"
@@ -144,7 +145,7 @@ class MiniAlbert(RecursiveEncoder):
     def output(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Final hidden [B, T, D] -> the task's output."""
         if self.task == "embed":
-            return heads.mean_pool(hidden, attention_mask)  # [B, D]
+            return heads.pool(hidden, attention_mask, self.pooling)  # [B, D] (none: [B, T, D])
         if self.task == "classify":
             return self.classifier(hidden[:, 0])  # first token, no pooler: [B, C]
         return self.classifier(hidden)  # [B, T, C]

@@ -69,7 +69,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             manifest = export.export(args.checkpoint, args.output, args.format, args.loop,
                                      args.quantize, args.task, args.max_length, progress,
                                      force=args.force, relevant_label=args.relevant_label,
-                                     pooling=args.pooling)
+                                     pooling=args.pooling,
+                                     token_embeddings=args.token_embeddings)
         except export.ExportError as e:
             print(f"distilserve export: {e}", file=sys.stderr)
             return 1
@@ -83,6 +84,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print("int8 vs fp32: " + ", ".join(f"{k} {v:.4f}" for k, v in figures.items())
               + f" ({len(q['kept_fp32'])} MatMuls kept in fp32)")
     pooled = (f", {manifest.pooling} pooling" if manifest.pooling else "") + (
+        " of its token embeddings" if manifest.token_embeddings else "") + (
         f", prompts {', '.join(manifest.prompts)}" if manifest.prompts else "")
     print(f"wrote {args.output} ({manifest.family} {manifest.task}{pooled}, max_length "
           f"{manifest.max_length}, backend {manifest.backend}, artifact {manifest.artifact})")
@@ -355,6 +357,10 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--pooling", choices=["mean", "cls"],
                      help="an embedding model's pooling of its tokens (default: what its "
                      "sentence-transformers files say, else mean)")
+    exp.add_argument("--token-embeddings", action="store_true",
+                     help="an embedding model: the artifact gives every token's vector, "
+                     "served by TEI's /embed_all, and the service pools them for the other "
+                     "embedding routes")
     exp.add_argument("--relevant-label",
                      help="a classification model used as a cross-encoder by /v1/rerank: "
                      "the label whose probability is relevance (default: the second of two)")

@@ -1,7 +1,7 @@
 """One served model: validation that needs its tokenizer (an input too long, before
 anything is queued) -> batching queue -> tokenise and run on the model's inference thread
-(server/batching.py) -> one raw output per input (NER: with its encoding). The routes
-postprocess them (server/postprocess.py).
+(server/batching.py) -> one raw output per input (per token, [T, X], for NER, with its
+encoding, and for token embeddings). The routes postprocess them (server/postprocess.py).
 
 Nothing here knows about HTTP: errors are ``ApiError``-free exceptions that the routes
 translate (``InputTooLong``, ``QueueFull``, ``OverQueue``, ``ModelUnavailable``).
@@ -104,7 +104,8 @@ def open_runtime(folder: Path, manifest: Manifest, settings: Settings) -> Backen
         return open_backend(
             manifest.backend, folder, manifest.artifact, settings.model_threads(),
             manifest.num_iterations, manifest.device or settings.device,
-            manifest.dtype or settings.dtype, manifest.allowed_dtypes, checkpoint_on_gpu=True)
+            manifest.dtype or settings.dtype, manifest.allowed_dtypes, checkpoint_on_gpu=True,
+            token_embeddings=manifest.token_embeddings)
     except BackendError as e:
         raise ModelLoadError(f"{folder}: {e}") from None
 
@@ -123,6 +124,9 @@ class Engine:
         self.multi_label = manifest.multi_label  # a classifier's labels are independent
         # an embedding model's prompts by name, and the one put before unprompted inputs
         self.prompts: dict[str, str] = manifest.prompts
+        # the service pools an embedding model's token vectors (export --token-embeddings)
+        self.pools = manifest.pooling if manifest.token_embeddings else None
+        self.per_token = manifest.task == "ner" or self.pools is not None  # [T, X] an input
         self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
         self.max_length = manifest.max_length
         # OpenAI's model object's "created": when the model was exported (Unix seconds)
@@ -200,6 +204,8 @@ class Engine:
         for key in ("loop", "pooling", "dimensions", "parameters"):
             if getattr(self.manifest, key) is not None:
                 info[key] = getattr(self.manifest, key)
+        if self.pools:
+            info["token_embeddings"] = True
         if self.prompts:
             info["prompts"] = self.prompts
             info["default_prompt_name"] = self.manifest.default_prompt_name
@@ -329,7 +335,7 @@ class Engine:
         encodings = [item.encoding for item in items]
         if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):
             self.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
-        outputs = [r[: len(e.ids)] if self.task == "ner" else r for r, e in zip(raw, encodings)]
+        outputs = [r[: len(e.ids)] if self.per_token else r for r, e in zip(raw, encodings)]
         if self.task == "ner":
             outputs = list(zip(outputs, encodings))
         tokenized, waited, running = time_spent(items)

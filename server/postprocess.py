@@ -1,5 +1,5 @@
-"""Pure functions from model outputs to response items: pooling outputs, softmax/top-k,
-token scores -> entity spans. Tested without a server.
+"""Pure functions from model outputs to response items: pooling token vectors,
+normalising, softmax/top-k, token scores -> entity spans. Tested without a server.
 
 The NER functions reproduce transformers' token-classification pipeline (its
 ``gather_pre_entities``, ``aggregate`` and ``group_entities``), with one difference the
@@ -30,6 +30,20 @@ def normalize(v: np.ndarray) -> np.ndarray:
     """Unit length along the last axis: one vector, or the rows of [N, D]."""
     length = np.sqrt((v * v).sum(axis=-1, keepdims=True))  # np.linalg.norm, in less time
     return v / np.maximum(length, 1e-12)
+
+
+def sentence_embeddings(outputs: list[np.ndarray], pooling: str | None) -> np.ndarray:
+    """The inputs' embeddings [N, D] from an embedding model's outputs: pooled already
+    (``pooling`` None), or each input's token vectors [T_i, D] (its padding left out),
+    pooled here as the exported graphs pool (models/heads.pool): ``mean``, or ``cls``,
+    the first token's."""
+    if pooling is None:
+        return np.stack(outputs)
+    if pooling == "mean":
+        return np.stack([tokens.mean(0) for tokens in outputs])
+    if pooling == "cls":
+        return np.stack([tokens[0] for tokens in outputs])
+    raise ValueError(f"unknown pooling {pooling!r} (mean, cls)")
 
 
 def cosine_ranking(query: np.ndarray, documents: np.ndarray) -> np.ndarray:

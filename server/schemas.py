@@ -211,6 +211,13 @@ class TeiRerankRequest(_Truncated):
         return [self.query, *self.texts_]
 
 
+class TeiEmbedAllRequest(_Truncated):
+    """TEI's /embed_all."""
+
+    inputs: Texts
+    prompt_name: str | None = Field(None, description="as /v1/embed's")
+
+
 class TeiSimilarityInputs(BaseModel):
     model_config = _Request.model_config
     source_sentence: str

@@ -62,14 +62,17 @@ def _versions() -> dict[str, str]:
 def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str = "unroll",
            quantize: str | None = None, task: str | None = None, max_length: int | None = None,
            progress: Callable[[str], None] = lambda step: None, force: bool = False,
-           relevant_label: str | None = None, pooling: str | None = None) -> Manifest:
+           relevant_label: str | None = None, pooling: str | None = None,
+           token_embeddings: bool = False) -> Manifest:
     """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
     manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
     and then replaced only once the new folder is complete. ``max_length`` defaults to
     the length the checkpoint was trained for (sentence-transformers' max_seq_length)
     where its files say, else its position embeddings'; ``pooling`` (mean, cls) overrides
-    its sentence-transformers files' for an embedding model. Raises CheckpointError
-    (unreadable checkpoint) or ExportError."""
+    its sentence-transformers files' for an embedding model; ``token_embeddings``: the
+    artifact gives an embedding model's token vectors [B, T, D], which the service pools
+    (TEI's /embed_all serves them). Raises CheckpointError (unreadable checkpoint) or
+    ExportError."""
     output = Path(output)
     if output.exists() and not force:
         raise ExportError(f"{output} already exists (a server may be serving it); pass "
@@ -81,7 +84,7 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     if quantize not in (None, "int8") or (quantize and fmt != "onnx"):
         raise ExportError("--quantize int8 applies to --format onnx only")
     progress("loading the checkpoint")
-    ckpt = checkpoint.load(source, task=task, pooling=pooling)
+    ckpt = checkpoint.load(source, task=task, pooling=pooling, token_embeddings=token_embeddings)
     if pooling is not None and ckpt.task != "embed":
         raise ExportError(f"--pooling applies to embedding models, not to this {ckpt.task} "
                           "model")
@@ -100,7 +103,7 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
         manifest = _export_into(staging, ckpt, tokenizer, fmt, loop, quantize, max_length,
-                                progress, relevant_label)
+                                progress, relevant_label, token_embeddings)
         progress("moving into place")
         replace(staging, output)
         return manifest
@@ -123,7 +126,8 @@ def replace(new: Path, output: Path) -> None:
 
 def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str, loop: str,
                  quantize: str | None, max_length: int,
-                 progress: Callable[[str], None], relevant_label: str | None = None) -> Manifest:
+                 progress: Callable[[str], None], relevant_label: str | None = None,
+                 token_embeddings: bool = False) -> Manifest:
     checkpoint.save(ckpt, folder / "checkpoint")
     artifact = ARTIFACT[fmt]
     model = ckpt.model.eval()
@@ -131,7 +135,8 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     progress(f"exporting to {fmt}" + (f" (loop {loop})" if ckpt.family in families.RECURSIVE else ""))
     with torch.no_grad():
         if fmt == "onnx":
-            to_onnx(model, ckpt.task, folder / artifact, loop)
+            to_onnx(model, folder / artifact, loop,
+                    per_token=ckpt.task == "ner" or token_embeddings)
         elif fmt == "torchscript":
             to_torchscript(model, folder / artifact, loop)
     depth = getattr(model, "num_iterations", None)
@@ -139,7 +144,8 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
 
     progress("checking parity against PyTorch")
     batches = parity_inputs(tokenizer, max_length, ckpt.task)
-    backend = open_backend(fmt, folder, artifact, num_iterations=depth)
+    backend = open_backend(fmt, folder, artifact, num_iterations=depth,
+                           token_embeddings=token_embeddings)
     try:
         parity, references = compare(model, backend, batches)
     except ValueError as e:  # a shape PyTorch does not give
@@ -171,7 +177,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     manifest = Manifest(
         task=ckpt.task, family=ckpt.family, labels=ckpt.labels,
         relevant_label=relevant_label, multi_label=ckpt.multi_label, max_length=max_length,
-        pooling=ckpt.pooling,
+        pooling=ckpt.pooling, token_embeddings=token_embeddings,
         prompts=ckpt.pipeline.prompts if ckpt.pipeline else {},
         default_prompt_name=ckpt.pipeline.default_prompt_name if ckpt.pipeline else None,
         dimensions=int(references[0].shape[-1]) if ckpt.task == "embed" else None,

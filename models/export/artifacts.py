@@ -74,10 +74,11 @@ def leaving_out(logger: logging.Logger, keep: Callable[[logging.LogRecord], bool
         logger.removeFilter(keep)
 
 
-def to_onnx(model: nn.Module, task: str, path: Path, loop: str = "unroll") -> None:
-    """Writes an ONNX graph with dynamic batch and sequence axes."""
+def to_onnx(model: nn.Module, path: Path, loop: str = "unroll", per_token: bool = False) -> None:
+    """Writes an ONNX graph with dynamic batch and sequence axes (the output's too where
+    it has one, ``per_token``: NER logits, token embeddings)."""
     axes = {name: {0: "batch", 1: "sequence"} for name in INPUT_NAMES}
-    axes["output"] = {0: "batch", 1: "sequence"} if task == "ner" else {0: "batch"}
+    axes["output"] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
     args = example_inputs()
     names = list(INPUT_NAMES)
     if loop == "keep":

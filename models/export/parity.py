@@ -66,15 +66,17 @@ def compare(model: nn.Module, backend, batches: list[dict[str, np.ndarray]]) -> 
 
 
 def agreement(task: str, reference: np.ndarray, other: np.ndarray, mask: np.ndarray) -> dict:
-    """How far an approximate artifact (int8) is from the exact one."""
+    """How far an approximate artifact (int8) is from the exact one: embeddings' cosines,
+    or how often the labels agree; per token (NER, token embeddings), the real tokens'."""
+    if reference.ndim == 3:  # [B, T, X]: the real tokens' rows, [N, X]
+        real = mask.astype(bool)
+        reference, other = reference[real], other[real]
     if task == "embed":
         a = reference / np.linalg.norm(reference, axis=-1, keepdims=True)
         b = other / np.linalg.norm(other, axis=-1, keepdims=True)
         cos = (a * b).sum(-1)
         return {"min_cosine": float(cos.min()), "mean_cosine": float(cos.mean())}
     same = reference.argmax(-1) == other.argmax(-1)
-    if task == "ner":
-        same = same[mask.astype(bool)]
     return {"argmax_agreement": float(same.mean())}
 
 

@@ -309,13 +309,15 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path) -
 
 
 def load(path: str | Path, task: str | None = None, overrides: dict | None = None,
-         pooling: str | None = None) -> Checkpoint:
+         pooling: str | None = None, token_embeddings: bool = False) -> Checkpoint:
     """Loads a checkpoint folder of any family, strictly. ``task`` overrides the task
     its config names (a classifier's encoder can be loaded as an embedding model);
     ``overrides`` changes config fields, e.g. ``{"model_type": "falbert",
     "num_hidden_layers": 6}`` loads an ALBERT checkpoint as LR-ALBERT. An embedding model
     pools as its sentence-transformers files say (models/io/sentence_transformers.py),
-    else as its family does, unless ``pooling`` (mean, cls) says otherwise."""
+    else as its family does, unless ``pooling`` (mean, cls) says otherwise; with
+    ``token_embeddings`` its model returns the token vectors [B, T, D] unpooled (the
+    checkpoint's ``pooling`` still says how they are pooled)."""
     path = Path(path)
     try:  # a sentence-transformers folder of the older layout keeps it in 0_Transformer/
         encoder = st.encoder_folder(path)
@@ -347,10 +349,18 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         labels = [hf.id2label[i] for i in range(hf.num_labels)] if task != "embed" else []
     if task != "embed" and not labels:
         raise CheckpointError(f"{config_file}: a {task} model needs id2label")
+    if token_embeddings and task != "embed":
+        raise CheckpointError(f"{path}: token embeddings are an embedding model's, not this "
+                              f"{task} model's")
+    if token_embeddings and not kind.token_vectors:
+        raise CheckpointError(f"{path}: a {family} model has no token embeddings: its "
+                              f"embedding is {kind.pooling}'s, not pooled from token vectors")
     try:
         model = _build(family, config, task, labels, pipeline and pipeline.pooling)
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{config_file}: invalid config ({e})") from None
+    if token_embeddings:
+        model.pooling = "none"  # heads.pool: the token vectors themselves
     if not kind.transformers:
         if hasattr(model, "convert_checkpoint_state"):  # a published layout -> ours
             state = model.convert_checkpoint_state(state)

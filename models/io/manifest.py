@@ -32,6 +32,9 @@ class Manifest(BaseModel):
     # a classifier whose labels are independent (sigmoid each, not a softmax over them)
     multi_label: bool = False
     pooling: str | None = None  # embedding models: how tokens are pooled
+    # an embedding model whose artifact gives the token vectors [B, T, D] (export
+    # --token-embeddings): the service pools them as ``pooling`` says
+    token_embeddings: bool = False
     # embedding models: texts put before an input by name (sentence-transformers' prompts),
     # the default one before every input that names none
     prompts: dict[str, str] = {}

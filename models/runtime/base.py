@@ -1,7 +1,8 @@
 """The interface every runtime backend implements, and how a backend is chosen.
 
 A backend runs one model on one device in one compute dtype: int64 arrays [B, T] in,
-the task's output as float32 out, whatever it computed in.
+the task's output as float32 out, whatever it computed in ([B, D] embeddings or, exported
+with --token-embeddings, [B, T, D] token vectors; [B, C] or [B, T, C] logits).
 """
 
 from __future__ import annotations
@@ -83,10 +84,13 @@ def choose_dtype(requested: str, device: str, allowed: Sequence[str]) -> str:
 
 def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: int = 0,
                  num_iterations: int | None = None, device: str = "cpu", dtype: str = "fp32",
-                 allowed: Sequence[str] = DTYPES, checkpoint_on_gpu: bool = False) -> Backend:
+                 allowed: Sequence[str] = DTYPES, checkpoint_on_gpu: bool = False,
+                 token_embeddings: bool = False) -> Backend:
     """``kind`` is the manifest's backend: onnx, torchscript or torch. ``device`` and
     ``dtype`` may be ``auto``; ``allowed`` are the dtypes the model may run in (its
-    family's, less those that failed the export's parity check).
+    family's, less those that failed the export's parity check); ``token_embeddings``: an
+    embedding model exported to give its token vectors (a checkpoint run in its place
+    gives them too).
 
     With ``checkpoint_on_gpu`` (the service), an ONNX model asked to run on a GPU (cuda,
     or auto with one visible) by an onnxruntime without the CUDA execution provider runs
@@ -97,7 +101,8 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
         from models.runtime.onnx import OnnxBackend, has_cuda_provider
 
         if checkpoint_on_gpu and not has_cuda_provider() and _wants_gpu(device):
-            backend = _checkpoint_instead(folder, threads, device, dtype, allowed)
+            backend = _checkpoint_instead(folder, threads, device, dtype, allowed,
+                                          token_embeddings)
             if backend is not None:
                 return backend
             device = "cpu"  # auto, and the checkpoint did not run on the GPU
@@ -105,11 +110,13 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
     if kind == "torchscript":
         from models.runtime.torchscript import TorchScriptBackend
 
-        return TorchScriptBackend(folder / artifact, threads, device, dtype, allowed)
+        return TorchScriptBackend(folder / artifact, threads, device, dtype, allowed,
+                                  token_embeddings)
     if kind == "torch":
         from models.runtime.torch import TorchBackend
 
-        return TorchBackend(folder / (artifact or "checkpoint"), threads, device, dtype, allowed)
+        return TorchBackend(folder / (artifact or "checkpoint"), threads, device, dtype, allowed,
+                            token_embeddings)
     raise ValueError(f"unknown backend {kind!r} (onnx, torchscript, torch)")
 
 
@@ -122,7 +129,7 @@ def _wants_gpu(device: str) -> bool:
 
 
 def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
-                        allowed: Sequence[str]) -> Backend | None:
+                        allowed: Sequence[str], token_embeddings: bool) -> Backend | None:
     """An ONNX model's checkpoint traced on the GPU; None (ONNX Runtime on the CPU) where
     that fails and ``device`` is auto, a BackendError where it is cuda (the torch
     backends' own where they refuse the device or the dtype)."""
@@ -131,7 +138,8 @@ def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
     why = ("this onnxruntime has no CUDA execution provider (pip install "
            "'distilserve[gpu]' for onnxruntime-gpu)")
     try:
-        backend = TorchScriptBackend(folder / "checkpoint", threads, device, dtype, allowed)
+        backend = TorchScriptBackend(folder / "checkpoint", threads, device, dtype, allowed,
+                                     token_embeddings)
     except Exception as e:
         if device != "auto":
             if isinstance(e, BackendError):

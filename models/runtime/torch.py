@@ -14,6 +14,7 @@ class TorchBackend(TorchRuntime):
     name = "torch"
 
     def __init__(self, path: Path, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
-                 allowed: Sequence[str] = DTYPES):
+                 allowed: Sequence[str] = DTYPES, token_embeddings: bool = False):
         super().__init__(threads, device, dtype, allowed)
-        self.forward = checkpoint.load(path).model.to(self.place.device, self.place.dtype)
+        model = checkpoint.load(path, token_embeddings=token_embeddings).model
+        self.forward = model.to(self.place.device, self.place.dtype)

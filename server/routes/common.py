@@ -41,19 +41,37 @@ def named(svc, name: str) -> Engine:
     return engine
 
 
+def _the_one(able: list[Engine], what: str) -> Engine:
+    """The only engine of ``able``, which are those that ``what`` ("do embed")."""
+    if len(able) == 1:
+        return able[0]
+    if not able:
+        raise ApiError(404, "model_not_found", f"no served model {what}")
+    raise ApiError(400, "invalid_request", f"several models {what} "
+                   f"({', '.join(e.name for e in able)}): name one in 'model'")
+
+
 def choose(request: Request, name: str | None, task: str) -> Engine:
     svc = _serving(request)
     if name is None:
-        able = [e for e in svc.engines.values() if e.task == task]
-        if len(able) == 1:
-            return able[0]
-        if not able:
-            raise ApiError(404, "model_not_found", f"no served model does {task}")
-        raise ApiError(400, "invalid_request", f"several models do {task} "
-                       f"({', '.join(e.name for e in able)}): name one in 'model'")
+        return _the_one([e for e in svc.engines.values() if e.task == task], f"does {task}")
     engine = named(svc, name)
     if engine.task != task:
         raise ApiError(400, "wrong_task", f"model {name!r} does {engine.task}, not {task}")
+    return engine
+
+
+def choose_token_embedder(request: Request, name: str | None) -> Engine:
+    """An embedding model that gives its token vectors (exported with --token-embeddings);
+    unnamed: the one such model."""
+    if name is None:
+        return _the_one([e for e in _serving(request).engines.values() if e.pools],
+                        "gives token embeddings (distilserve export --token-embeddings)")
+    engine = choose(request, name, "embed")
+    if not engine.pools:
+        raise ApiError(400, "wrong_task", f"model {name!r} pools its token vectors inside its "
+                       "exported graph, so they never leave it: export it with distilserve "
+                       "export --token-embeddings for them")
     return engine
 
 

@@ -55,9 +55,9 @@ async def embedded(request: Request, model: str | None, texts: list,
     check_limits(request, texts)
     check_embedding_request(engine, texts, dimensions)
     result = await infer(request, engine, with_prompt(engine, texts, prompt_name), truncation)
-    vectors = np.stack(result.outputs)  # [N, D]
-    if dimensions is not None:
-        vectors = vectors[:, :dimensions]  # [N, dimensions]
+    vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)  # [N, D]
+    if dimensions is not None:  # [N, dimensions], its rows one after another (orjson's)
+        vectors = np.ascontiguousarray(vectors[:, :dimensions])
     if normalize:
         vectors = postprocess.normalize(vectors)
     return engine, vectors, result

@@ -35,7 +35,8 @@ async def scored(body: RerankRequest | TeiRerankRequest, request: Request
         texts = (with_prompt(engine, [body.query], _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
         result = await infer(request, engine, texts, body.truncation)
-        vectors = np.stack(result.outputs)  # [1 + N, D]: the query, then the documents
+        # [1 + N, D]: the query, then the documents
+        vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)
         return engine, postprocess.cosine_ranking(vectors[0], vectors[1:]), result
     result = await infer(request, engine, [(body.query, d) for d in documents], body.truncation)
     return engine, postprocess.relevance(np.stack(result.outputs), engine.labels,

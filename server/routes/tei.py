@@ -1,7 +1,7 @@
 """Text Embeddings Inference's own routes, for the clients written for TEI
 (huggingface_hub's InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's
-TEI components, LlamaIndex's TextEmbeddingsInference): POST /embed, /similarity, /predict
-and /rerank with TEI's bodies, POST / (and SageMaker's /invocations) as TEI serves its
+TEI components, LlamaIndex's TextEmbeddingsInference): POST /embed, /embed_all,
+/similarity, /predict and /rerank with TEI's bodies, POST / (and SageMaker's /invocations) as TEI serves its
 one model there, POST /vertex (Vertex AI's instances, each a body of /), and GET /info.
 The models, queue, limits, errors and timing headers are those of the /v1 routes (their
 functions run them); only the bodies' shapes are TEI's. /rerank also takes the body that
@@ -21,7 +21,15 @@ from server import errors, postprocess
 from server.engine import Result
 from server.routes import rerank as v1
 from server.routes.classify import classified
-from server.routes.common import check_limits, choose_root, reply, service
+from server.routes.common import (
+    check_limits,
+    choose_root,
+    choose_token_embedder,
+    infer,
+    reply,
+    service,
+    with_prompt,
+)
 from server.routes.embed import embedded
 from server.schemas import (
     EmbedRequest,
@@ -29,6 +37,7 @@ from server.schemas import (
     RerankResponse,
     Score,
     TeiAnswer,
+    TeiEmbedAllRequest,
     TeiInfo,
     TeiPredictRequest,
     TeiRank,
@@ -102,6 +111,18 @@ def parse_root(body: dict, request: Request):
 async def embed(body: EmbedRequest, request: Request):
     """/v1/embed's request; the embeddings alone, one list per input."""
     return reply(request, *await embedding(body, request))
+
+
+@router.post("/embed_all", response_model=list[list[list[float]]], responses=errors.INFERENCE)
+async def embed_all(body: TeiEmbedAllRequest, request: Request):
+    """Every token's vector, special tokens included, unpooled and not normalised (the
+    model's last hidden states): a list of them per input. For an embedding model exported
+    with --token-embeddings."""
+    engine = choose_token_embedder(request, body.model)
+    check_limits(request, body.texts)
+    result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
+                         body.truncation)
+    return reply(request, result.outputs, result)  # each [T_i, D]
 
 
 @router.post("/similarity", response_model=list[float], responses=errors.INFERENCE)

@@ -20,8 +20,9 @@ CONFIG = Path(__file__).with_name("schemathesis.toml")
 @pytest.fixture(scope="module")
 def repository(tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("openapi-repo")
-    for task in ("embed", "classify", "ner"):
-        export.export(tiny_checkpoints["bert", task], repo / f"bert-{task}", "onnx")
+    for task in ("embed", "classify", "ner"):  # the embedding model: for /embed_all too
+        export.export(tiny_checkpoints["bert", task], repo / f"bert-{task}", "onnx",
+                      token_embeddings=task == "embed")
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")
     export.export(cross, repo / "cross", "onnx", relevant_label="relevant")
@@ -44,7 +45,8 @@ def test_schemathesis_all_checks_on_every_operation(repository, tmp_path):
         "POST /v1/rerank", "POST /v1/tokenize", "POST /v1/decode", "GET /v1/models",
         "GET /v1/models/{model_id}", "GET /health", "GET /ready", "GET /metrics",
         # TEI's, Infinity's and SageMaker's
-        "POST /embeddings", "POST /tokenize", "POST /decode", "POST /embed", "POST /",
+        "POST /embeddings", "POST /tokenize", "POST /decode", "POST /embed",
+        "POST /embed_all", "POST /",
         "POST /invocations", "POST /similarity", "POST /predict", "POST /rerank",
         "POST /classify", "POST /vertex", "GET /info", "GET /models", "GET /", "GET /ping"]
     assert tested.split()[-1] == str(len(operations)), summary  # every operation

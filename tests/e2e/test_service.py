@@ -719,6 +719,9 @@ def test_dimensions_are_the_first_components_renormalised(url):
     assert got.shape == (2, 128) and np.allclose(got, expected, atol=1e-5)
     native = post(url, "/v1/embed", {"model": "minilm", "inputs": texts, "dimensions": 128})
     assert np.allclose(native.json()["embeddings"], expected, atol=1e-5)
+    cut = post(url, "/v1/embed", {"model": "minilm", "inputs": texts, "dimensions": 128,
+                                  "normalize": False})  # was a 500: a strided array
+    assert np.allclose(cut.json()["embeddings"], raw[:, :128], atol=1e-6)
     listed = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
     assert listed["minilm"]["dimensions"] == 384
 

@@ -181,6 +181,41 @@ def test_a_lone_classifier_is_served_at_the_root(tiny_checkpoints, tmp_path, mon
                                           pytest.approx(expected[0]["score"], abs=1e-6))
 
 
+def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_checkpoints,
+                                                                      tmp_path):
+    """A model exported with --token-embeddings: TEI's /embed_all gives every token's
+    vector; /v1/embed and /v1/rerank pool them in the service, as the same checkpoint
+    exported to pool inside its graph gives them."""
+    source = tiny_checkpoints["bert", "embed"]
+    export.export(source, tmp_path / "pooled", "onnx")
+    export.export(source, tmp_path / "tokens", "onnx", token_embeddings=True)
+    texts = ["The cat sat on the mat.", "Dogs bark."]
+    with running_server(tmp_path) as both:
+        vectors = post(both, "/embed_all", {"inputs": texts})  # unnamed: the one that can
+        counts = [len(t) for t in post(both, "/tokenize", {"inputs": texts})]
+        assert [np.shape(v) for v in vectors] == [(n, 32) for n in counts]
+        assert np.shape(post(both, "/embed_all", {"inputs": "Dogs bark."})) == (1, counts[1], 32)
+        for body in ({"inputs": texts}, {"inputs": texts, "normalize": False, "dimensions": 8}):
+            got = post(both, "/v1/embed", {"model": "tokens", **body})["embeddings"]
+            want = post(both, "/v1/embed", {"model": "pooled", **body})["embeddings"]
+            np.testing.assert_allclose(got, want, atol=1e-5)
+        unpooled = post(both, "/v1/embed", {"model": "tokens", "inputs": texts,
+                                            "normalize": False})["embeddings"]
+        np.testing.assert_allclose([np.mean(v, 0) for v in vectors], unpooled, atol=1e-5)
+        rerank = {"query": "a cat", "documents": texts}
+        got = post(both, "/v1/rerank", {"model": "tokens", **rerank})["results"]
+        want = post(both, "/v1/rerank", {"model": "pooled", **rerank})["results"]
+        assert [r["index"] for r in got] == [r["index"] for r in want]
+        np.testing.assert_allclose([r["relevance_score"] for r in got],
+                                   [r["relevance_score"] for r in want], atol=1e-5)
+        listed = httpx.get(both + "/v1/models/tokens").json()
+        assert (listed["pooling"], listed["token_embeddings"]) == ("mean", True)
+        assert "token_embeddings" not in httpx.get(both + "/v1/models/pooled").json()
+        refused = httpx.post(both + "/embed_all", json={"model": "pooled", "inputs": texts})
+        assert refused.status_code == 400
+        assert "--token-embeddings" in refused.json()["error"]["message"]
+
+
 def test_decode_gives_tokenizes_ids_back_as_text(url):
     tokens = post(url, "/tokenize", {"inputs": ["Hello, world", "Dogs bark."]})
     ids = [[t["id"] for t in input_tokens] for input_tokens in tokens]

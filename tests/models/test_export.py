@@ -9,7 +9,9 @@ from transformers import AutoTokenizer
 
 from models import export, families, samples
 from models.io import checkpoint
+from models.runtime import open_backend
 from server.cli import main
+from server.postprocess import sentence_embeddings
 from tests.conftest import FAMILIES
 
 CASES = [(family, fmt, loop)
@@ -57,6 +59,41 @@ def test_export_reloads_and_matches_pytorch_at_other_shapes(tiny_checkpoints, tm
                 got = module(*(torch.from_numpy(inputs[k]) for k in
                            ("input_ids", "attention_mask", "token_type_ids"))).numpy()
     assert np.abs(got - ref.numpy()).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family,fmt,loop", [
+    ("minialbert", "onnx", "keep"), ("minialbert", "torchscript", "keep"),
+    ("falbert", "onnx", "unroll"), ("distilbert", "torchscript", "unroll")])
+def test_token_embeddings_are_the_vectors_the_model_pools(tiny_checkpoints, tmp_path, family,
+                                                         fmt, loop):
+    src = tiny_checkpoints[family, "embed"]
+    manifest = export.export(src, tmp_path / "m", fmt, loop, token_embeddings=True)
+    assert (manifest.token_embeddings, manifest.pooling, manifest.dimensions) == (True, "mean",
+                                                                                 32)
+    assert all(d["passed"] for d in manifest.dtypes.values())  # fp16, bf16: token cosines
+    inputs = _fresh_inputs()
+    got = open_backend(fmt, tmp_path / "m", manifest.artifact,
+                       num_iterations=manifest.num_iterations, token_embeddings=True).run(inputs)
+    assert got.shape == (4, 23, 32)  # [B, T, D]
+    with torch.no_grad():
+        pooled = checkpoint.load(src).model(*(torch.from_numpy(inputs[k]) for k in
+                                              ("input_ids", "attention_mask", "token_type_ids")))
+    tokens = [row[:n] for row, n in zip(got, inputs["attention_mask"].sum(1))]
+    assert np.abs(sentence_embeddings(tokens, "mean") - pooled.numpy()).max() <= 1e-4
+
+
+def test_token_embeddings_are_refused_where_there_are_none(tiny_checkpoints, tmp_path, capsys):
+    for family, task, why in (("cmow", "embed", "a cmow model has no token embeddings"),
+                              ("bert", "ner", "an embedding model's, not this ner model's")):
+        out = tmp_path / family
+        assert main(["export", tiny_checkpoints[family, task], "--output", str(out),
+                     "--token-embeddings"]) == 1
+        err = capsys.readouterr().err
+        assert f"{tiny_checkpoints[family, task]}: " in err and why in err
+        assert not out.exists()
+    assert main(["export", tiny_checkpoints["bert", "embed"], "--output", str(tmp_path / "t"),
+                 "--token-embeddings"]) == 0
+    assert "mean pooling of its token embeddings" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("family", families.RECURSIVE)

@@ -162,3 +162,31 @@ def test_the_older_layout_with_the_encoder_in_a_subfolder(bge_like, tmp_path):
     assert (manifest.pooling, manifest.max_length) == ("cls", 40)
     got = open_backend("onnx", tmp_path / "m", manifest.artifact).run(_encoded(encoder))
     assert np.abs(got - expected).max() < 1e-5  # no Normalize module here: as it is
+
+
+def test_token_embeddings_are_sentence_transformers_token_embeddings(bge_like, tmp_path):
+    """Exported with --token-embeddings, every backend gives each token's vector as
+    sentence-transformers' output_value="token_embeddings" does, and the service's pooling
+    of them (postprocess.sentence_embeddings) gives the embeddings it gives."""
+    from models.runtime.torchscript import TorchScriptBackend
+    from server.postprocess import normalize, sentence_embeddings
+
+    model = SentenceTransformer(str(bge_like), device="cpu")
+    expected = model.encode(TEXTS, output_value="token_embeddings")  # [T_i, D] each
+    manifest = export.export(bge_like, tmp_path / "m", token_embeddings=True)
+    assert (manifest.pooling, manifest.token_embeddings, manifest.dimensions) == ("cls", True, 32)
+    inputs = _encoded(bge_like)
+    lengths = inputs["attention_mask"].sum(1)
+    folder = tmp_path / "m"
+    for name, backend in (
+            ("onnx", open_backend("onnx", folder, manifest.artifact, token_embeddings=True)),
+            ("torch", open_backend("torch", folder, None, token_embeddings=True)),
+            ("traced checkpoint", TorchScriptBackend(folder / "checkpoint",
+                                                     token_embeddings=True))):
+        out = backend.run(inputs)  # [B, T, D]
+        assert out.shape == (*inputs["input_ids"].shape, 32), name
+        tokens = [row[:n] for row, n in zip(out, lengths)]
+        for got, want in zip(tokens, expected):
+            assert got.shape == tuple(want.shape) and np.abs(got - want.numpy()).max() < 1e-5
+        pooled = normalize(sentence_embeddings(tokens, manifest.pooling))
+        assert np.abs(pooled - model.encode(TEXTS)).max() < 1e-5, name
