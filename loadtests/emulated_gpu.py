@@ -59,7 +59,7 @@ class EmulatedGpu(Backend):
         """One with the output shape of the model in ``folder``."""
         manifest = Manifest.read(folder)
         if manifest.task == "embed":
-            return cls(manifest.dimensions or 384)
+            return cls(manifest.dimensions or 384, per_token=manifest.token_embeddings)
         return cls(len(manifest.labels), per_token=manifest.task == "ner")
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:

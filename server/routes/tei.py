@@ -52,6 +52,9 @@ from server.schemas import (
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# the most numbers an /embed_all answer may hold, counting each input at the model's
+# max_length: 128 MiB of float32, some 400 MB of JSON (all-MiniLM-L6-v2: 341 inputs)
+EMBED_ALL_NUMBERS = 2**25
 
 
 # each route's answer and its run, for the route, the root and /vertex -----------------
@@ -117,9 +120,15 @@ async def embed(body: EmbedRequest, request: Request):
 async def embed_all(body: TeiEmbedAllRequest, request: Request):
     """Every token's vector, special tokens included, unpooled and not normalised (the
     model's last hidden states): a list of them per input. For an embedding model exported
-    with --token-embeddings."""
+    with --token-embeddings; at most as many inputs as EMBED_ALL_NUMBERS allows."""
     engine = choose_token_embedder(request, body.model)
     check_limits(request, body.texts)
+    most = EMBED_ALL_NUMBERS // (engine.max_length * engine.dimensions)
+    if len(body.texts) > most:
+        raise errors.ApiError(413, "payload_too_large", f"{len(body.texts)} inputs; /embed_all "
+                              f"answers at most {most} of model {engine.name!r} at once (each "
+                              f"up to {engine.max_length} tokens of {engine.dimensions} "
+                              "numbers)")
     result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
                          body.truncation)
     return reply(request, result.outputs, result)  # each [T_i, D]

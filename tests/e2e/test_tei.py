@@ -10,6 +10,7 @@ import pytest
 
 from models import export
 from models.io import checkpoint
+from server.routes import tei
 from tests.conftest import running_server
 
 PAIR = ["How old is the Eiffel Tower?", "It was finished in 1889."]
@@ -182,7 +183,7 @@ def test_a_lone_classifier_is_served_at_the_root(tiny_checkpoints, tmp_path, mon
 
 
 def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_checkpoints,
-                                                                      tmp_path):
+                                                                      tmp_path, monkeypatch):
     """A model exported with --token-embeddings: TEI's /embed_all gives every token's
     vector; /v1/embed and /v1/rerank pool them in the service, as the same checkpoint
     exported to pool inside its graph gives them."""
@@ -214,6 +215,14 @@ def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_check
         refused = httpx.post(both + "/embed_all", json={"model": "pooled", "inputs": texts})
         assert refused.status_code == 400
         assert "--token-embeddings" in refused.json()["error"]["message"]
+        # an answer's size is bounded: here 2 inputs of 128 tokens x 32 numbers at most
+        monkeypatch.setattr(tei, "EMBED_ALL_NUMBERS", 2 * 128 * 32 + 1)
+        assert len(post(both, "/embed_all", {"inputs": texts})) == 2
+        refused = httpx.post(both + "/embed_all", json={"inputs": [*texts, "three"]})
+        assert refused.status_code == 413
+        assert refused.json()["error"]["message"] == (
+            "3 inputs; /embed_all answers at most 2 of model 'tokens' at once (each up to 128 "
+            "tokens of 32 numbers)")
 
 
 def test_decode_gives_tokenizes_ids_back_as_text(url):
