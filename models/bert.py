@@ -49,13 +49,15 @@ _AUTO = {"embed": AutoModel, "classify": AutoModelForSequenceClassification,
 class HFEncoder(nn.Module):
     """A transformers model with the families' common forward and one task output:
     (input_ids, attention_mask, token_type_ids) [B, T] -> embed [B, D] (pooled: mean or
-    cls), classify logits [B, C], or ner logits [B, T, C]."""
+    cls; then a sentence-transformers Dense module's [B, D'] where it has one),
+    classify logits [B, C], or ner logits [B, T, C]."""
 
     def __init__(self, model: nn.Module, task: str, pooling: str = "mean"):
         super().__init__()
         self.model = model
         self.task = task
         self.pooling = pooling
+        self.dense: nn.Module = nn.Identity()  # checkpoint.load sets a heads.Dense
         self.config = model.config
         self.uses_token_types = "token_type_ids" in inspect.signature(model.forward).parameters
 
@@ -66,7 +68,7 @@ class HFEncoder(nn.Module):
             inputs["token_type_ids"] = token_type_ids
         out = self.model(**inputs)
         if self.task == "embed":
-            return heads.pool(out.last_hidden_state, attention_mask, self.pooling)  # [B, D]
+            return self.dense(heads.pool(out.last_hidden_state, attention_mask, self.pooling))
         return out.logits
 
 

@@ -9,6 +9,7 @@ in the server's postprocessing, so that exported graphs carry raw numbers.
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 TASKS = ("embed", "classify", "ner")
 
@@ -41,6 +42,19 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, how: str) -> torch.
     if how != "mean":
         raise ValueError("unknown pooling " + how + " (mean, cls, none)")
     return mean_pool(hidden, attention_mask)
+
+
+class Dense(nn.Module):
+    """sentence-transformers' Dense module after the pooling: activation(linear(x)),
+    [B, D] -> [B, D'] (its state dict's names: linear.weight, linear.bias)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, activation: str):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features, bias=bias)
+        self.activation = getattr(nn, activation)()  # Tanh, Identity, ReLU, GELU, Sigmoid
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.linear(x))
 
 
 def default_labels(task: str, num_labels: int | None = None) -> list[str]:

@@ -165,6 +165,9 @@ def save(ckpt: Checkpoint, output: str | Path) -> Path:
     if ckpt.pipeline is not None and ckpt.task == "embed":
         width = ckpt.config.get("hidden_size") or ckpt.config.get("dim")
         st.write(ckpt.pipeline, out, int(width))
+        if ckpt.pipeline.dense:  # its weights, as sentence-transformers names them
+            save_file({k: v.contiguous() for k, v in ckpt.model.dense.state_dict().items()},
+                      str(out / st.DENSE_PATH / "model.safetensors"), metadata={"format": "pt"})
     if not (Path(ckpt.tokenizer_dir) / "tokenizer.json").exists():
         # a slow tokenizer's files: saved as the fast tokenizer the service loads
         fast_tokenizer(ckpt.tokenizer_dir).save_pretrained(str(out))
@@ -355,6 +358,13 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     if token_embeddings and not kind.token_vectors:
         raise CheckpointError(f"{path}: a {family} model has no token embeddings: its "
                               f"embedding is {kind.pooling}'s, not pooled from token vectors")
+    dense = pipeline.dense if pipeline else None
+    if dense and (token_embeddings or not kind.transformers):
+        raise CheckpointError(
+            f"{path / dense.path}: a Dense module maps the pooled vector, so "
+            + ("its token vectors are not its embeddings' (no --token-embeddings)"
+               if token_embeddings else f"after a {family} encoder it is not computed here "
+               "(after the transformers families' only)"))
     try:
         model = _build(family, config, task, labels, pipeline and pipeline.pooling)
     except (TypeError, ValueError, KeyError) as e:
@@ -373,6 +383,11 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         if bert.is_academic_budget_bert(state):
             state = bert.convert_academic_budget_bert(state)
         load_weights(model.model, bert.normalise_keys(state, model.model), file)
+        if dense:
+            model.dense = heads.Dense(dense.in_features, dense.out_features, dense.bias,
+                                      dense.activation)
+            dense_file, dense_state = read_state_dict(path / dense.path)
+            load_weights(model.dense, dense_state, dense_file)
         extra = {}
     # without a tokenizer of its own: the bert-base-uncased vocabulary every family uses
     own = any((encoder / name).exists() for name in TOKENIZER_SOURCES)

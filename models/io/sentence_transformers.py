@@ -3,9 +3,13 @@ checkpoint it wraps: ``modules.json`` lists the modules applied after the encode
 Pooling module's ``config.json`` says how tokens are pooled, and
 ``sentence_bert_config.json`` gives the length the model was trained for.
 
-    modules.json                 [Transformer "", Pooling "1_Pooling", Normalize "2_Normalize"]
+    modules.json                 [Transformer "", Pooling "1_Pooling", Dense "2_Dense",
+                                  Normalize "3_Normalize"]
     1_Pooling/config.json        {"pooling_mode": "cls"} (or the older pooling_mode_*_token
                                  flags: {"pooling_mode_cls_token": true, ...})
+    2_Dense/config.json          {"in_features": 768, "out_features": 512, "bias": true,
+                                  "activation_function": "torch.nn.modules.activation.Tanh"}
+    2_Dense/model.safetensors    linear.weight, linear.bias (or pytorch_model.bin)
     sentence_bert_config.json    {"max_seq_length": 256}
     config_sentence_transformers.json
                                  {"prompts": {"query": "query: ", ...},
@@ -13,8 +17,10 @@ Pooling module's ``config.json`` says how tokens are pooled, and
 
 BGE's models pool the [CLS] token, all-MiniLM and E5 take the mean: served with the other
 pooling, their embeddings would be quietly different. So the pooling is read here, and a
-module distilserve does not compute (a Dense projection, max pooling) is refused, naming
-the file, rather than left out. Prompts (E5's "query: ", BGE's instruction for queries) are
+Dense module after it (distiluse's DistilBERT students map 768 -> 512 through a tanh,
+LaBSE's BERT maps through one too); a module distilserve does not compute (max pooling, a
+second Dense, a Dense on the token vectors) is refused, naming the file, rather than left
+out. Prompts (E5's "query: ", BGE's instruction for queries) are
 texts put before an input, by name. ``write`` puts the same files into a saved
 checkpoint, so that an exported model folder's checkpoint says how it pools.
 """
@@ -30,7 +36,15 @@ POOLINGS = ("mean", "cls")  # what heads.pool computes
 # the encoder itself (older versions named it by its architecture), its pooling, and
 # normalisation (the service normalises embeddings)
 ENCODERS = ("Transformer", "BERT", "DistilBERT", "ALBERT")
-KNOWN_MODULES = (*ENCODERS, "Pooling", "Normalize")
+KNOWN_MODULES = (*ENCODERS, "Pooling", "Dense", "Normalize")
+# a Dense module's activations computed here: torch.nn's class -> its full name, as
+# sentence-transformers writes it
+ACTIVATIONS = {"Tanh": "torch.nn.modules.activation.Tanh",
+               "Identity": "torch.nn.modules.linear.Identity",
+               "ReLU": "torch.nn.modules.activation.ReLU",
+               "GELU": "torch.nn.modules.activation.GELU",
+               "Sigmoid": "torch.nn.modules.activation.Sigmoid"}
+DENSE_PATH = "2_Dense"  # where ``write`` puts the Dense module
 # older Pooling configs: one flag per mode
 LEGACY_FLAGS = {"pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
                 "pooling_mode_mean_tokens": "mean",
@@ -44,16 +58,28 @@ class SentenceTransformersError(Exception):
 
 
 @dataclass(frozen=True)
+class Dense:
+    """A Dense module after the pooling: activation(linear(x)), [B, in] -> [B, out]."""
+
+    path: str  # its folder, beside modules.json: config.json and its weights
+    in_features: int
+    out_features: int
+    bias: bool = True
+    activation: str = "Tanh"  # one of ACTIVATIONS
+
+
+@dataclass(frozen=True)
 class Pipeline:
-    """What follows the encoder: its pooling, the length it was trained for (None: not
-    said), whether it normalises, and the prompts put before inputs by name (the default
-    one before every input that names none)."""
+    """What follows the encoder: its pooling, a Dense module after it, the length it was
+    trained for (None: not said), whether it normalises, and the prompts put before inputs
+    by name (the default one before every input that names none)."""
 
     pooling: str = "mean"
     max_seq_length: int | None = None
     normalize: bool = False
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
+    dense: Dense | None = None
 
 
 def encoder_folder(folder: Path) -> Path:
@@ -94,13 +120,23 @@ def read(folder: Path) -> Pipeline | None:
     pooling = "mean"  # a sentence-transformers model without a Pooling module: the mean
     if "Pooling" in kinds:
         pooling = _pooling(folder / str(kinds["Pooling"].get("path", "")) / "config.json")
+    dense = None
+    if "Dense" in kinds:
+        order = list(kinds)
+        where = folder / str(kinds["Dense"].get("path", ""))
+        if "Pooling" in kinds and order.index("Dense") < order.index("Pooling"):
+            raise SentenceTransformersError(f"{file}: {where.name} comes before the pooling: "
+                                            "a Dense module on the token vectors is not one "
+                                            "distilserve computes")
+        dense = _dense(where)
     length = None
     for where in (folder, encoder_folder(folder)):  # older ones keep it beside the encoder
         if (where / "sentence_bert_config.json").exists():
             length = _json(where / "sentence_bert_config.json").get("max_seq_length")
             break
     return Pipeline(pooling, length if isinstance(length, int) and length > 0 else None,
-                    "Normalize" in kinds, *_prompts(folder / "config_sentence_transformers.json"))
+                    "Normalize" in kinds, *_prompts(folder / "config_sentence_transformers.json"),
+                    dense)
 
 
 def _prompts(file: Path) -> tuple[dict[str, str], str | None]:
@@ -128,6 +164,25 @@ def _pooling(file: Path) -> str:
     return modes[0]
 
 
+def _dense(folder: Path) -> Dense:
+    file = folder / "config.json"
+    config = _json(file)
+    activation = str(config.get("activation_function") or ACTIVATIONS["Tanh"])
+    name = activation.rsplit(".", 1)[-1]
+    if ACTIVATIONS.get(name) != activation:
+        raise SentenceTransformersError(f"{file}: activation {activation} is not one distilserve "
+                                        f"computes ({', '.join(ACTIVATIONS)})")
+    if config.get("module_input_name", "sentence_embedding") != "sentence_embedding":
+        raise SentenceTransformersError(f"{file}: a Dense module on "
+                                        f"{config['module_input_name']} is not one distilserve "
+                                        "computes (only on the sentence embedding)")
+    sizes = (config.get("in_features"), config.get("out_features"))
+    if not all(isinstance(n, int) and n > 0 for n in sizes):
+        raise SentenceTransformersError(f"{file}: in_features and out_features must be "
+                                        "positive integers")
+    return Dense(folder.name, *sizes, bool(config.get("bias", True)), name)
+
+
 def _json(file: Path):
     try:
         return json.loads(file.read_text())
@@ -138,15 +193,23 @@ def _json(file: Path):
 
 
 def write(pipeline: Pipeline, folder: Path, width: int) -> None:
-    """The files that describe ``pipeline`` after an encoder of ``width``."""
-    modules = [{"idx": 0, "name": "0", "path": "",
-                "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling",
-                "type": "sentence_transformers.models.Pooling"}]
+    """The files that describe ``pipeline`` after an encoder of ``width`` (a Dense
+    module's weights are the caller's to write, into its folder, DENSE_PATH)."""
+    kinds = [("", "Transformer"), ("1_Pooling", "Pooling")]
+    if pipeline.dense:
+        kinds.append((DENSE_PATH, "Dense"))
+        dense = pipeline.dense
+        (folder / DENSE_PATH).mkdir(parents=True, exist_ok=True)
+        (folder / DENSE_PATH / "config.json").write_text(json.dumps(
+            {"in_features": dense.in_features, "out_features": dense.out_features,
+             "bias": dense.bias, "activation_function": ACTIVATIONS[dense.activation]},
+            indent=2) + "\n")
     if pipeline.normalize:
-        modules.append({"idx": 2, "name": "2", "path": "2_Normalize",
-                        "type": "sentence_transformers.models.Normalize"})
-        (folder / "2_Normalize").mkdir(parents=True, exist_ok=True)
+        kinds.append((f"{len(kinds)}_Normalize", "Normalize"))
+        (folder / kinds[-1][0]).mkdir(parents=True, exist_ok=True)
+    modules = [{"idx": i, "name": str(i), "path": path,
+                "type": f"sentence_transformers.models.{kind}"}
+               for i, (path, kind) in enumerate(kinds)]
     (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
     (folder / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(

@@ -97,20 +97,23 @@ def test_both_pooling_config_formats_are_read(bge_like, tmp_path, config, poolin
     assert st.read(folder).pooling == pooling
 
 
+def _copy(source: Path, folder: Path) -> Path:
+    for f in source.rglob("*"):
+        if f.is_file():
+            (folder / f.relative_to(source)).parent.mkdir(parents=True, exist_ok=True)
+            (folder / f.relative_to(source)).write_bytes(f.read_bytes())
+    return folder
+
+
 @pytest.mark.parametrize("module,pooling,words", [
-    ({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"},
-     {"pooling_mode_mean_tokens": True}, "2_Dense (sentence_transformers.models.Dense)"),
+    ({"idx": 3, "name": "3", "path": "3_Layer", "type": "sentence_transformers.models.LayerNorm"},
+     {"pooling_mode_mean_tokens": True}, "3_Layer (sentence_transformers.models.LayerNorm)"),
     (None, {"pooling_mode_max_tokens": True}, "pooling max is not one distilserve computes"),
     (None, {"pooling_mode": ["cls", "mean"]}, "pooling cls + mean is not one"),
 ])
 def test_what_would_change_the_embeddings_is_refused_naming_the_file(
         bge_like, tmp_path, module, pooling, words):
-    source = tmp_path / "src"
-    source.mkdir()
-    for f in bge_like.rglob("*"):
-        if f.is_file():
-            (source / f.relative_to(bge_like)).parent.mkdir(parents=True, exist_ok=True)
-            (source / f.relative_to(bge_like)).write_bytes(f.read_bytes())
+    source = _copy(bge_like, tmp_path / "src")
     if module:
         modules = json.loads((source / "modules.json").read_text())
         (source / "modules.json").write_text(json.dumps([*modules, module]))
@@ -190,3 +193,94 @@ def test_token_embeddings_are_sentence_transformers_token_embeddings(bge_like, t
             assert got.shape == tuple(want.shape) and np.abs(got - want.numpy()).max() < 1e-5
         pooled = normalize(sentence_embeddings(tokens, manifest.pooling))
         assert np.abs(pooled - model.encode(TEXTS)).max() < 1e-5, name
+
+
+@pytest.fixture(scope="module")
+def labse_like(tmp_path_factory) -> Path:
+    """A tiny BERT saved by sentence-transformers as LaBSE is (distiluse's DistilBERT
+    students too, with the mean): pooled, then a Dense module through a tanh to another
+    width, normalised."""
+    from sentence_transformers.sentence_transformer.modules import (
+        Dense,
+        Normalize,
+        Pooling,
+        Transformer,
+    )
+    from torch import nn
+
+    root = tmp_path_factory.mktemp("labse")
+    encoder = checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=5), root / "encoder")
+    model = SentenceTransformer(modules=[Transformer(str(encoder)), Pooling(32, "cls"),
+                                         Dense(32, 16, activation_function=nn.Tanh()),
+                                         Normalize()], device="cpu")
+    model.save(str(root / "st"))
+    return root / "st"
+
+
+def test_a_dense_module_is_exported_and_served_as_sentence_transformers_computes_it(
+        labse_like, tmp_path):
+    from models.runtime.torchscript import TorchScriptBackend
+
+    expected = SentenceTransformer(str(labse_like), device="cpu").encode(TEXTS)  # [2, 16]
+    pipeline = st.read(labse_like)
+    assert (pipeline.pooling, pipeline.dense) == ("cls", st.Dense("2_Dense", 32, 16, True, "Tanh"))
+    folder = tmp_path / "m"
+    manifest = export.export(labse_like, folder)
+    assert manifest.dimensions == 16
+    inputs = _encoded(labse_like)
+    for name, backend in (("onnx", open_backend("onnx", folder, manifest.artifact)),
+                          ("torch", open_backend("torch", folder, None)),
+                          ("traced checkpoint", TorchScriptBackend(folder / "checkpoint"))):
+        assert np.abs(_unit(backend.run(inputs)) - expected).max() < 1e-5, name
+    again = SentenceTransformer(str(folder / "checkpoint"), device="cpu")
+    assert np.abs(again.encode(TEXTS) - expected).max() < 1e-6
+    assert st.read(folder / "checkpoint") == pipeline
+    # older sentence-transformers saved the Dense module's weights as pytorch_model.bin
+    import torch
+    from safetensors.torch import load_file
+
+    source = _copy(labse_like, tmp_path / "bin")
+    weights = source / "2_Dense" / "model.safetensors"
+    torch.save(load_file(str(weights)), source / "2_Dense" / "pytorch_model.bin")
+    weights.unlink()
+    manifest = export.export(source, tmp_path / "from-bin")
+    got = open_backend("onnx", tmp_path / "from-bin", manifest.artifact).run(inputs)
+    assert np.abs(_unit(got) - expected).max() < 1e-5
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"activation_function": "torch.nn.modules.activation.Softmax"},
+     "2_Dense/config.json: activation torch.nn.modules.activation.Softmax is not one"),
+    ({"activation_function": "mypackage.Tanh"}, "activation mypackage.Tanh is not one"),
+    ({"module_input_name": "token_embeddings"},
+     "2_Dense/config.json: a Dense module on token_embeddings is not one"),
+    ({"out_features": "16"}, "in_features and out_features must be positive integers"),
+    ({"out_features": 8}, "2_Dense/model.safetensors: tensors do not fit the model"),
+])
+def test_a_dense_module_not_computed_here_is_refused_naming_the_file(labse_like, tmp_path,
+                                                                       change, words):
+    source = _copy(labse_like, tmp_path / "src")
+    file = source / "2_Dense" / "config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), **change}))
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        export.export(source, tmp_path / "m")
+    assert words in str(e.value)
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_dense_module_is_refused_before_the_pooling_after_its_own_family_and_for_tokens(
+        labse_like, tiny_checkpoints, tmp_path):
+    source = _copy(labse_like, tmp_path / "src")
+    modules = json.loads((source / "modules.json").read_text())
+    modules[1], modules[2] = modules[2], modules[1]  # Dense, then Pooling
+    (source / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(checkpoint.CheckpointError, match="2_Dense comes before the pooling"):
+        checkpoint.load(source)
+    with pytest.raises(checkpoint.CheckpointError, match="no --token-embeddings"):
+        export.export(labse_like, tmp_path / "t", token_embeddings=True)
+    albert = _copy(Path(tiny_checkpoints["minialbert", "embed"]), tmp_path / "albert")
+    _copy(labse_like / "2_Dense", albert / "2_Dense")
+    st.write(st.read(labse_like), albert, 32)
+    with pytest.raises(checkpoint.CheckpointError, match="after a minialbert encoder it is "
+                       "not computed here"):
+        checkpoint.load(albert)
