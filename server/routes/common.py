@@ -41,20 +41,22 @@ def named(svc, name: str) -> Engine:
     return engine
 
 
-def _the_one(able: list[Engine], what: str) -> Engine:
-    """The only engine of ``able``, which are those that ``what`` ("do embed")."""
+def _the_one(able: list[Engine], does: str, do: str) -> Engine:
+    """The only engine of ``able``, the served models that do something: a 404 saying
+    that no served model ``does`` it ("does embed"), or a 400 that several ``do``."""
     if len(able) == 1:
         return able[0]
     if not able:
-        raise ApiError(404, "model_not_found", f"no served model {what}")
-    raise ApiError(400, "invalid_request", f"several models {what} "
+        raise ApiError(404, "model_not_found", f"no served model {does}")
+    raise ApiError(400, "invalid_request", f"several models {do} "
                    f"({', '.join(e.name for e in able)}): name one in 'model'")
 
 
 def choose(request: Request, name: str | None, task: str) -> Engine:
     svc = _serving(request)
     if name is None:
-        return _the_one([e for e in svc.engines.values() if e.task == task], f"does {task}")
+        return _the_one([e for e in svc.engines.values() if e.task == task], f"does {task}",
+                        f"do {task}")
     engine = named(svc, name)
     if engine.task != task:
         raise ApiError(400, "wrong_task", f"model {name!r} does {engine.task}, not {task}")
@@ -66,7 +68,8 @@ def choose_token_embedder(request: Request, name: str | None) -> Engine:
     unnamed: the one such model."""
     if name is None:
         return _the_one([e for e in _serving(request).engines.values() if e.pools],
-                        "gives token embeddings (distilserve export --token-embeddings)")
+                        "gives token embeddings (distilserve export --token-embeddings)",
+                        "give token embeddings")
     engine = choose(request, name, "embed")
     if not engine.pools:
         raise ApiError(400, "wrong_task", f"model {name!r} pools its token vectors inside its "

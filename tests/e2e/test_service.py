@@ -292,7 +292,7 @@ BAD = [
      "over the limit of 200000"),
     ("/v1/embed", {"model": "nope", "inputs": "x"}, 404, "unknown model 'nope'"),
     ("/v1/embed", {"model": "bert-ner-onnx", "inputs": "x"}, 400, "does ner"),
-    ("/v1/embed", {"inputs": "x"}, 400, "several models"),
+    ("/v1/embed", {"inputs": "x"}, 400, "several models do embed ("),
     ("/v1/nothing", {"inputs": "x"}, 404, "Not Found"),
     ("/v1/rerank", {"model": "minilm", "query": "q", "documents": []}, 422, "at least 1"),
     ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["d"], "top_n": 0}, 422,
