@@ -15,6 +15,7 @@ from torch import nn
 from transformers import (
     AutoConfig,
     AutoModel,
+    AutoModelForMaskedLM,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     PretrainedConfig,
@@ -49,8 +50,8 @@ _AUTO = {"embed": AutoModel, "classify": AutoModelForSequenceClassification,
 class HFEncoder(nn.Module):
     """A transformers model with the families' common forward and one task output:
     (input_ids, attention_mask, token_type_ids) [B, T] -> embed [B, D] (pooled: mean or
-    cls; then a sentence-transformers Dense module's [B, D'] where it has one),
-    classify logits [B, C], or ner logits [B, T, C]."""
+    cls; then a sentence-transformers Dense module's [B, D'] where it has one; SPLADE's
+    [B, V] from a masked-language model), classify logits [B, C], or ner logits [B, T, C]."""
 
     def __init__(self, model: nn.Module, task: str, pooling: str = "mean"):
         super().__init__()
@@ -67,9 +68,11 @@ class HFEncoder(nn.Module):
         if self.uses_token_types:
             inputs["token_type_ids"] = token_type_ids
         out = self.model(**inputs)
-        if self.task == "embed":
-            return self.dense(heads.pool(out.last_hidden_state, attention_mask, self.pooling))
-        return out.logits
+        if self.task != "embed":
+            return out.logits
+        if self.pooling == "splade":
+            return heads.splade(out.logits, attention_mask)  # [B, V]
+        return self.dense(heads.pool(out.last_hidden_state, attention_mask, self.pooling))
 
 
 def hf_config(config: dict) -> PretrainedConfig:
@@ -84,7 +87,8 @@ def build(config: dict, task: str, labels: list[str], pooling: str = "mean") -> 
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {label: i for i, label in enumerate(labels)}
     torch.manual_seed(0)
-    return HFEncoder(_AUTO[task].from_config(cfg), task, pooling)
+    auto = AutoModelForMaskedLM if pooling == "splade" else _AUTO[task]
+    return HFEncoder(auto.from_config(cfg), task, pooling)
 
 
 def normalise_keys(state: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:

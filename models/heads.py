@@ -1,7 +1,8 @@
 """What every family puts on top of its encoder: pooling and the task output.
 
 Tasks: ``embed`` -> sentence embedding [B, D] (or, exported with --token-embeddings,
-the token vectors [B, T, D], pooled by the service); ``classify`` -> logits [B, C];
+the token vectors [B, T, D], pooled by the service; or SPLADE's sparse embedding [B, V]
+from a masked-language model's logits); ``classify`` -> logits [B, C];
 ``ner`` -> per-token logits [B, T, C]. Normalisation and softmax happen after the model,
 in the server's postprocessing, so that exported graphs carry raw numbers.
 """
@@ -42,6 +43,15 @@ def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, how: str) -> torch.
     if how != "mean":
         raise ValueError("unknown pooling " + how + " (mean, cls, none)")
     return mean_pool(hidden, attention_mask)
+
+
+def splade(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """SPLADE's sparse embedding from a masked-language model's logits [B, T, V] -> [B, V]:
+    the largest log(1 + relu(logit)) of each vocabulary entry over the real tokens (as
+    sentence-transformers' SpladePooling, "max" and "relu"; zero where no token gives it
+    a positive logit)."""
+    mask = attention_mask.to(logits.dtype)[:, :, None]  # [B, T, 1]
+    return torch.log1p(torch.relu(logits * mask)).amax(1)
 
 
 class Dense(nn.Module):

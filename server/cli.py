@@ -354,9 +354,10 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--max-length", type=int,
                      help="longest input in tokens (default: the length a "
                      "sentence-transformers model was trained for, else the model's maximum)")
-    exp.add_argument("--pooling", choices=["mean", "cls"],
+    exp.add_argument("--pooling", choices=["mean", "cls", "splade"],
                      help="an embedding model's pooling of its tokens (default: what its "
-                     "sentence-transformers files say, else mean)")
+                     "sentence-transformers files say, else mean); splade: a masked-language "
+                     "model's SPLADE embedding, also served sparse at /embed_sparse")
     exp.add_argument("--token-embeddings", action="store_true",
                      help="an embedding model: the artifact gives every token's vector, "
                      "served by TEI's /embed_all, and the service pools them for the other "

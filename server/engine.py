@@ -127,6 +127,8 @@ class Engine:
         # the service pools an embedding model's token vectors (export --token-embeddings)
         self.pools = manifest.pooling if manifest.token_embeddings else None
         self.per_token = manifest.task == "ner" or self.pools is not None  # [T, X] an input
+        # SPLADE's embeddings: a weight per vocabulary entry, mostly zero, ranked by dot product
+        self.sparse = manifest.pooling == "splade"
         self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
         self.max_length = manifest.max_length
         # OpenAI's model object's "created": when the model was exported (Unix seconds)

@@ -46,6 +46,13 @@ def sentence_embeddings(outputs: list[np.ndarray], pooling: str | None) -> np.nd
     raise ValueError(f"unknown pooling {pooling!r} (mean, cls)")
 
 
+def sparse(vector: np.ndarray) -> list[dict]:
+    """A SPLADE embedding's non-zero entries, {index, value}, in index order (TEI's
+    /embed_sparse)."""
+    indices = np.flatnonzero(vector)
+    return [{"index": i, "value": v} for i, v in zip(indices.tolist(), vector[indices].tolist())]
+
+
 def cosine_ranking(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
     """Cosine similarity of one query embedding [D] with document embeddings [N, D]."""
     return normalize(documents) @ normalize(query)

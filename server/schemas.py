@@ -211,8 +211,8 @@ class TeiRerankRequest(_Truncated):
         return [self.query, *self.texts_]
 
 
-class TeiEmbedAllRequest(_Truncated):
-    """TEI's /embed_all."""
+class TeiInputsRequest(_Truncated):
+    """TEI's /embed_all and /embed_sparse."""
 
     inputs: Texts
     prompt_name: str | None = Field(None, description="as /v1/embed's")
@@ -298,6 +298,11 @@ class TeiInfo(BaseModel):
     version: str
     sha: str | None
     docker_label: str | None
+
+
+class TeiSparseValue(BaseModel):
+    index: int = Field(description="the vocabulary entry (a token id)")
+    value: float
 
 
 class TeiRank(BaseModel):

@@ -36,6 +36,30 @@ def tiny_checkpoints(tmp_path_factory) -> dict[tuple[str, str], str]:
     return out
 
 
+@pytest.fixture(scope="session")
+def splade_checkpoint(tmp_path_factory):
+    """A tiny SPLADE model as sentence-transformers saves one: a BERT masked-language model
+    (random weights, the bert-base-uncased vocabulary) and its SpladePooling module."""
+    import shutil
+
+    from sentence_transformers import SparseEncoder
+    from sentence_transformers.base.modules import Transformer
+    from sentence_transformers.sparse_encoder.modules import SpladePooling
+    from transformers import BertConfig, BertForMaskedLM
+
+    root = tmp_path_factory.mktemp("splade")
+    torch.manual_seed(3)
+    BertForMaskedLM(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64, max_position_embeddings=128)
+                    ).save_pretrained(root / "mlm")
+    for name in checkpoint.TOKENIZER_FILES:
+        if (checkpoint.default_tokenizer_dir() / name).exists():
+            shutil.copy(checkpoint.default_tokenizer_dir() / name, root / "mlm" / name)
+    SparseEncoder(modules=[Transformer(str(root / "mlm"), transformer_task="fill-mask"),
+                           SpladePooling("max")], device="cpu").save(str(root / "splade"))
+    return root / "splade"
+
+
 def batch(batch_size: int = 3, length: int = 11, seed: int = 0, pad_row: int | None = 1):
     """Random token ids with one row padded to about half its length."""
     g = torch.Generator().manual_seed(seed)

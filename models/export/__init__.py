@@ -66,13 +66,13 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
            token_embeddings: bool = False) -> Manifest:
     """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
     manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
-    and then replaced only once the new folder is complete. ``max_length`` defaults to
-    the length the checkpoint was trained for (sentence-transformers' max_seq_length)
-    where its files say, else its position embeddings'; ``pooling`` (mean, cls) overrides
-    its sentence-transformers files' for an embedding model; ``token_embeddings``: the
-    artifact gives an embedding model's token vectors [B, T, D], which the service pools
-    (TEI's /embed_all serves them). Raises CheckpointError (unreadable checkpoint) or
-    ExportError."""
+    and then replaced only once the new folder is complete. ``max_length`` defaults to the
+    length the checkpoint was trained for (sentence-transformers' max_seq_length) where
+    its files say, else its position embeddings'; ``pooling`` (mean, cls, splade)
+    overrides its sentence-transformers files' for an embedding model;
+    ``token_embeddings``: the artifact gives an embedding model's token vectors [B, T, D],
+    which the service pools (TEI's /embed_all serves them). Raises CheckpointError
+    (unreadable checkpoint) or ExportError."""
     output = Path(output)
     if output.exists() and not force:
         raise ExportError(f"{output} already exists (a server may be serving it); pass "

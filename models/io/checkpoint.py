@@ -163,7 +163,8 @@ def save(ckpt: Checkpoint, output: str | Path) -> Path:
     else:
         ckpt.model.model.save_pretrained(out, safe_serialization=True)
     if ckpt.pipeline is not None and ckpt.task == "embed":
-        width = ckpt.config.get("hidden_size") or ckpt.config.get("dim")
+        width = ckpt.config.get("vocab_size") if ckpt.pooling == "splade" else (
+            ckpt.config.get("hidden_size") or ckpt.config.get("dim"))
         st.write(ckpt.pipeline, out, int(width))
         if ckpt.pipeline.dense:  # its weights, as sentence-transformers names them
             save_file({k: v.contiguous() for k, v in ckpt.model.dense.state_dict().items()},
@@ -292,8 +293,24 @@ def _droppable(key: str, top_level: set[str]) -> bool:
             or key.endswith("position_ids"))
 
 
+def _tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with the names of a tensor the model shares filled in from one another
+    (transformers saves a tied weight once: a masked-language head's decoder is the word
+    embeddings)."""
+    shared: dict[int, list[str]] = {}
+    for name, tensor in model.named_parameters(remove_duplicate=False):
+        shared.setdefault(id(tensor), []).append(name)
+    filled = dict(state)
+    for names in shared.values():
+        saved = next((n for n in names if n in state), None)
+        for name in names if saved else ():
+            filled.setdefault(name, state[saved])
+    return filled
+
+
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path) -> None:
     """Loads ``state`` into ``model`` or raises CheckpointError naming the tensors."""
+    state = _tied(model, state)
     expected = model.state_dict()
     top_level = {k.split(".")[0] for k in expected}
     missing = sorted(set(expected) - set(state))
@@ -318,7 +335,8 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     ``overrides`` changes config fields, e.g. ``{"model_type": "falbert",
     "num_hidden_layers": 6}`` loads an ALBERT checkpoint as LR-ALBERT. An embedding model
     pools as its sentence-transformers files say (models/io/sentence_transformers.py),
-    else as its family does, unless ``pooling`` (mean, cls) says otherwise; with
+    else as its family does, unless ``pooling`` (mean, cls; splade: a masked-language model
+    and SPLADE's pooling of its logits) says otherwise; with
     ``token_embeddings`` its model returns the token vectors [B, T, D] unpooled (the
     checkpoint's ``pooling`` still says how they are pooled)."""
     path = Path(path)
@@ -355,6 +373,9 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     if token_embeddings and task != "embed":
         raise CheckpointError(f"{path}: token embeddings are an embedding model's, not this "
                               f"{task} model's")
+    if token_embeddings and pipeline and pipeline.pooling == "splade":
+        raise CheckpointError(f"{path}: a SPLADE model's embedding is its vocabulary's logits "
+                              "pooled, not its token vectors: it has no token embeddings")
     if token_embeddings and not kind.token_vectors:
         raise CheckpointError(f"{path}: a {family} model has no token embeddings: its "
                               f"embedding is {kind.pooling}'s, not pooled from token vectors")

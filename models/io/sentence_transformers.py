@@ -15,14 +15,20 @@ Pooling module's ``config.json`` says how tokens are pooled, and
                                  {"prompts": {"query": "query: ", ...},
                                   "default_prompt_name": null}
 
+A SPLADE model (sentence-transformers' SparseEncoder) has a masked-language model and a
+SpladePooling module instead of the Transformer and the Pooling:
+
+    modules.json                 [MLMTransformer "", SpladePooling "1_SpladePooling"]
+    1_SpladePooling/config.json  {"pooling_strategy": "max", "activation_function": "relu"}
+
 BGE's models pool the [CLS] token, all-MiniLM and E5 take the mean: served with the other
 pooling, their embeddings would be quietly different. So the pooling is read here, and a
 Dense module after it (distiluse's DistilBERT students map 768 -> 512 through a tanh,
 LaBSE's BERT maps through one too); a module distilserve does not compute (max pooling, a
 second Dense, a Dense on the token vectors) is refused, naming the file, rather than left
-out. Prompts (E5's "query: ", BGE's instruction for queries) are
-texts put before an input, by name. ``write`` puts the same files into a saved
-checkpoint, so that an exported model folder's checkpoint says how it pools.
+out. Prompts (E5's "query: ", BGE's instruction for queries) are texts put before an
+input, by name. ``write`` puts the same files into a saved checkpoint, so that an exported
+model folder's checkpoint says how it pools.
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ from pathlib import Path
 
 POOLINGS = ("mean", "cls")  # what heads.pool computes
 # the module classes (the last part of modules.json's "type") that are computed here:
-# the encoder itself (older versions named it by its architecture), its pooling, and
+# the encoder itself (older versions named it by its architecture; a SPLADE model's is a
+# masked-language model), its pooling (or SPLADE's: heads.splade), a Dense module, and
 # normalisation (the service normalises embeddings)
-ENCODERS = ("Transformer", "BERT", "DistilBERT", "ALBERT")
-KNOWN_MODULES = (*ENCODERS, "Pooling", "Dense", "Normalize")
+ENCODERS = ("Transformer", "BERT", "DistilBERT", "ALBERT", "MLMTransformer")
+KNOWN_MODULES = (*ENCODERS, "Pooling", "SpladePooling", "Dense", "Normalize")
 # a Dense module's activations computed here: torch.nn's class -> its full name, as
 # sentence-transformers writes it
 ACTIVATIONS = {"Tanh": "torch.nn.modules.activation.Tanh",
@@ -118,16 +125,24 @@ def read(folder: Path) -> Pipeline | None:
             f"{file}: modules {', '.join(unknown)} are not ones distilserve computes "
             f"({', '.join(KNOWN_MODULES)}): served without them, the embeddings would differ")
     pooling = "mean"  # a sentence-transformers model without a Pooling module: the mean
+    if "Pooling" in kinds and "SpladePooling" in kinds:
+        raise SentenceTransformersError(f"{file}: two poolings, Pooling and SpladePooling")
     if "Pooling" in kinds:
         pooling = _pooling(folder / str(kinds["Pooling"].get("path", "")) / "config.json")
+    if "SpladePooling" in kinds:
+        pooling = _splade(folder / str(kinds["SpladePooling"].get("path", "")) / "config.json")
     dense = None
     if "Dense" in kinds:
         order = list(kinds)
         where = folder / str(kinds["Dense"].get("path", ""))
-        if "Pooling" in kinds and order.index("Dense") < order.index("Pooling"):
+        pooled = next((order.index(k) for k in ("Pooling", "SpladePooling") if k in kinds), -1)
+        if order.index("Dense") < pooled:
             raise SentenceTransformersError(f"{file}: {where.name} comes before the pooling: "
                                             "a Dense module on the token vectors is not one "
                                             "distilserve computes")
+        if pooling == "splade":
+            raise SentenceTransformersError(f"{file}: {where.name} after SPLADE's pooling is "
+                                            "not one distilserve computes")
         dense = _dense(where)
     length = None
     for where in (folder, encoder_folder(folder)):  # older ones keep it beside the encoder
@@ -164,6 +179,16 @@ def _pooling(file: Path) -> str:
     return modes[0]
 
 
+def _splade(file: Path) -> str:
+    """"splade" where SpladePooling's config asks for what heads.splade computes."""
+    config = _json(file) if file.exists() else {}  # none: sentence-transformers' defaults
+    how = (config.get("pooling_strategy") or "max", config.get("activation_function") or "relu")
+    if how != ("max", "relu"):
+        raise SentenceTransformersError(f"{file}: SPLADE pooling {how[0]} of {how[1]} is not "
+                                        "one distilserve computes (max of relu)")
+    return "splade"
+
+
 def _dense(folder: Path) -> Dense:
     file = folder / "config.json"
     config = _json(file)
@@ -193,11 +218,25 @@ def _json(file: Path):
 
 
 def write(pipeline: Pipeline, folder: Path, width: int) -> None:
-    """The files that describe ``pipeline`` after an encoder of ``width`` (a Dense
-    module's weights are the caller's to write, into its folder, DENSE_PATH)."""
-    kinds = [("", "Transformer"), ("1_Pooling", "Pooling")]
+    """The files that describe ``pipeline`` after an encoder of ``width`` (SPLADE's: its
+    vocabulary's size; a Dense module's weights are the caller's to write, into its
+    folder, DENSE_PATH)."""
+    if pipeline.pooling == "splade":
+        kinds = [("", "sparse_encoder.modules.MLMTransformer"),
+                 ("1_SpladePooling", "sparse_encoder.modules.SpladePooling")]
+        (folder / "1_SpladePooling").mkdir(parents=True, exist_ok=True)
+        (folder / "1_SpladePooling" / "config.json").write_text(json.dumps(
+            {"pooling_strategy": "max", "activation_function": "relu",
+             "embedding_dimension": width}, indent=2) + "\n")
+    else:
+        kinds = [("", "models.Transformer"), ("1_Pooling", "models.Pooling")]
+        (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps(
+            {"word_embedding_dimension": width,
+             **{flag: mode == pipeline.pooling for flag, mode in LEGACY_FLAGS.items()}},
+            indent=2) + "\n")
     if pipeline.dense:
-        kinds.append((DENSE_PATH, "Dense"))
+        kinds.append((DENSE_PATH, "models.Dense"))
         dense = pipeline.dense
         (folder / DENSE_PATH).mkdir(parents=True, exist_ok=True)
         (folder / DENSE_PATH / "config.json").write_text(json.dumps(
@@ -205,21 +244,17 @@ def write(pipeline: Pipeline, folder: Path, width: int) -> None:
              "bias": dense.bias, "activation_function": ACTIVATIONS[dense.activation]},
             indent=2) + "\n")
     if pipeline.normalize:
-        kinds.append((f"{len(kinds)}_Normalize", "Normalize"))
+        kinds.append((f"{len(kinds)}_Normalize", "models.Normalize"))
         (folder / kinds[-1][0]).mkdir(parents=True, exist_ok=True)
     modules = [{"idx": i, "name": str(i), "path": path,
-                "type": f"sentence_transformers.models.{kind}"}
-               for i, (path, kind) in enumerate(kinds)]
-    (folder / "1_Pooling").mkdir(parents=True, exist_ok=True)
+                "type": f"sentence_transformers.{kind}"} for i, (path, kind) in enumerate(kinds)]
     (folder / "modules.json").write_text(json.dumps(modules, indent=2) + "\n")
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps(
-        {"word_embedding_dimension": width,
-         **{flag: mode == pipeline.pooling for flag, mode in LEGACY_FLAGS.items()}},
-        indent=2) + "\n")
     if pipeline.max_seq_length:
         (folder / "sentence_bert_config.json").write_text(json.dumps(
             {"max_seq_length": pipeline.max_seq_length, "do_lower_case": False}) + "\n")
-    if pipeline.prompts:
+    if pipeline.prompts or pipeline.pooling == "splade":
+        # a SparseEncoder's own kind: said, or sentence-transformers adds a module of its own
+        kind = {"model_type": "SparseEncoder"} if pipeline.pooling == "splade" else {}
         (folder / "config_sentence_transformers.json").write_text(json.dumps(
-            {"prompts": pipeline.prompts, "default_prompt_name": pipeline.default_prompt_name},
-            indent=2) + "\n")
+            {"prompts": pipeline.prompts, "default_prompt_name": pipeline.default_prompt_name,
+             **kind}, indent=2) + "\n")

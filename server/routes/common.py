@@ -63,18 +63,28 @@ def choose(request: Request, name: str | None, task: str) -> Engine:
     return engine
 
 
-def choose_token_embedder(request: Request, name: str | None) -> Engine:
-    """An embedding model that gives its token vectors (exported with --token-embeddings);
-    unnamed: the one such model."""
+# what some embedding models give beside their embeddings: which do, how to have one, and
+# why a named model does not
+GIVES = {
+    "token embeddings": (lambda e: e.pools is not None, "distilserve export --token-embeddings",
+                         "pools its token vectors inside its exported graph, so they never "
+                         "leave it: export it with distilserve export --token-embeddings for "
+                         "them"),
+    "sparse embeddings": (lambda e: e.sparse, "SPLADE's: distilserve export --pooling splade",
+                          "is not a SPLADE model (a masked-language model exported with "
+                          "distilserve export --pooling splade)"),
+}
+
+
+def choose_giving(request: Request, name: str | None, what: str) -> Engine:
+    """An embedding model that gives ``what`` (one of GIVES); unnamed: the one such model."""
+    gives, how, why_not = GIVES[what]
     if name is None:
-        return _the_one([e for e in _serving(request).engines.values() if e.pools],
-                        "gives token embeddings (distilserve export --token-embeddings)",
-                        "give token embeddings")
+        return _the_one([e for e in _serving(request).engines.values() if gives(e)],
+                        f"gives {what} ({how})", f"give {what}")
     engine = choose(request, name, "embed")
-    if not engine.pools:
-        raise ApiError(400, "wrong_task", f"model {name!r} pools its token vectors inside its "
-                       "exported graph, so they never leave it: export it with distilserve "
-                       "export --token-embeddings for them")
+    if not gives(engine):
+        raise ApiError(400, "wrong_task", f"model {name!r} {why_not}")
     return engine
 
 

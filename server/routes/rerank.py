@@ -37,6 +37,8 @@ async def scored(body: RerankRequest | TeiRerankRequest, request: Request
         result = await infer(request, engine, texts, body.truncation)
         # [1 + N, D]: the query, then the documents
         vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)
+        if engine.sparse:  # SPLADE ranks by dot product
+            return engine, vectors[1:] @ vectors[0], result
         return engine, postprocess.cosine_ranking(vectors[0], vectors[1:]), result
     result = await infer(request, engine, [(body.query, d) for d in documents], body.truncation)
     return engine, postprocess.relevance(np.stack(result.outputs), engine.labels,

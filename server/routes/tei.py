@@ -1,13 +1,13 @@
-"""Text Embeddings Inference's own routes, for the clients written for TEI
-(huggingface_hub's InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's
-TEI components, LlamaIndex's TextEmbeddingsInference): POST /embed, /embed_all,
-/similarity, /predict and /rerank with TEI's bodies, POST / (and SageMaker's /invocations) as TEI serves its
-one model there, POST /vertex (Vertex AI's instances, each a body of /), and GET /info.
-The models, queue, limits, errors and timing headers are those of the /v1 routes (their
-functions run them); only the bodies' shapes are TEI's. /rerank also takes the body that
-Infinity and vLLM take at that path (Cohere's, with ``documents``) and answers it as
-/v1/rerank. (/tokenize, /decode and /embeddings sit beside their /v1 twins, in their own
-files; GET / and /ping, TEI's and SageMaker's health checks, beside /ready.)"""
+"""Text Embeddings Inference's own routes, for the clients written for TEI (huggingface_hub's
+InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's TEI components,
+LlamaIndex's TextEmbeddingsInference): POST /embed, /embed_all, /embed_sparse,
+/similarity, /predict and /rerank with TEI's bodies, POST / (and SageMaker's /invocations)
+as TEI serves its one model there, POST /vertex (Vertex AI's instances, each a body of /),
+and GET /info. The models, queue, limits, errors and timing headers are those of the /v1
+routes (their functions run them); only the bodies' shapes are TEI's. /rerank also takes
+the body that Infinity and vLLM take at that path (Cohere's, with ``documents``) and
+answers it as /v1/rerank. (/tokenize, /decode and /embeddings sit beside their /v1 twins,
+in their own files; GET / and /ping, TEI's and SageMaker's health checks, beside /ready.)"""
 
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ from server.routes import rerank as v1
 from server.routes.classify import classified
 from server.routes.common import (
     check_limits,
+    choose_giving,
     choose_root,
-    choose_token_embedder,
     infer,
     reply,
     service,
@@ -37,8 +37,8 @@ from server.schemas import (
     RerankResponse,
     Score,
     TeiAnswer,
-    TeiEmbedAllRequest,
     TeiInfo,
+    TeiInputsRequest,
     TeiPredictRequest,
     TeiRank,
     TeiRerankBody,
@@ -46,6 +46,7 @@ from server.schemas import (
     TeiRootRequest,
     TeiSimilarityParameters,
     TeiSimilarityRequest,
+    TeiSparseValue,
     TeiVertexRequest,
     TeiVertexResponse,
 )
@@ -117,11 +118,11 @@ async def embed(body: EmbedRequest, request: Request):
 
 
 @router.post("/embed_all", response_model=list[list[list[float]]], responses=errors.INFERENCE)
-async def embed_all(body: TeiEmbedAllRequest, request: Request):
+async def embed_all(body: TeiInputsRequest, request: Request):
     """Every token's vector, special tokens included, unpooled and not normalised (the
     model's last hidden states): a list of them per input. For an embedding model exported
     with --token-embeddings; at most as many inputs as EMBED_ALL_NUMBERS allows."""
-    engine = choose_token_embedder(request, body.model)
+    engine = choose_giving(request, body.model, "token embeddings")
     check_limits(request, body.texts)
     most = EMBED_ALL_NUMBERS // (engine.max_length * engine.dimensions)
     if len(body.texts) > most:
@@ -132,6 +133,18 @@ async def embed_all(body: TeiEmbedAllRequest, request: Request):
     result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
                          body.truncation)
     return reply(request, result.outputs, result)  # each [T_i, D]
+
+
+@router.post("/embed_sparse", response_model=list[list[TeiSparseValue]],
+             responses=errors.INFERENCE)
+async def embed_sparse(body: TeiInputsRequest, request: Request):
+    """Each input's SPLADE embedding as its non-zero entries, {index, value}, in index
+    order: for a SPLADE model (a masked-language model exported with --pooling splade)."""
+    engine = choose_giving(request, body.model, "sparse embeddings")
+    check_limits(request, body.texts)
+    result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
+                         body.truncation)
+    return reply(request, [postprocess.sparse(v) for v in result.outputs], result)
 
 
 @router.post("/similarity", response_model=list[float], responses=errors.INFERENCE)

@@ -18,7 +18,7 @@ CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_checkpoints, tmp_path_factory):
+def repository(tiny_checkpoints, splade_checkpoint, tmp_path_factory):
     repo = tmp_path_factory.mktemp("openapi-repo")
     for task in ("embed", "classify", "ner"):  # the embedding model: for /embed_all too
         export.export(tiny_checkpoints["bert", task], repo / f"bert-{task}", "onnx",
@@ -26,6 +26,7 @@ def repository(tiny_checkpoints, tmp_path_factory):
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")
     export.export(cross, repo / "cross", "onnx", relevant_label="relevant")
+    export.export(splade_checkpoint, repo / "splade", "onnx")  # for /embed_sparse
     return repo
 
 
@@ -46,7 +47,7 @@ def test_schemathesis_all_checks_on_every_operation(repository, tmp_path):
         "GET /v1/models/{model_id}", "GET /health", "GET /ready", "GET /metrics",
         # TEI's, Infinity's and SageMaker's
         "POST /embeddings", "POST /tokenize", "POST /decode", "POST /embed",
-        "POST /embed_all", "POST /",
+        "POST /embed_all", "POST /embed_sparse", "POST /",
         "POST /invocations", "POST /similarity", "POST /predict", "POST /rerank",
         "POST /classify", "POST /vertex", "GET /info", "GET /models", "GET /", "GET /ping"]
     assert tested.split()[-1] == str(len(operations)), summary  # every operation

@@ -27,10 +27,12 @@ ROUTES = {
         "model": ["pooled", "tokens"], "normalize": [True, False], "dimensions": [None, 8]}),
     "/embed_all": ({"inputs": TEXTS}, {
         "truncate": [True, False], "truncation_direction": ["right", "left"]}),
+    "/embed_sparse": ({"inputs": TEXTS}, {
+        "truncate": [True, False], "truncation_direction": ["right", "left"]}),
     "/similarity": ({"inputs": {"source_sentence": "a cat", "sentences": TEXTS}}, {
         "model": ["pooled", "tokens"]}),
     "/v1/rerank": ({"query": "a cat", "documents": TEXTS}, {
-        "model": ["pooled", "tokens", "cross"], "top_n": [None, 1],
+        "model": ["pooled", "tokens", "splade", "cross"], "top_n": [None, 1],
         "return_documents": [True, False], "raw_scores": [True, False]}),
     "/rerank": ({"query": "a cat", "texts": TEXTS}, {
         "model": ["pooled", "tokens", "cross"], "return_text": [True, False],
@@ -50,11 +52,12 @@ ROUTES = {
 
 
 @pytest.fixture(scope="module")
-def url(tiny_checkpoints, tmp_path_factory):
+def url(tiny_checkpoints, splade_checkpoint, tmp_path_factory):
     repo = tmp_path_factory.mktemp("combinations")
     export.export(tiny_checkpoints["bert", "embed"], repo / "pooled", "onnx")
     export.export(tiny_checkpoints["bert", "embed"], repo / "tokens", "torch",
                   token_embeddings=True)
+    export.export(splade_checkpoint, repo / "splade", "onnx")
     export.export(tiny_checkpoints["bert", "classify"], repo / "sentiment", "onnx")
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")

@@ -225,6 +225,35 @@ def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_check
             "tokens of 32 numbers)")
 
 
+def test_embed_sparse_gives_a_splade_models_non_zero_weights(splade_checkpoint,
+                                                              tiny_checkpoints, tmp_path):
+    """TEI's /embed_sparse: a SPLADE model's embedding as {index, value} of its non-zero
+    entries, which /v1/embed gives whole; /v1/rerank ranks by their dot product."""
+    export.export(splade_checkpoint, tmp_path / "splade", "onnx")
+    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "pooled", "onnx")
+    texts = ["The cat sat on the mat.", "Dogs bark."]
+    with running_server(tmp_path) as both:
+        sparse = post(both, "/embed_sparse", {"inputs": texts})  # unnamed: the one that can
+        dense = np.array(post(both, "/v1/embed", {"model": "splade", "inputs": texts,
+                                                  "normalize": False})["embeddings"])
+        assert dense.shape == (2, 30522)
+        for entries, vector in zip(sparse, dense):
+            indices = [e["index"] for e in entries]
+            assert indices == sorted(indices) and indices == np.flatnonzero(vector).tolist()
+            np.testing.assert_allclose([e["value"] for e in entries], vector[indices],
+                                       rtol=1e-6)
+        ranked = post(both, "/v1/rerank", {"model": "splade", "query": "a cat",
+                                           "documents": texts})["results"]
+        query = np.array(post(both, "/v1/embed", {"model": "splade", "inputs": "a cat",
+                                                  "normalize": False})["embeddings"][0])
+        np.testing.assert_allclose([r["relevance_score"] for r in ranked],
+                                   sorted(dense @ query, reverse=True), rtol=1e-5)
+        assert httpx.get(both + "/v1/models/splade").json()["pooling"] == "splade"
+        refused = httpx.post(both + "/embed_sparse", json={"model": "pooled", "inputs": texts})
+        assert refused.status_code == 400
+        assert "is not a SPLADE model" in refused.json()["error"]["message"]
+
+
 def test_decode_gives_tokenizes_ids_back_as_text(url):
     tokens = post(url, "/tokenize", {"inputs": ["Hello, world", "Dogs bark."]})
     ids = [[t["id"] for t in input_tokens] for input_tokens in tokens]

@@ -284,3 +284,75 @@ def test_a_dense_module_is_refused_before_the_pooling_after_its_own_family_and_f
     with pytest.raises(checkpoint.CheckpointError, match="after a minialbert encoder it is "
                        "not computed here"):
         checkpoint.load(albert)
+
+
+def test_a_splade_model_is_exported_and_served_as_sentence_transformers_computes_it(
+        splade_checkpoint, tmp_path):
+    """SPLADE (sentence-transformers' SparseEncoder): a masked-language model's logits,
+    log(1 + relu) of them, the largest over the real tokens, a weight per vocabulary
+    entry; its ONNX and int8 artifacts, its torch model and its checkpoint traced as on a
+    GPU give what SparseEncoder.encode gives, and so does the exported checkpoint, loaded
+    by sentence-transformers."""
+    from sentence_transformers import SparseEncoder
+
+    from models.runtime.torchscript import TorchScriptBackend
+
+    model = SparseEncoder(str(splade_checkpoint), device="cpu")
+    expected = model.encode(TEXTS).to_dense().numpy()  # [2, 30522]
+    assert st.read(splade_checkpoint).pooling == "splade"
+    folder = tmp_path / "m"
+    manifest = export.export(splade_checkpoint, folder, quantize="int8")
+    assert (manifest.pooling, manifest.dimensions) == ("splade", 30522)
+    assert manifest.quantization["min_cosine"] > 0.99
+    inputs = _encoded(splade_checkpoint)
+    for name, backend in (("onnx", open_backend("onnx", folder, "model.onnx")),
+                          ("torch", open_backend("torch", folder, None)),
+                          ("traced checkpoint", TorchScriptBackend(folder / "checkpoint"))):
+        assert np.abs(backend.run(inputs) - expected).max() < 1e-5, name
+    again = SparseEncoder(str(folder / "checkpoint"), device="cpu")
+    assert np.abs(again.encode(TEXTS).to_dense().numpy() - expected).max() < 1e-6
+    # the masked-language model alone, without sentence-transformers' files: --pooling
+    plain = export.export(splade_checkpoint, tmp_path / "plain", pooling="splade")
+    assert plain.pooling == "splade"
+
+
+def test_what_splade_cannot_be_is_refused(splade_checkpoint, tiny_checkpoints, tmp_path):
+    source = _copy(splade_checkpoint, tmp_path / "sum")
+    (source / "1_SpladePooling" / "config.json").write_text(json.dumps(
+        {"pooling_strategy": "sum", "activation_function": "relu"}))
+    with pytest.raises(checkpoint.CheckpointError, match="SPLADE pooling sum of relu is not "
+                       "one distilserve computes \\(max of relu\\)"):
+        checkpoint.load(source)
+    with pytest.raises(checkpoint.CheckpointError, match="it has no token embeddings"):
+        export.export(splade_checkpoint, tmp_path / "t", token_embeddings=True)
+    # a model without a masked-language head has no logits to pool: its tensors say so
+    with pytest.raises(checkpoint.CheckpointError, match="missing: cls.predictions"):
+        export.export(tiny_checkpoints["bert", "embed"], tmp_path / "b", pooling="splade")
+    with pytest.raises(checkpoint.CheckpointError, match="pooled by mean, not splade"):
+        export.export(tiny_checkpoints["minialbert", "embed"], tmp_path / "a", pooling="splade")
+
+
+def test_a_distilbert_masked_language_model_is_splade_too(tmp_path):
+    """naver's distilled SPLADE is a DistilBERT masked-language model, published without
+    sentence-transformers' files; transformers saves its head's decoder once, as the word
+    embeddings it is tied to."""
+    import torch
+    from transformers import DistilBertConfig, DistilBertForMaskedLM
+
+    torch.manual_seed(1)
+    model = DistilBertForMaskedLM(DistilBertConfig(dim=32, n_layers=2, n_heads=4,
+                                                   hidden_dim=64, max_position_embeddings=128))
+    model.eval().save_pretrained(tmp_path / "mlm")
+    for name in checkpoint.TOKENIZER_FILES:
+        if (checkpoint.default_tokenizer_dir() / name).exists():
+            (tmp_path / "mlm" / name).write_bytes(
+                (checkpoint.default_tokenizer_dir() / name).read_bytes())
+    manifest = export.export(tmp_path / "mlm", tmp_path / "m", pooling="splade")
+    inputs = _encoded(tmp_path / "mlm")
+    with torch.no_grad():
+        logits = model(input_ids=torch.from_numpy(inputs["input_ids"]),
+                       attention_mask=torch.from_numpy(inputs["attention_mask"])).logits
+    mask = torch.from_numpy(inputs["attention_mask"])[:, :, None]
+    expected = torch.log1p(torch.relu(logits * mask)).amax(1).numpy()
+    got = open_backend("onnx", tmp_path / "m", manifest.artifact).run(inputs)
+    assert np.abs(got - expected).max() < 1e-5

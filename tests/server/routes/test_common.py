@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from server.connections import DISCONNECT, ClientWatch
 from server.errors import ApiError
-from server.routes.common import _on_client_gone, choose, choose_token_embedder
+from server.routes.common import _on_client_gone, choose, choose_giving
 
 
 def request(scope_extra: dict, receive=None) -> Request:
@@ -73,17 +73,23 @@ def refusal(choice, *args) -> tuple[int, str]:
 
 
 def test_an_unnamed_model_is_the_one_that_can_else_the_refusal_says_why():
-    pooled, tokens, more = (SimpleNamespace(name=name, task="embed", pools=pools)
-                            for name, pools in (("a", None), ("b", "mean"), ("c", "cls")))
-    both = serving(pooled, tokens)
-    assert choose_token_embedder(both, None) is tokens
-    assert choose_token_embedder(both, "b") is tokens
+    pooled, tokens, more, splade = (
+        SimpleNamespace(name=name, task="embed", pools=pools, sparse=sparse)
+        for name, pools, sparse in (("a", None, False), ("b", "mean", False),
+                                    ("c", "cls", False), ("s", None, True)))
+    both = serving(pooled, tokens, splade)
+    assert choose_giving(both, None, "token embeddings") is tokens
+    assert choose_giving(both, "b", "token embeddings") is tokens
+    assert choose_giving(both, None, "sparse embeddings") is splade
     assert refusal(choose, both, None, "embed") == (
-        400, "several models do embed (a, b): name one in 'model'")
+        400, "several models do embed (a, b, s): name one in 'model'")
     assert refusal(choose, both, None, "ner") == (404, "no served model does ner")
-    assert refusal(choose_token_embedder, serving(pooled), None) == (
+    assert refusal(choose_giving, serving(pooled), None, "token embeddings") == (
         404, "no served model gives token embeddings (distilserve export --token-embeddings)")
-    assert refusal(choose_token_embedder, serving(tokens, more), None) == (
+    assert refusal(choose_giving, serving(tokens, more), None, "token embeddings") == (
         400, "several models give token embeddings (b, c): name one in 'model'")
-    status, message = refusal(choose_token_embedder, both, "a")
+    status, message = refusal(choose_giving, both, "a", "token embeddings")
     assert status == 400 and "export it with distilserve export --token-embeddings" in message
+    assert refusal(choose_giving, both, "b", "sparse embeddings") == (
+        400, "model 'b' is not a SPLADE model (a masked-language model exported with "
+        "distilserve export --pooling splade)")
