@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 TASKS = ("embed", "classify", "ner")
+# how an embedding model's token vectors are pooled (pool): sentence-transformers' names
+POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean")
 
 # Hugging Face architecture suffix <-> task, for config.json's "architectures".
 ARCHITECTURE_SUFFIX = {"embed": "Model", "classify": "ForSequenceClassification",
@@ -33,16 +35,28 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
 
 
 def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, how: str) -> torch.Tensor:
-    """A sentence embedding from token vectors, [B, T, D] -> [B, D]: ``mean`` of the real
-    tokens' vectors, or ``cls``, the first token's (the [CLS] token's); ``none``: the token
-    vectors themselves, [B, T, D] (a model exported with --token-embeddings)."""
+    """A sentence embedding from token vectors, [B, T, D] -> [B, D], as sentence-transformers'
+    Pooling computes it over the real tokens: ``mean``; ``cls``, the first token's (the
+    [CLS] token's); ``max`` of each component; ``mean_sqrt_len_tokens``, their sum over the
+    square root of their count; ``weightedmean``, weighted by position (1, 2, ...). And
+    ``none``: the token vectors themselves, [B, T, D] (exported with --token-embeddings)."""
     if how == "none":
         return hidden
     if how == "cls":
         return hidden[:, 0]
-    if how != "mean":
-        raise ValueError("unknown pooling " + how + " (mean, cls, none)")
-    return mean_pool(hidden, attention_mask)
+    if how == "mean":
+        return mean_pool(hidden, attention_mask)
+    mask = attention_mask.to(hidden.dtype)[:, :, None]  # [B, T, 1]
+    if how == "max":
+        return hidden.masked_fill(mask == 0, float("-inf")).amax(1)
+    if how == "mean_sqrt_len_tokens":
+        return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9).sqrt()
+    if how == "weightedmean":
+        weights = mask.cumsum(1) * mask  # [B, T, 1]: 1, 2, ... the real tokens, 0 padding
+        return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
+    # (TorchScript scripts this for a kept loop: a literal message, not POOLINGS joined)
+    raise ValueError("unknown pooling " + how + " (mean, cls, max, mean_sqrt_len_tokens, "
+                     "weightedmean, none)")
 
 
 def splade(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

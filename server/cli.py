@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from models import families
+from models.heads import POOLINGS
 from models.io import checkpoint
 from training.distill import DEFAULT_STEPS as OBJECTIVES  # the families distillation knows
 
@@ -354,7 +355,7 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--max-length", type=int,
                      help="longest input in tokens (default: the length a "
                      "sentence-transformers model was trained for, else the model's maximum)")
-    exp.add_argument("--pooling", choices=["mean", "cls", "splade"],
+    exp.add_argument("--pooling", choices=[*POOLINGS, "splade"],
                      help="an embedding model's pooling of its tokens (default: what its "
                      "sentence-transformers files say, else mean); splade: a masked-language "
                      "model's SPLADE embedding, also served sparse at /embed_sparse")

@@ -32,18 +32,26 @@ def normalize(v: np.ndarray) -> np.ndarray:
     return v / np.maximum(length, 1e-12)
 
 
+# each input's token vectors [T, D] (its padding left out) -> its embedding [D], as the
+# exported graphs pool them (models/heads.pool)
+POOLED = {
+    "mean": lambda tokens: tokens.mean(0),
+    "cls": lambda tokens: tokens[0],
+    "max": lambda tokens: tokens.max(0),
+    "mean_sqrt_len_tokens": lambda tokens: tokens.sum(0) / np.sqrt(len(tokens)),
+    "weightedmean": lambda tokens: (np.arange(1, len(tokens) + 1, dtype=tokens.dtype)
+                                    @ tokens) / (len(tokens) * (len(tokens) + 1) / 2),
+}
+
+
 def sentence_embeddings(outputs: list[np.ndarray], pooling: str | None) -> np.ndarray:
     """The inputs' embeddings [N, D] from an embedding model's outputs: pooled already
-    (``pooling`` None), or each input's token vectors [T_i, D] (its padding left out),
-    pooled here as the exported graphs pool (models/heads.pool): ``mean``, or ``cls``,
-    the first token's."""
+    (``pooling`` None), or each input's token vectors [T_i, D], pooled here (POOLED)."""
     if pooling is None:
         return np.stack(outputs)
-    if pooling == "mean":
-        return np.stack([tokens.mean(0) for tokens in outputs])
-    if pooling == "cls":
-        return np.stack([tokens[0] for tokens in outputs])
-    raise ValueError(f"unknown pooling {pooling!r} (mean, cls)")
+    if pooling not in POOLED:
+        raise ValueError(f"unknown pooling {pooling!r} ({', '.join(POOLED)})")
+    return np.stack([POOLED[pooling](tokens) for tokens in outputs])
 
 
 def sparse(vector: np.ndarray) -> list[dict]:

@@ -22,13 +22,14 @@ SpladePooling module instead of the Transformer and the Pooling:
     1_SpladePooling/config.json  {"pooling_strategy": "max", "activation_function": "relu"}
 
 BGE's models pool the [CLS] token, all-MiniLM and E5 take the mean: served with the other
-pooling, their embeddings would be quietly different. So the pooling is read here, and a
+pooling, their embeddings would be quietly different. So the pooling is read here (any of
+sentence-transformers' one-mode poolings but lasttoken, which is for decoders), and a
 Dense module after it (distiluse's DistilBERT students map 768 -> 512 through a tanh,
-LaBSE's BERT maps through one too); a module distilserve does not compute (max pooling, a
-second Dense, a Dense on the token vectors) is refused, naming the file, rather than left
-out. Prompts (E5's "query: ", BGE's instruction for queries) are texts put before an
-input, by name. ``write`` puts the same files into a saved checkpoint, so that an exported
-model folder's checkpoint says how it pools.
+LaBSE's BERT maps through one too); a module distilserve does not compute (lasttoken or
+two poolings at once, a second Dense, a Dense on the token vectors) is refused, naming the
+file, rather than left out. Prompts (E5's "query: ", BGE's instruction for queries) are
+texts put before an input, by name. ``write`` puts the same files into a saved checkpoint,
+so that an exported model folder's checkpoint says how it pools.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-POOLINGS = ("mean", "cls")  # what heads.pool computes
+from models.heads import POOLINGS  # the poolings computed here
+
 # the module classes (the last part of modules.json's "type") that are computed here:
 # the encoder itself (older versions named it by its architecture; a SPLADE model's is a
 # masked-language model), its pooling (or SPLADE's: heads.splade), a Dense module, and
@@ -176,6 +178,9 @@ def _pooling(file: Path) -> str:
         raise SentenceTransformersError(
             f"{file}: pooling {' + '.join(map(str, modes))} is not one distilserve computes "
             f"({', '.join(POOLINGS)})")
+    if config.get("include_prompt") is False:  # a prompt is part of the text here
+        raise SentenceTransformersError(f"{file}: include_prompt false (pooling without the "
+                                        "prompt's tokens) is not what distilserve computes")
     return modes[0]
 
 

@@ -108,7 +108,8 @@ def _copy(source: Path, folder: Path) -> Path:
 @pytest.mark.parametrize("module,pooling,words", [
     ({"idx": 3, "name": "3", "path": "3_Layer", "type": "sentence_transformers.models.LayerNorm"},
      {"pooling_mode_mean_tokens": True}, "3_Layer (sentence_transformers.models.LayerNorm)"),
-    (None, {"pooling_mode_max_tokens": True}, "pooling max is not one distilserve computes"),
+    (None, {"pooling_mode_lasttoken": True}, "pooling lasttoken is not one distilserve computes"),
+    (None, {"pooling_mode": "mean", "include_prompt": False}, "include_prompt false"),
     (None, {"pooling_mode": ["cls", "mean"]}, "pooling cls + mean is not one"),
 ])
 def test_what_would_change_the_embeddings_is_refused_naming_the_file(
@@ -356,3 +357,28 @@ def test_a_distilbert_masked_language_model_is_splade_too(tmp_path):
     expected = torch.log1p(torch.relu(logits * mask)).amax(1).numpy()
     got = open_backend("onnx", tmp_path / "m", manifest.artifact).run(inputs)
     assert np.abs(got - expected).max() < 1e-5
+
+
+@pytest.mark.parametrize("mode", ["max", "mean_sqrt_len_tokens", "weightedmean"])
+def test_every_pooling_is_computed_as_sentence_transformers_computes_it(mode, tmp_path):
+    """In the exported graph, and by the service from a --token-embeddings export's
+    vectors."""
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    from server.postprocess import sentence_embeddings
+
+    encoder = checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=7), tmp_path / "enc")
+    model = SentenceTransformer(modules=[Transformer(str(encoder)),
+                                         Pooling(32, pooling_mode=mode)], device="cpu")
+    model.save(str(tmp_path / "st"))
+    expected = model.encode(TEXTS)
+    inputs = _encoded(tmp_path / "st")
+    pooled = export.export(tmp_path / "st", tmp_path / "pooled")
+    assert pooled.pooling == st.read(tmp_path / "pooled" / "checkpoint").pooling == mode
+    got = open_backend("onnx", tmp_path / "pooled", pooled.artifact).run(inputs)
+    assert np.abs(got - expected).max() < 1e-5
+    tokens = export.export(tmp_path / "st", tmp_path / "tokens", token_embeddings=True)
+    out = open_backend("onnx", tmp_path / "tokens", tokens.artifact,
+                       token_embeddings=True).run(inputs)
+    rows = [row[:n] for row, n in zip(out, inputs["attention_mask"].sum(1))]
+    assert np.abs(sentence_embeddings(rows, mode) - expected).max() < 1e-5
