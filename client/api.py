@@ -85,6 +85,11 @@ class _Base:
                 "prompt_name": prompt_name}
 
     @staticmethod
+    def _inputs_body(inputs, model, truncate, direction, prompt_name):
+        return {"inputs": inputs, "model": model, "truncate": truncate,
+                "truncation_direction": direction, "prompt_name": prompt_name}
+
+    @staticmethod
     def _rerank_body(query, documents, model, top_n, return_documents, truncate, direction,
                      raw_scores):
         return {"query": query, "documents": documents, "model": model, "top_n": top_n,
@@ -131,6 +136,18 @@ class DistilServeClient(_Base):
         body = self._embed_body(inputs, model, normalize, truncate, truncation_direction,
                                 dimensions, prompt_name)
         return self._call("POST", "/v1/embed", body)["embeddings"]
+
+    def embed_all(self, inputs, model=None, truncate=True, prompt_name=None,
+                  truncation_direction="right") -> list[list[list[float]]]:
+        """Per input, every token's vector (a model exported with --token-embeddings)."""
+        body = self._inputs_body(inputs, model, truncate, truncation_direction, prompt_name)
+        return self._call("POST", "/embed_all", body)
+
+    def embed_sparse(self, inputs, model=None, truncate=True, prompt_name=None,
+                     truncation_direction="right") -> list[list[dict]]:
+        """Per input, a SPLADE model's non-zero weights: {index, value}."""
+        body = self._inputs_body(inputs, model, truncate, truncation_direction, prompt_name)
+        return self._call("POST", "/embed_sparse", body)
 
     def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
                truncate=True, truncation_direction="right", raw_scores=False) -> list[dict]:
@@ -200,6 +217,16 @@ class AsyncDistilServeClient(_Base):
         body = self._embed_body(inputs, model, normalize, truncate, truncation_direction,
                                 dimensions, prompt_name)
         return (await self._call("POST", "/v1/embed", body))["embeddings"]
+
+    async def embed_all(self, inputs, model=None, truncate=True, prompt_name=None,
+                        truncation_direction="right"):
+        body = self._inputs_body(inputs, model, truncate, truncation_direction, prompt_name)
+        return await self._call("POST", "/embed_all", body)
+
+    async def embed_sparse(self, inputs, model=None, truncate=True, prompt_name=None,
+                           truncation_direction="right"):
+        body = self._inputs_body(inputs, model, truncate, truncation_direction, prompt_name)
+        return await self._call("POST", "/embed_sparse", body)
 
     async def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
                      truncate=True, truncation_direction="right", raw_scores=False):

@@ -4,6 +4,7 @@ mock transport."""
 import asyncio
 
 import httpx
+import numpy as np
 import pytest
 
 from client import (
@@ -87,6 +88,33 @@ def test_async_client_mirrors_the_routes(url):
             return await c.models()
 
     assert len(asyncio.run(go())) == 3
+
+
+def test_both_clients_give_token_and_sparse_embeddings(tiny_checkpoints, splade_checkpoint,
+                                                      tmp_path):
+    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "tokens", "onnx",
+                  token_embeddings=True)
+    export.export(splade_checkpoint, tmp_path / "splade", "onnx")
+    with running_server(tmp_path) as both, DistilServeClient(both) as c:
+        vectors = c.embed_all(["Hello world", "a"])
+        assert [len(v) for v in vectors] == [4, 3] and len(vectors[0][0]) == 32
+        one = c.embed_all("Hello world", truncation_direction="left")  # a batch of its own
+        assert np.allclose(one, vectors[:1], atol=1e-5)
+        weights = c.embed_sparse("Hello world")
+        dense = np.array(c.embed("Hello world", model="splade", normalize=False)[0])
+        indices = [w["index"] for w in weights[0]]
+        assert indices == np.flatnonzero(dense).tolist()
+        assert np.allclose([w["value"] for w in weights[0]], dense[indices])
+        with pytest.raises(BadRequest, match="is not a SPLADE model"):
+            c.embed_sparse("x", model="tokens")
+
+        async def go():
+            async with AsyncDistilServeClient(both) as a:
+                return await asyncio.gather(a.embed_all("Hello world"),
+                                            a.embed_sparse("Hello world"))
+
+        tokens, sparse = asyncio.run(go())
+        assert np.allclose(tokens, one) and [w["index"] for w in sparse[0]] == indices
 
 
 def _client_answering(statuses: list[int]) -> tuple[DistilServeClient, list]:
