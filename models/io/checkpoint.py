@@ -5,7 +5,8 @@ the task, and ``id2label``), ``model.safetensors`` (or an older ``pytorch_model.
 read with ``weights_only=True``) and tokenizer files. Loading is strict: a missing,
 mis-shaped or unmappable tensor is an error naming the file and the tensors, never a
 silent re-initialisation. Heads the task does not use (an MLM head, a classifier under an
-embedding model, a pooler) are dropped, as transformers does.
+embedding model, a pooler) are dropped, as transformers does; an embedding model's pooler,
+which it never runs, may be missing (a masked-language model's checkpoint has none).
 """
 
 from __future__ import annotations
@@ -308,12 +309,16 @@ def _tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.T
     return filled
 
 
-def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path) -> None:
-    """Loads ``state`` into ``model`` or raises CheckpointError naming the tensors."""
+def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path,
+                 unused: str | None = None) -> None:
+    """Loads ``state`` into ``model`` or raises CheckpointError naming the tensors; those
+    under ``unused`` (a prefix: a part the model has and its task never runs) may be
+    missing, and keep their fresh values."""
     state = _tied(model, state)
     expected = model.state_dict()
     top_level = {k.split(".")[0] for k in expected}
-    missing = sorted(set(expected) - set(state))
+    missing = sorted(k for k in set(expected) - set(state)
+                     if unused is None or not k.startswith(unused))
     unexpected = sorted(k for k in set(state) - set(expected) if not _droppable(k, top_level))
     shapes = sorted(f"{k} {tuple(state[k].shape)} (expected {tuple(v.shape)})"
                     for k, v in expected.items() if k in state and state[k].shape != v.shape)
@@ -325,7 +330,7 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path) -
             problems.append(f"{len(keys)} {what}: {shown}")
     if problems:
         raise CheckpointError(f"{file}: tensors do not fit the model: " + "; ".join(problems))
-    model.load_state_dict({k: state[k] for k in expected}, strict=True)
+    model.load_state_dict({k: state[k] for k in expected if k in state}, strict=False)
 
 
 def load(path: str | Path, task: str | None = None, overrides: dict | None = None,
@@ -403,7 +408,10 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     else:
         if bert.is_academic_budget_bert(state):
             state = bert.convert_academic_budget_bert(state)
-        load_weights(model.model, bert.normalise_keys(state, model.model), file)
+        # an embedding model never runs transformers' pooler, which a checkpoint saved from
+        # a masked-language model (or DistilBERT's layout) has not
+        load_weights(model.model, bert.normalise_keys(state, model.model), file,
+                     unused="pooler." if task == "embed" else None)
         if dense:
             model.dense = heads.Dense(dense.in_features, dense.out_features, dense.bias,
                                       dense.activation)

@@ -61,6 +61,23 @@ def test_wrong_shape_and_missing_tensors_are_named(tmp_path, family):
     assert "classifier.bias" in str(e.value) and "missing" in str(e.value)
 
 
+def test_a_checkpoint_without_a_pooler_is_an_embedding_model_but_no_classifier(
+        splade_checkpoint):
+    """transformers' pooler never runs for an embedding, and a checkpoint saved from a
+    masked-language model has none; a classifier runs it, so there it is missing."""
+    from transformers import BertModel
+
+    ckpt = checkpoint.load(splade_checkpoint, pooling="mean")
+    ids, mask, types = batch()
+    reference = BertModel.from_pretrained(str(splade_checkpoint), add_pooling_layer=False)
+    with torch.no_grad():
+        hidden = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+        expected = (hidden * mask[:, :, None]).sum(1) / mask.sum(1, keepdim=True)
+        assert torch.allclose(ckpt.model(ids, mask, types), expected, atol=1e-5)
+    with pytest.raises(CheckpointError, match="missing: bert.pooler.dense.bias"):
+        checkpoint.load(splade_checkpoint, task="classify")
+
+
 def test_pickled_bin_is_loaded_only_as_tensors(tmp_path):
     path = checkpoint.save(checkpoint.new("minialbert", "tiny"), tmp_path / "m")
     state = load_file(path / "model.safetensors")
