@@ -140,6 +140,20 @@ def choose_tokenizer(request: Request, name: str | None) -> Engine:
     return engines[0]
 
 
+# the most numbers one answer may hold (128 MiB of float32, some 400 MB of JSON): a SPLADE
+# model's embeddings have one per vocabulary entry, token embeddings one per token
+ANSWER_NUMBERS = 2**25
+
+
+def check_answer_size(engine: Engine, count: int, each: int, unit: str = "numbers") -> None:
+    """A 413 when ``count`` inputs, each answered with up to ``each`` numbers, could make
+    an answer of more than ANSWER_NUMBERS (``unit`` says what ``each`` counts)."""
+    most = ANSWER_NUMBERS // each
+    if count > most:
+        raise ApiError(413, "payload_too_large", f"{count} inputs; model {engine.name!r} "
+                       f"answers at most {most} at once (each up to {each} {unit})")
+
+
 def check_embedding_request(engine: Engine, texts: list, dimensions: int | None) -> None:
     """What only the model can say is wrong with an embedding request, said before its
     inputs are queued: ``dimensions`` over its width, token ids outside its vocabulary."""

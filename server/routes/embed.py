@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from server import errors, postprocess
 from server.engine import Engine, Result
 from server.routes.common import (
+    check_answer_size,
     check_embedding_request,
     check_limits,
     choose,
@@ -54,6 +55,7 @@ async def embedded(request: Request, model: str | None, texts: list,
     engine = choose(request, model, "embed")
     check_limits(request, texts)
     check_embedding_request(engine, texts, dimensions)
+    check_answer_size(engine, len(texts), dimensions or engine.dimensions or 1)
     result = await infer(request, engine, with_prompt(engine, texts, prompt_name), truncation)
     vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)  # [N, D]
     if dimensions is not None:  # [N, dimensions], its rows one after another (orjson's)

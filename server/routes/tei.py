@@ -22,6 +22,7 @@ from server.engine import Result
 from server.routes import rerank as v1
 from server.routes.classify import classified
 from server.routes.common import (
+    check_answer_size,
     check_limits,
     choose_giving,
     choose_root,
@@ -53,9 +54,6 @@ from server.schemas import (
 
 router = APIRouter(tags=["Text Embeddings Inference"])
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-# the most numbers an /embed_all answer may hold, counting each input at the model's
-# max_length: 128 MiB of float32, some 400 MB of JSON (all-MiniLM-L6-v2: 341 inputs)
-EMBED_ALL_NUMBERS = 2**25
 
 
 # each route's answer and its run, for the route, the root and /vertex -----------------
@@ -121,15 +119,12 @@ async def embed(body: EmbedRequest, request: Request):
 async def embed_all(body: TeiInputsRequest, request: Request):
     """Every token's vector, special tokens included, unpooled and not normalised (the
     model's last hidden states): a list of them per input. For an embedding model exported
-    with --token-embeddings; at most as many inputs as EMBED_ALL_NUMBERS allows."""
+    with --token-embeddings; each input counted at max_length tokens in the answer's bound
+    (check_answer_size)."""
     engine = choose_giving(request, body.model, "token embeddings")
     check_limits(request, body.texts)
-    most = EMBED_ALL_NUMBERS // (engine.max_length * engine.dimensions)
-    if len(body.texts) > most:
-        raise errors.ApiError(413, "payload_too_large", f"{len(body.texts)} inputs; /embed_all "
-                              f"answers at most {most} of model {engine.name!r} at once (each "
-                              f"up to {engine.max_length} tokens of {engine.dimensions} "
-                              "numbers)")
+    check_answer_size(engine, len(body.texts), engine.max_length * engine.dimensions,
+                      f"numbers: {engine.max_length} tokens of {engine.dimensions}")
     result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
                          body.truncation)
     return reply(request, result.outputs, result)  # each [T_i, D]
@@ -142,6 +137,7 @@ async def embed_sparse(body: TeiInputsRequest, request: Request):
     order: for a SPLADE model (a masked-language model exported with --pooling splade)."""
     engine = choose_giving(request, body.model, "sparse embeddings")
     check_limits(request, body.texts)
+    check_answer_size(engine, len(body.texts), 2 * engine.dimensions)  # index and value
     result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
                          body.truncation)
     return reply(request, [postprocess.sparse(v) for v in result.outputs], result)

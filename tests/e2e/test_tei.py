@@ -10,7 +10,7 @@ import pytest
 
 from models import export
 from models.io import checkpoint
-from server.routes import tei
+from server.routes import common
 from tests.conftest import running_server
 
 PAIR = ["How old is the Eiffel Tower?", "It was finished in 1889."]
@@ -216,17 +216,18 @@ def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_check
         assert refused.status_code == 400
         assert "--token-embeddings" in refused.json()["error"]["message"]
         # an answer's size is bounded: here 2 inputs of 128 tokens x 32 numbers at most
-        monkeypatch.setattr(tei, "EMBED_ALL_NUMBERS", 2 * 128 * 32 + 1)
+        monkeypatch.setattr(common, "ANSWER_NUMBERS", 2 * 128 * 32 + 1)
         assert len(post(both, "/embed_all", {"inputs": texts})) == 2
         refused = httpx.post(both + "/embed_all", json={"inputs": [*texts, "three"]})
         assert refused.status_code == 413
         assert refused.json()["error"]["message"] == (
-            "3 inputs; /embed_all answers at most 2 of model 'tokens' at once (each up to 128 "
-            "tokens of 32 numbers)")
+            "3 inputs; model 'tokens' answers at most 2 at once (each up to 4096 numbers: "
+            "128 tokens of 32)")
 
 
 def test_embed_sparse_gives_a_splade_models_non_zero_weights(splade_checkpoint,
-                                                              tiny_checkpoints, tmp_path):
+                                                              tiny_checkpoints, tmp_path,
+                                                              monkeypatch):
     """TEI's /embed_sparse: a SPLADE model's embedding as {index, value} of its non-zero
     entries, which /v1/embed gives whole; /v1/rerank ranks by their dot product."""
     export.export(splade_checkpoint, tmp_path / "splade", "onnx")
@@ -252,6 +253,14 @@ def test_embed_sparse_gives_a_splade_models_non_zero_weights(splade_checkpoint,
         refused = httpx.post(both + "/embed_sparse", json={"model": "pooled", "inputs": texts})
         assert refused.status_code == 400
         assert "is not a SPLADE model" in refused.json()["error"]["message"]
+        # 30522 numbers an embedding: an answer's bound comes soon (here 2 of them)
+        monkeypatch.setattr(common, "ANSWER_NUMBERS", 2 * 30522)
+        for route, body, most in (("/v1/embed", {"model": "splade"}, 2),
+                                  ("/embed_sparse", {}, 1)):  # an index and a value each
+            assert httpx.post(both + route, json={**body, "inputs": texts[:most]}).is_success
+            refused = httpx.post(both + route, json={**body, "inputs": [*texts, "three"]})
+            assert refused.status_code == 413, route
+            assert f"answers at most {most} at once" in refused.json()["error"]["message"]
 
 
 def test_decode_gives_tokenizes_ids_back_as_text(url):
