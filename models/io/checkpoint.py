@@ -410,8 +410,14 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
             state = bert.convert_academic_budget_bert(state)
         # an embedding model never runs transformers' pooler, which a checkpoint saved from
         # a masked-language model (or DistilBERT's layout) has not
-        load_weights(model.model, bert.normalise_keys(state, model.model), file,
-                     unused="pooler." if task == "embed" else None)
+        try:
+            load_weights(model.model, bert.normalise_keys(state, model.model), file,
+                         unused="pooler." if task == "embed" else None)
+        except CheckpointError as e:
+            if model.pooling != "splade":
+                raise
+            raise CheckpointError(f"{e} (SPLADE pools a masked-language model's logits: its "
+                                  "checkpoint has that head)") from None
         if dense:
             model.dense = heads.Dense(dense.in_features, dense.out_features, dense.bias,
                                       dense.activation)
