@@ -18,24 +18,24 @@ TEXTS = ["The cat sat on the mat.", "Dogs bark at night in the town of Springfie
 # route -> (the body, each option's values: every combination is sent)
 ROUTES = {
     "/v1/embeddings": ({"input": TEXTS}, {
-        "model": ["pooled", "tokens"], "encoding_format": ["float", "base64"],
+        "model": ["pooled", "tokens", "splade"], "encoding_format": ["float", "base64"],
         "dimensions": [None, 8, 32]}),
     "/v1/embed": ({"inputs": TEXTS}, {
-        "model": ["pooled", "tokens"], "normalize": [True, False], "dimensions": [None, 8],
+        "model": ["pooled", "tokens", "splade"], "normalize": [True, False], "dimensions": [None, 8],
         "truncate": [True, False], "truncation_direction": ["right", "Left"]}),
     "/embed": ({"inputs": TEXTS[0]}, {
-        "model": ["pooled", "tokens"], "normalize": [True, False], "dimensions": [None, 8]}),
+        "model": ["pooled", "tokens", "splade"], "normalize": [True, False], "dimensions": [None, 8]}),
     "/embed_all": ({"inputs": TEXTS}, {
         "truncate": [True, False], "truncation_direction": ["right", "left"]}),
     "/embed_sparse": ({"inputs": TEXTS}, {
         "truncate": [True, False], "truncation_direction": ["right", "left"]}),
     "/similarity": ({"inputs": {"source_sentence": "a cat", "sentences": TEXTS}}, {
-        "model": ["pooled", "tokens"]}),
+        "model": ["pooled", "tokens", "splade"]}),
     "/v1/rerank": ({"query": "a cat", "documents": TEXTS}, {
         "model": ["pooled", "tokens", "splade", "cross"], "top_n": [None, 1],
         "return_documents": [True, False], "raw_scores": [True, False]}),
     "/rerank": ({"query": "a cat", "texts": TEXTS}, {
-        "model": ["pooled", "tokens", "cross"], "return_text": [True, False],
+        "model": ["pooled", "tokens", "splade", "cross"], "return_text": [True, False],
         "raw_scores": [True, False]}),
     "/v1/classify": ({"inputs": [TEXTS, TEXTS[0]]}, {  # a pair and a text
         "model": ["sentiment", "cross"], "top_k": [None, 1], "raw_scores": [True, False],
@@ -46,7 +46,7 @@ ROUTES = {
     "/v1/ner": ({"inputs": TEXTS}, {
         "aggregation_strategy": ["none", "simple", "first", "average", "max"],
         "truncation_direction": ["right", "left"]}),
-    "/": ({"inputs": TEXTS}, {"model": ["pooled", "tokens", "sentiment"]}),
+    "/": ({"inputs": TEXTS}, {"model": ["pooled", "tokens", "splade", "sentiment"]}),
     "/v1/tokenize": ({"inputs": TEXTS}, {"add_special_tokens": [True, False]}),
 }
 
