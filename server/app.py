@@ -26,7 +26,7 @@ from starlette.routing import Match
 from server import errors, logs
 from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
 from server.metrics import STARTED, Metrics
-from server.routes import classify, embed, health, ner, rerank, tei, tokenize
+from server.routes import classify, embed, health, ner, oip, rerank, tei, tokenize
 from server.routes import models as models_route
 from server.routes.fast_path import FastPath
 from server.settings import Settings
@@ -163,7 +163,8 @@ class ApiKey:
     set), on every request but a GET (or HEAD) of a probe: POST / runs a model, and the
     docs and the OpenAPI document need the key too."""
 
-    PUBLIC = frozenset({"/health", "/ready", "/ping", "/"})
+    PUBLIC = frozenset({"/health", "/ready", "/ping", "/", "/v2/health/live",
+                        "/v2/health/ready"})
 
     @classmethod
     def public(cls, method: str, path: str) -> bool:
@@ -286,7 +287,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
                            allow_headers=["authorization", "content-type", "x-request-id"],
                            expose_headers=EXPOSED, max_age=600)
     routers = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
-               tei.router, models_route.router, health.router)
+               tei.router, oip.router, models_route.router, health.router)
     # outside the API key and the body limit: counts the 401s and 413s too, under the route
     # they were sent to
     app.add_middleware(RequestMetrics, routes=[r for router in routers for r in router.routes])

@@ -96,18 +96,23 @@ def embedding_payload(v: np.ndarray, encoding_format: str) -> np.ndarray | str:
     return v
 
 
+def label_scores(logits: np.ndarray, labels: list[str], multi_label: bool = False,
+                 raw: bool = False) -> np.ndarray:
+    """One input's score per label, in the labels' order: softmax, or as transformers'
+    pipeline the sigmoid of each logit for a single label or labels that are independent
+    (a multi-label model: problem_type multi_label_classification); ``raw``: the logits
+    (the pipeline's function_to_apply="none")."""
+    if raw:
+        return logits
+    if len(labels) == 1 or multi_label:
+        return sigmoid(logits)
+    return softmax(logits)
+
+
 def classification(logits: np.ndarray, labels: list[str], top_k: int | None,
                    multi_label: bool = False, raw: bool = False) -> list[dict]:
-    """Scores for one input, highest first: softmax, or as transformers' pipeline the
-    sigmoid of each logit for a single label or labels that are independent (a
-    multi-label model: problem_type multi_label_classification); ``raw``: the logits
-    (the pipeline's function_to_apply="none"), in the same order."""
-    if raw:
-        scores = logits
-    elif len(labels) == 1 or multi_label:
-        scores = sigmoid(logits)
-    else:
-        scores = softmax(logits)
+    """Scores for one input (label_scores), highest first, the best ``top_k``."""
+    scores = label_scores(logits, labels, multi_label, raw)
     order = np.argsort(-scores, kind="stable")[: top_k or len(labels)]
     return [{"label": labels[i], "score": float(scores[i])} for i in order]
 

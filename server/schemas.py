@@ -392,3 +392,63 @@ class Token(BaseModel):
                               "special token")
     stop: int | None
     special: bool
+
+
+# The Open Inference Protocol's (KServe's V2, Triton's HTTP/REST API; server/routes/oip.py)
+
+class OipTensor(BaseModel):
+    """A tensor: row-major ``data`` (nested or flat), or with Triton's binary extension
+    ``parameters.binary_data_size`` bytes after the JSON header."""
+
+    model_config = _Request.model_config
+    name: str
+    datatype: str = Field(description="BYTES for texts (each UTF-8), FP32 for numbers")
+    shape: list[int]
+    parameters: dict[str, str | int | float | bool] = {}
+    data: list | None = None
+
+
+class OipRequestedOutput(BaseModel):
+    model_config = _Request.model_config
+    name: str
+    parameters: dict[str, str | int | float | bool] = Field(
+        {}, description='{"binary_data": true}: this output as binary data')
+
+
+class OipInferRequest(BaseModel):
+    model_config = _Request.model_config
+    id: str | None = None
+    parameters: dict[str, str | int | float | bool] = Field(
+        {}, description="the route's options (normalize, dimensions, prompt_name, "
+        "raw_scores, aggregation_strategy, truncate, truncation_direction) and "
+        "binary_data_output: every output as binary data")
+    inputs: Annotated[list[OipTensor], Field(min_length=1)]
+    outputs: list[OipRequestedOutput] | None = Field(
+        None, description="the outputs to return (default: all of the model's)")
+
+
+class OipInferResponse(BaseModel):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict | None = None
+    outputs: list[OipTensor]
+
+
+class OipTensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="-1: any size")
+
+
+class OipModelMetadata(BaseModel):
+    name: str
+    platform: str
+    inputs: list[OipTensorMetadata]
+    outputs: list[OipTensorMetadata]
+
+
+class OipServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]

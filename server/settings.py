@@ -25,7 +25,7 @@ class Settings(BaseSettings):
                             description="where the embedded default repository is built")
     api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY "
                                       "on every request but a GET of /health, /ready, "
-                                      "/ping or /")
+                                      "/ping, / or /v2/health/live and /v2/health/ready")
     require_all_models: bool = Field(False, description="/ready stays 503 while any model "
                                      "folder failed to load (default: 200, failures listed)")
     cors_allow_origins: str = Field("", description="origins whose web pages may call the "

@@ -126,12 +126,16 @@ def choose_reranker(request: Request, name: str | None) -> Engine:
     raise ApiError(404, "model_not_found", "no served model can rerank")
 
 
+def served(request: Request, name: str) -> Engine:
+    """The served model of that name, whatever its task."""
+    return named(_serving(request), name)
+
+
 def choose_tokenizer(request: Request, name: str | None) -> Engine:
     """Any model; unnamed: any one, when every served model tokenises alike."""
-    svc = _serving(request)
     if name is not None:
-        return named(svc, name)
-    engines = list(svc.engines.values())
+        return served(request, name)
+    engines = list(_serving(request).engines.values())
     if not engines:
         raise ApiError(404, "model_not_found", "no model is served")
     if len({e.tokenizer_digest for e in engines}) > 1:
@@ -268,6 +272,11 @@ def reply(request: Request, payload, result: Result) -> Response:
     numpy arrays and scalars as they are: an embedding costs no Python floats, and no
     second validation (the route's response_model documents the shape)."""
     body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(body, media_type="application/json", headers=timing(request, result))
+
+
+def timing(request: Request, result: Result) -> dict[str, str]:
+    """The response headers that say where a request's time went (reply's)."""
     spent = {"tokenization": result.tokenize_s, "queue": result.queued_s,
              "inference": result.inference_s,
              "total": time.perf_counter() - request.scope[STARTED]}
@@ -278,7 +287,7 @@ def reply(request: Request, payload, result: Result) -> Response:
         "x-compute-type": "cpu" if result.device == "cpu" else "gpu",
         "server-timing": ", ".join(f"{name};dur={seconds * 1000:.3f}"
                                    for name, seconds in spent.items())})
-    return Response(body, media_type="application/json", headers=headers)
+    return headers
 
 
 def usage(result: Result) -> dict:

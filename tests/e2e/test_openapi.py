@@ -49,6 +49,9 @@ def test_schemathesis_all_checks_on_every_operation(repository, tmp_path):
         "POST /embeddings", "POST /tokenize", "POST /decode", "POST /embed",
         "POST /embed_all", "POST /embed_sparse", "POST /",
         "POST /invocations", "POST /similarity", "POST /predict", "POST /rerank",
-        "POST /classify", "POST /vertex", "GET /info", "GET /models", "GET /", "GET /ping"]
+        "POST /classify", "POST /vertex", "GET /info", "GET /models", "GET /", "GET /ping",
+        # the Open Inference Protocol's
+        "GET /v2", "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/{model_name}",
+        "GET /v2/models/{model_name}/ready", "POST /v2/models/{model_name}/infer"]
     assert tested.split()[-1] == str(len(operations)), summary  # every operation
     assert " passed" in summary and "failure" not in summary.lower(), summary

@@ -1,0 +1,218 @@
+"""The Open Inference Protocol (KServe's V2 protocol, Triton's HTTP/REST API, Seldon
+MLServer's), for the clients written for those servers: tritonclient.http, KServe's
+InferenceRESTClient, perf_analyzer. Every served model is a model here, with texts in and
+numbers (or texts) out:
+
+    task      inputs                          outputs
+    embed     text BYTES [N]                  embedding FP32 [N, D]
+    classify  text BYTES [N]                  scores FP32 [N, C] (in the labels' order),
+              (text_pair BYTES [N]: pairs)    label BYTES [N] (the best)
+    ner       text BYTES [N]                  entities BYTES [N] (each input's /v1/ner
+                                              entities, as JSON)
+
+A request with one input takes it as the texts whatever its name (KServe's examples call
+it input-0). The request's ``parameters`` are the options of the route that does the task
+(normalize, dimensions, prompt_name; raw_scores; aggregation_strategy; truncate,
+truncation_direction); the models, queue, limits, errors and timing headers are those of
+the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's
+binary tensor data (server/tensors.py). Not served: model versions, Triton's model
+configuration, repository and statistics extensions, shared memory, and gRPC."""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+from fastapi import APIRouter, Request, Response
+from pydantic import ValidationError
+
+from server import errors, postprocess, tensors
+from server.engine import Engine
+from server.errors import ApiError
+from server.routes import health
+from server.routes.common import check_limits, infer, reply, served, timing
+from server.routes.embed import embedded
+from server.routes.ner import recognised
+from server.schemas import (
+    ClassifyRequest,
+    EmbedRequest,
+    NerRequest,
+    OipInferRequest,
+    OipInferResponse,
+    OipModelMetadata,
+    OipServerMetadata,
+)
+
+router = APIRouter(tags=["open inference protocol"])
+TEXT, PAIR = "text", "text_pair"
+# the platform Triton names for a backend
+PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch", "torch": "pytorch"}
+BINARY = "application/octet-stream"
+HEADER_LENGTH = "inference-header-content-length"
+
+
+@router.get("/v2", response_model=OipServerMetadata, responses=errors.responses(401))
+async def server_metadata(request: Request):
+    return {"name": "distilserve", "version": request.app.version,
+            "extensions": ["binary_tensor_data", "parameters"]}
+
+
+@router.get("/v2/health/live")
+async def live():
+    """200 while the process is alive (as /health)."""
+    return {"live": True}
+
+
+@router.get("/v2/health/ready", responses=health.READY)
+async def ready(request: Request):
+    """200 once every model is loaded and warmed (as /ready, whose 503 it answers)."""
+    answer = await health.ready(request)
+    return {"ready": True} if isinstance(answer, dict) else answer
+
+
+@router.get("/v2/models/{model_name}/ready", responses=errors.responses(401, 404, 422, 503))
+async def model_ready(model_name: str, request: Request):
+    """200 when that model is served and the service ready (404: not served, 503: not
+    ready yet)."""
+    served(request, model_name)
+    return {"name": model_name, "ready": True}
+
+
+OUTPUTS = {  # a task's outputs, described
+    "embed": lambda e: [{"name": "embedding", "datatype": tensors.FP32,
+                         "shape": [-1, e.dimensions or -1]}],
+    "classify": lambda e: [{"name": "scores", "datatype": tensors.FP32,
+                            "shape": [-1, len(e.labels)]},
+                           {"name": "label", "datatype": tensors.BYTES, "shape": [-1]}],
+    "ner": lambda e: [{"name": "entities", "datatype": tensors.BYTES, "shape": [-1]}],
+}
+
+
+@router.get("/v2/models/{model_name}", response_model=OipModelMetadata,
+            responses=errors.responses(401, 404, 422, 503))
+async def model_metadata(model_name: str, request: Request):
+    """The model's inputs and outputs: names, datatypes and shapes (-1: any size)."""
+    engine = served(request, model_name)
+    inputs = [{"name": TEXT, "datatype": tensors.BYTES, "shape": [-1]}]
+    if engine.task == "classify":
+        inputs.append({"name": PAIR, "datatype": tensors.BYTES, "shape": [-1]})
+    backend = engine.describe()["backend"]
+    return {"name": engine.name, "platform": PLATFORMS.get(backend, backend),
+            "inputs": inputs, "outputs": OUTPUTS[engine.task](engine)}
+
+
+def _inlined(schema: dict) -> dict:
+    """A model's JSON schema with its $defs in place of their references (the OpenAPI
+    document holds only the models of the bodies FastAPI reads itself)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: resolve(value) for key, value in node.items()}
+        return [resolve(item) for item in node] if isinstance(node, list) else node
+
+    return resolve(schema)
+
+
+# the body, as JSON (a body with Triton's binary tensor data is this JSON, then the bytes),
+# read by the route itself
+INFER_BODY = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": _inlined(OipInferRequest.model_json_schema())}}}}
+
+
+@router.post("/v2/models/{model_name}/infer", openapi_extra=INFER_BODY, responses={
+    200: {"model": OipInferResponse, "description": "the outputs as JSON; with binary "
+          "outputs, this JSON (Inference-Header-Content-Length bytes) and then their bytes",
+          "content": {BINARY: {"schema": {"type": "string", "format": "binary"}}}},
+    **errors.INFERENCE})
+async def model_infer(model_name: str, request: Request):
+    """Runs the model on its input tensors; answers its output tensors (all, or those
+    ``outputs`` names), as JSON or as binary data (``binary_data_output``, or an output's
+    ``binary_data``)."""
+    engine = served(request, model_name)
+    try:
+        header, data = tensors.split(await request.body(), request.headers.get(HEADER_LENGTH))
+        sent = orjson.loads(header)
+        call = OipInferRequest.model_validate(sent)
+        raw = sent["inputs"]  # as sent (validated)
+        texts = _texts(engine, raw, dict(zip((t["name"] for t in raw),
+                                             tensors.binary_parts(raw, data))))
+    except orjson.JSONDecodeError as e:
+        raise ApiError(422, "invalid_request", f"malformed JSON: {e}") from None
+    except ValidationError as e:
+        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
+    except tensors.TensorError as e:
+        raise ApiError(422, "invalid_request", str(e)) from None
+    gives = [output["name"] for output in OUTPUTS[engine.task](engine)]
+    wanted = [o.name for o in call.outputs] if call.outputs else gives
+    if unknown := [name for name in wanted if name not in gives]:
+        raise ApiError(422, "invalid_request", f"outputs {', '.join(unknown)}: model "
+                       f"{engine.name!r} gives {', '.join(gives)}")
+    outputs, result = await RUN[engine.task](request, engine, texts, call.parameters)
+    everything = call.parameters.get("binary_data_output") is True
+    asked = {o.name: o.parameters.get("binary_data") for o in call.outputs or ()}
+    binary = {name for name in wanted if asked.get(name, everything) is True}
+    answer, data = tensors.response(
+        {"model_name": engine.name, **({"id": call.id} if call.id is not None else {})},
+        {name: outputs[name] for name in wanted}, binary)
+    if not data:
+        return reply(request, answer, result)
+    head = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+    return Response(head + data, media_type=BINARY,
+                    headers={**timing(request, result), HEADER_LENGTH: str(len(head))})
+
+
+def _texts(engine: Engine, raw: list[dict], binary: dict) -> list:
+    """The model's inputs from the tensors: texts, or (text, text) pairs for a classifier
+    given text and text_pair."""
+    if len(raw) == 1:  # whatever its name
+        return tensors.texts(raw[0], binary[raw[0]["name"]])
+    names = [t["name"] for t in raw]
+    takes = [TEXT, PAIR] if engine.task == "classify" else [TEXT]
+    if sorted(names) != sorted(takes) or len(takes) == 1:
+        raise tensors.TensorError(f"inputs {', '.join(names)}: model {engine.name!r} takes "
+                                  + " and ".join(takes))
+    by_name = {t["name"]: tensors.texts(t, binary[t["name"]]) for t in raw}
+    if len(by_name[TEXT]) != len(by_name[PAIR]):
+        raise tensors.TensorError(f"{TEXT} has {len(by_name[TEXT])} elements and {PAIR} "
+                                  f"{len(by_name[PAIR])}: a pair is one of each")
+    return list(zip(by_name[TEXT], by_name[PAIR]))
+
+
+def _options(model, engine: Engine, texts: list, parameters: dict):
+    """The request's parameters as the options of the route that does the task (a
+    ``model`` of server/schemas.py), its inputs the texts."""
+    try:
+        return model.model_validate({**parameters, "model": engine.name,
+                                     "inputs": [list(t) if isinstance(t, tuple) else t
+                                                for t in texts]})
+    except ValidationError as e:
+        raise ApiError(422, "invalid_request",
+                       "parameters: " + errors.invalid(e.errors())) from None
+
+
+async def _embed(request: Request, engine: Engine, texts: list, parameters: dict):
+    body = _options(EmbedRequest, engine, texts, parameters)
+    _, vectors, result = await embedded(request, engine.name, body.texts, body.dimensions,
+                                        body.prompt_name, body.truncation, body.normalize)
+    return {"embedding": vectors}, result
+
+
+async def _classify(request: Request, engine: Engine, texts: list, parameters: dict):
+    body = _options(ClassifyRequest, engine, texts, parameters)
+    check_limits(request, body.texts)
+    result = await infer(request, engine, body.texts, body.truncation)
+    scores = [postprocess.label_scores(logits, engine.labels, engine.multi_label,
+                                       body.raw_scores) for logits in result.outputs]
+    return {"scores": np.stack(scores),
+            "label": [engine.labels[int(s.argmax())] for s in scores]}, result
+
+
+async def _ner(request: Request, engine: Engine, texts: list, parameters: dict):
+    _, results, result = await recognised(_options(NerRequest, engine, texts, parameters),
+                                          request)
+    return {"entities": [orjson.dumps(r).decode() for r in results]}, result
+
+
+RUN = {"embed": _embed, "classify": _classify, "ner": _ner}  # a task's run, by task

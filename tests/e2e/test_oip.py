@@ -1,0 +1,164 @@
+"""End to end: the Open Inference Protocol's routes (server/routes/oip.py) give what the
+/v1 routes give, as tensors, to tritonclient's HTTP client (binary tensor data, its
+default, and JSON) and to a plain JSON client as KServe's examples send it."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from models import export
+from tests.conftest import running_server
+
+TEXTS = ["The cat sat on the mat.", "Dogs bark at night in the town of Springfield."]
+
+
+@pytest.fixture(scope="module")
+def url(tiny_checkpoints, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("oip")
+    for task in ("embed", "classify", "ner"):
+        export.export(tiny_checkpoints["bert", task], repo / task, "onnx")
+    with running_server(repo, max_inputs=8, api_key="sekret") as url:
+        yield url
+
+
+@pytest.fixture
+def client(url):
+    client = triton.InferenceServerClient(url.removeprefix("http://"),
+                                          network_timeout=60.0)
+    yield client
+    client.close()
+
+
+HEADERS = {"Authorization": "Bearer sekret"}  # tritonclient adds to the headers given: a copy
+
+
+def v1(url, route, body):
+    res = httpx.post(url + route, json=body, headers=HEADERS, timeout=60)
+    assert res.status_code == 200, res.text
+    return res.json()
+
+
+def infer(client, model, inputs: dict[str, list[str]], outputs=None, binary=True, **params):
+    tensors = []
+    for name, texts in inputs.items():
+        tensor = triton.InferInput(name, [len(texts)], "BYTES")
+        tensor.set_data_from_numpy(np.array(texts, dtype=object), binary_data=binary)
+        tensors.append(tensor)
+    wanted = [triton.InferRequestedOutput(o, binary_data=binary) for o in outputs or ()]
+    return client.infer(model, tensors, outputs=wanted or None, parameters=params or None,
+                        headers=dict(HEADERS))
+
+
+def test_probes_and_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()  # public, as /health
+    assert client.is_model_ready("embed", headers=dict(HEADERS))
+    assert not client.is_model_ready("nope", headers=dict(HEADERS))
+    server = client.get_server_metadata(headers=dict(HEADERS))
+    assert "binary_tensor_data" in server["extensions"]
+    meta = client.get_model_metadata("classify", headers=dict(HEADERS))
+    assert meta["platform"] == "onnxruntime_onnx"
+    assert [(t["name"], t["datatype"]) for t in meta["inputs"]] == [("text", "BYTES"),
+                                                                   ("text_pair", "BYTES")]
+    assert meta["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, 2]},
+                               {"name": "label", "datatype": "BYTES", "shape": [-1]}]
+    embed = client.get_model_metadata("embed", headers=dict(HEADERS))
+    assert embed["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 32]}]
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_embeddings_are_v1_embeds(url, client, binary):
+    expected = v1(url, "/v1/embed", {"model": "embed", "inputs": TEXTS})["embeddings"]
+    result = infer(client, "embed", {"text": TEXTS}, binary=binary)
+    got = result.as_numpy("embedding")
+    assert got.dtype == np.float32 and got.shape == (2, 32)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    # the route's options are the request's parameters
+    cut = v1(url, "/v1/embed", {"model": "embed", "inputs": TEXTS, "dimensions": 8,
+                                "normalize": False})["embeddings"]
+    got = infer(client, "embed", {"text": TEXTS}, ["embedding"], binary, dimensions=8,
+                normalize=False).as_numpy("embedding")
+    np.testing.assert_allclose(got, cut, atol=1e-6)
+
+
+def test_classification_of_texts_and_pairs_is_v1_classifys(url, client):
+    labels = ["negative", "positive"]
+    pairs = [[t, "a reply"] for t in TEXTS]
+    for inputs, sent in ((TEXTS, {"text": TEXTS}),
+                         (pairs, {"text": TEXTS, "text_pair": ["a reply"] * 2})):
+        results = v1(url, "/v1/classify", {"model": "classify", "inputs": inputs})["results"]
+        result = infer(client, "classify", sent)
+        scores = result.as_numpy("scores")
+        expected = [[{r["label"]: r["score"] for r in one}[label] for label in labels]
+                    for one in results]
+        np.testing.assert_allclose(scores, expected, atol=1e-6)
+        assert [b.decode() for b in result.as_numpy("label")] == [r[0]["label"]
+                                                                  for r in results]
+    raw = infer(client, "classify", {"text": TEXTS}, ["scores"], raw_scores=True)
+    assert raw.get_output("label") is None  # only the output asked for
+    assert not np.allclose(raw.as_numpy("scores").sum(1), 1)  # logits, not probabilities
+
+
+def test_entities_are_v1_ners_as_json(url, client):
+    expected = v1(url, "/v1/ner", {"model": "ner", "inputs": TEXTS,
+                                   "aggregation_strategy": "first"})["results"]
+    result = infer(client, "ner", {"text": TEXTS}, aggregation_strategy="first")
+    assert [json.loads(e) for e in result.as_numpy("entities")] == expected
+
+
+def test_a_plain_json_request_as_kserves_examples_send_it(url):
+    """One input, named input-0, nested [N, 1]; no binary data asked for: JSON back."""
+    body = {"id": "42", "inputs": [{"name": "input-0", "shape": [2, 1], "datatype": "BYTES",
+                                    "data": [[t] for t in TEXTS]}]}
+    res = httpx.post(url + "/v2/models/embed/infer", json=body, headers=HEADERS, timeout=60)
+    assert res.status_code == 200, res.text
+    assert res.headers["content-type"] == "application/json"
+    assert "x-inference-time" in res.headers  # the routes' timing headers
+    answer = res.json()
+    assert (answer["model_name"], answer["id"]) == ("embed", "42")
+    (output,) = answer["outputs"]
+    assert (output["name"], output["datatype"], output["shape"]) == ("embedding", "FP32",
+                                                                    [2, 32])
+    expected = v1(url, "/v1/embed", {"model": "embed", "inputs": TEXTS})["embeddings"]
+    np.testing.assert_allclose(np.reshape(output["data"], (2, 32)), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("model, inputs, outputs, params, status, message", [
+    ("nope", {"text": TEXTS}, None, {}, 404, "unknown model 'nope'"),
+    ("embed", {"text": TEXTS}, ["scores"], {}, 422, "outputs scores: model 'embed' gives "
+     "embedding"),
+    ("embed", {"text": TEXTS, "text_pair": TEXTS}, None, {}, 422, "takes text"),
+    ("classify", {"text": TEXTS, "text_pair": TEXTS[:1]}, None, {}, 422, "a pair is one of "
+     "each"),
+    ("embed", {"text": TEXTS}, None, {"normalize": "yes"}, 422, "parameters: normalize"),
+    ("embed", {"text": TEXTS}, None, {"dimensions": 99}, 422, "dimensions 99"),
+    ("ner", {"text": TEXTS}, None, {"aggregation_strategy": "most"}, 422,
+     "parameters: aggregation_strategy"),
+    ("embed", {"text": TEXTS * 5}, None, {}, 413, "10 inputs; at most 8"),
+])
+def test_errors_are_the_services_with_its_statuses(client, model, inputs, outputs, params,
+                                                    status, message):
+    with pytest.raises(triton.InferenceServerException) as caught:
+        infer(client, model, inputs, outputs, **params)
+    assert caught.value.status() == str(status)
+    assert message in caught.value.message()["message"]  # the service's error body
+
+
+def test_a_malformed_body_is_a_422_and_the_api_key_is_needed(url):
+    route = url + "/v2/models/embed/infer"
+    for body, headers, status in [
+            (b"{", HEADERS, 422),
+            (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1]}]}\x00',
+             {**HEADERS, "Inference-Header-Content-Length": "99"}, 422),
+            (b'{"inputs": []}', HEADERS, 422),
+            (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], '
+             b'"data": ["a"]}]}', {}, 401)]:
+        res = httpx.post(route, content=body, headers=headers, timeout=60)
+        assert res.status_code == status, res.text
+        assert set(res.json()["error"]) == {"type", "message"}
+    assert httpx.get(url + "/v2/health/ready").json() == {"ready": True}
+    assert httpx.get(url + "/v2/models/embed").status_code == 401
