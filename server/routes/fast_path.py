@@ -1,5 +1,6 @@
 """The inference routes (POST /v1/embeddings, /v1/embed, /v1/classify, /v1/ner,
-/v1/rerank, /v1/tokenize, and TEI's) without FastAPI's per-request machinery.
+/v1/rerank, /v1/tokenize, TEI's, and the Open Inference Protocol's infer) without
+FastAPI's per-request machinery.
 
 Requests come hundreds a second, often one short text each, and FastAPI's routing,
 dependency solving and exception middleware cost a large share of the event loop's time
@@ -25,13 +26,17 @@ from pydantic import TypeAdapter
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
+from starlette.routing import Match
 
 from server import errors
-from server.routes import classify, embed, ner, rerank, tei, tokenize
+from server.routes import classify, embed, ner, oip, rerank, tei, tokenize
 
 # their POST routes: f(body, request)
 ROUTERS = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
            tei.router)
+# POST routes with the model's name in their path, which read their own body:
+# f(model_name, request)
+NAMED = (oip.router,)
 
 
 def _unparseable(error: Exception) -> str:
@@ -68,11 +73,23 @@ class FastPath:
             r.path: (r, TypeAdapter(get_type_hints(r.endpoint, include_extras=True)["body"]
                                     ).validate_python)
             for router in ROUTERS for r in router.routes if "POST" in r.methods}
+        self.named = [r for router in NAMED for r in router.routes if "POST" in r.methods]
+
+    def _named(self, scope) -> tuple | None:
+        """The route of NAMED whose path this is (its path parameters put in the scope,
+        as FastAPI's routing does), and None for what validates its body."""
+        for route in self.named:
+            match, child = route.matches(scope)
+            if match is Match.FULL:
+                scope.update(child)
+                return route, None
+        return None
 
     async def __call__(self, scope, receive, send):
-        entry = self.routes.get(scope["path"]) if scope["type"] == "http" else None
-        if (entry is None or scope["method"] != "POST"
-                or not errors.json_content_type(Headers(scope=scope))):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        entry = self.routes.get(scope["path"]) or self._named(scope)
+        if entry is None or not errors.json_content_type(Headers(scope=scope)):
             return await self.app(scope, receive, send)
         route, validate = entry
         scope["route"] = route
@@ -83,6 +100,9 @@ class FastPath:
             return await errors.http_error(e)(scope, receive, send)
         except ClientDisconnect:  # gone before its body arrived
             return await errors.api_error(errors.client_closed())(scope, receive, send)
+        if validate is None:  # it reads the body (read: the request keeps it) itself
+            return await self._answer(route.endpoint(scope["path_params"]["model_name"],
+                                                     request), scope, receive, send)
         try:
             parsed = json.loads(raw)
         except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError too
@@ -92,8 +112,13 @@ class FastPath:
             body = validate(parsed)
         except Exception:  # invalid, or nested too deep to validate: FastAPI says why
             return await self.app(scope, _replay(raw, receive), send)
+        await self._answer(route.endpoint(body, request), scope, receive, send)
+
+    @staticmethod
+    async def _answer(answering, scope, receive, send) -> None:
+        """Sends the route's response, or the one FastAPI's handler gives its ApiError."""
         try:
-            response = await route.endpoint(body, request)
+            response = await answering
         except errors.ApiError as e:
             response = errors.api_error(e)
         await response(scope, receive, send)

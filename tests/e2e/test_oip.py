@@ -127,6 +127,19 @@ def test_a_plain_json_request_as_kserves_examples_send_it(url):
     np.testing.assert_allclose(np.reshape(output["data"], (2, 32)), expected, atol=1e-6)
 
 
+def test_the_fast_path_and_fastapi_answer_alike(url):
+    """A JSON body is the fast path's (server/routes/fast_path.py); one sent as
+    application/octet-stream, as binary tensor data may be, goes on to FastAPI's route."""
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}
+    answers = []
+    for content_type in ("application/json", "application/octet-stream"):
+        for sent in (body, {"inputs": []}):
+            res = httpx.post(url + "/v2/models/classify/infer", content=json.dumps(sent),
+                             headers={**HEADERS, "content-type": content_type}, timeout=60)
+            answers.append((res.status_code, res.json()))
+    assert answers[:2] == answers[2:] and [a[0] for a in answers[:2]] == [200, 422]
+
+
 @pytest.mark.parametrize("model, inputs, outputs, params, status, message", [
     ("nope", {"text": TEXTS}, None, {}, 404, "unknown model 'nope'"),
     ("embed", {"text": TEXTS}, ["scores"], {}, 422, "outputs scores: model 'embed' gives "
