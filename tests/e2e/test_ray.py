@@ -61,6 +61,8 @@ REQUESTS = [("/v1/embed", {"model": "embed", "inputs": TEXTS}),
             ("/v1/rerank", {"model": "embed", "query": "q", "documents": TEXTS}),
             ("/v1/tokenize", {"model": "ner", "inputs": TEXTS}),
             ("/v1/ner", {"model": "ner", "inputs": TEXTS, "aggregation_strategy": "none"}),
+            ("/v2/models/ner/infer", {"inputs": [{"name": "text", "datatype": "BYTES",
+                                                  "shape": [2], "data": TEXTS}]}),
             # the same errors
             ("/v1/embed", {"model": "nope", "inputs": "x"}),
             ("/v1/embed", {"model": "ner", "inputs": "x"}),
@@ -87,6 +89,8 @@ def test_ray_serve_answers_as_distilserve_serve_does(ray_url, repository):
                 assert on_ray.json() == direct.json(), route
         direct_models = httpx.get(url + "/v1/models").json()["data"]
         assert httpx.get(ray_url + "/v1/models").json()["data"] == direct_models
+        for path in ("/v2/models/embed", "/v2/models/ner/ready"):  # the Open Inference Protocol's
+            assert httpx.get(ray_url + path).json() == httpx.get(url + path).json(), path
     assert httpx.get(ray_url + "/ready").json()["models"] == ["embed", "ner"]
 
 
