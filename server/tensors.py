@@ -125,10 +125,17 @@ def _bytes_data(values: list[str]) -> bytes:
     return b"".join(LENGTH.pack(len(e)) + e for e in encoded)
 
 
-def response(header: dict, outputs: dict[str, np.ndarray | list[str]],
+def classes(scores: np.ndarray, labels: list[str], k: int) -> list[list[str]]:
+    """Triton's classification extension: each row's ``k`` best classes, highest first, as
+    "score:index:label" (the score as C's %f writes it), [N, k]."""
+    best = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return [[f"{row[i]:f}:{i}:{labels[i]}" for i in order] for row, order in zip(scores, best)]
+
+
+def response(header: dict, outputs: dict[str, np.ndarray | list[str] | list[list[str]]],
              binary: set[str]) -> tuple[dict, bytes]:
-    """The response's JSON ``header`` with its ``outputs`` (name -> FP32 array or list of
-    texts, BYTES [N]), those named in ``binary`` as binary data after the header (the
+    """The response's JSON ``header`` with its ``outputs`` (name -> FP32 array, or texts:
+    BYTES [N] or [N, k]), those named in ``binary`` as binary data after the header (the
     bytes returned, in the outputs' order)."""
     tensors, data = [], []
     for name, value in outputs.items():
@@ -138,9 +145,10 @@ def response(header: dict, outputs: dict[str, np.ndarray | list[str]],
             raw = value.tobytes() if name in binary else None
             flat = value.reshape(-1)
         else:
-            tensor = {"name": name, "datatype": BYTES, "shape": [len(value)]}
-            raw = _bytes_data(value) if name in binary else None
-            flat = value
+            flat = _flat(value)
+            tensor = {"name": name, "datatype": BYTES, "shape": [len(value)] + (
+                [len(value[0])] if value and isinstance(value[0], list) else [])}
+            raw = _bytes_data(flat) if name in binary else None
         if raw is None:
             tensor["data"] = flat
         else:

@@ -1,6 +1,6 @@
 """The Open Inference Protocol (KServe's V2 protocol, Triton's HTTP/REST API, Seldon
 MLServer's), for the clients written for those servers: tritonclient.http, KServe's
-InferenceRESTClient, perf_analyzer. Every served model is a model here, with texts in and
+InferenceRESTClient. Every served model is a model here, with texts in and
 numbers (or texts) out:
 
     task      inputs                          outputs
@@ -15,8 +15,10 @@ it input-0). The request's ``parameters`` are the options of the route that does
 (normalize, dimensions, prompt_name; raw_scores; aggregation_strategy; truncate,
 truncation_direction); the models, queue, limits, errors and timing headers are those of
 the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's
-binary tensor data (server/tensors.py). Not served: model versions, Triton's model
-configuration, repository and statistics extensions, shared memory, and gRPC."""
+binary tensor data (server/tensors.py); a classifier's scores also as Triton's
+classification extension gives them (an output's ``classification``: its k best classes).
+Not served: model versions, Triton's model configuration, repository, statistics and
+shared-memory extensions (shared memory is refused), and gRPC."""
 
 from __future__ import annotations
 
@@ -53,7 +55,7 @@ HEADER_LENGTH = "inference-header-content-length"
 @router.get("/v2", response_model=OipServerMetadata, responses=errors.responses(401))
 async def server_metadata(request: Request):
     return {"name": "distilserve", "version": request.app.version,
-            "extensions": ["binary_tensor_data", "parameters"]}
+            "extensions": ["binary_tensor_data", "classification", "parameters"]}
 
 
 @router.get("/v2/health/live")
@@ -149,18 +151,44 @@ async def model_infer(model_name: str, request: Request):
     if unknown := [name for name in wanted if name not in gives]:
         raise ApiError(422, "invalid_request", f"outputs {', '.join(unknown)}: model "
                        f"{engine.name!r} gives {', '.join(gives)}")
+    _check_extensions(engine, call)
     outputs, result = await RUN[engine.task](request, engine, texts, call.parameters)
     everything = call.parameters.get("binary_data_output") is True
-    asked = {o.name: o.parameters.get("binary_data") for o in call.outputs or ()}
-    binary = {name for name in wanted if asked.get(name, everything) is True}
+    asked = {o.name: o.parameters for o in call.outputs or ()}
+    binary = {name for name in wanted if asked.get(name, {}).get("binary_data",
+                                                                 everything) is True}
     answer, data = tensors.response(
         {"model_name": engine.name, **({"id": call.id} if call.id is not None else {})},
-        {name: outputs[name] for name in wanted}, binary)
+        {name: _classified(engine, outputs[name], asked.get(name, {}).get("classification"))
+         for name in wanted}, binary)
     if not data:
         return reply(request, answer, result)
     head = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(head + data, media_type=BINARY,
                     headers={**timing(request, result), HEADER_LENGTH: str(len(head))})
+
+
+def _check_extensions(engine: Engine, call: OipInferRequest) -> None:
+    """A 422 for what Triton's extensions ask of a tensor that is not served here: shared
+    memory, and classification of anything but a classifier's scores."""
+    for tensor in (*call.inputs, *(call.outputs or ())):
+        if any(key.startswith("shared_memory") for key in tensor.parameters):
+            raise ApiError(422, "invalid_request", f"{tensor.name}: shared memory (Triton's "
+                           "extension) is not served here: send and ask for tensors as "
+                           "JSON or binary data")
+    for output in call.outputs or ():
+        k = output.parameters.get("classification")
+        if k is not None and (output.name != "scores" or isinstance(k, bool)
+                              or not isinstance(k, int) or not 1 <= k <= len(engine.labels)):
+            raise ApiError(422, "invalid_request", f"{output.name}: classification {k!r}: "
+                           "the number of best classes (1 to the model's "
+                           f"{len(engine.labels)}) of a classifier's scores")
+
+
+def _classified(engine: Engine, value, k: int | None):
+    """An output, or the k best classes of a classifier's scores (Triton's classification
+    extension) where its ``classification`` parameter asks for them."""
+    return value if k is None else tensors.classes(value, engine.labels, k)
 
 
 def _texts(engine: Engine, raw: list[dict], binary: dict) -> list:

@@ -49,7 +49,8 @@ def infer(client, model, inputs: dict[str, list[str]], outputs=None, binary=True
         tensor = triton.InferInput(name, [len(texts)], "BYTES")
         tensor.set_data_from_numpy(np.array(texts, dtype=object), binary_data=binary)
         tensors.append(tensor)
-    wanted = [triton.InferRequestedOutput(o, binary_data=binary) for o in outputs or ()]
+    wanted = [o if isinstance(o, triton.InferRequestedOutput)
+              else triton.InferRequestedOutput(o, binary_data=binary) for o in outputs or ()]
     return client.infer(model, tensors, outputs=wanted or None, parameters=params or None,
                         headers=dict(HEADERS))
 
@@ -103,6 +104,21 @@ def test_classification_of_texts_and_pairs_is_v1_classifys(url, client):
     assert not np.allclose(raw.as_numpy("scores").sum(1), 1)  # logits, not probabilities
 
 
+def test_tritons_classification_extension_gives_the_best_classes(url, client):
+    results = v1(url, "/v1/classify", {"model": "classify", "inputs": TEXTS})["results"]
+    tensors = [triton.InferInput("text", [2], "BYTES")]
+    tensors[0].set_data_from_numpy(np.array(TEXTS, dtype=object))
+    for binary in (True, False):
+        result = client.infer("classify", tensors, headers=dict(HEADERS), outputs=[
+            triton.InferRequestedOutput("scores", binary_data=binary, class_count=1)])
+        best = [(b.decode() if binary else b).split(":")  # JSON's are strings already
+                for b in result.as_numpy("scores").reshape(-1)]
+        assert [(label, int(index)) for _, index, label in best] == [
+            (r[0]["label"], ["negative", "positive"].index(r[0]["label"])) for r in results]
+        np.testing.assert_allclose([float(s) for s, _, _ in best],
+                                   [r[0]["score"] for r in results], atol=1e-6)
+
+
 def test_entities_are_v1_ners_as_json(url, client):
     expected = v1(url, "/v1/ner", {"model": "ner", "inputs": TEXTS,
                                    "aggregation_strategy": "first"})["results"]
@@ -152,6 +168,10 @@ def test_the_fast_path_and_fastapi_answer_alike(url):
     ("ner", {"text": TEXTS}, None, {"aggregation_strategy": "most"}, 422,
      "parameters: aggregation_strategy"),
     ("embed", {"text": TEXTS * 5}, None, {}, 413, "10 inputs; at most 8"),
+    ("embed", {"text": TEXTS}, [triton.InferRequestedOutput("embedding", class_count=2)], {},
+     422, "embedding: classification 2"),
+    ("classify", {"text": TEXTS}, [triton.InferRequestedOutput("scores", class_count=3)], {},
+     422, "scores: classification 3: the number of best classes (1 to the model's 2)"),
 ])
 def test_errors_are_the_services_with_its_statuses(client, model, inputs, outputs, params,
                                                     status, message):
@@ -168,6 +188,9 @@ def test_a_malformed_body_is_a_422_and_the_api_key_is_needed(url):
             (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1]}]}\x00',
              {**HEADERS, "Inference-Header-Content-Length": "99"}, 422),
             (b'{"inputs": []}', HEADERS, 422),
+            (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["a"]}], '
+             b'"outputs": [{"name": "embedding", "parameters": {"shared_memory_region": '
+             b'"r", "shared_memory_byte_size": 128}}]}', HEADERS, 422),
             (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], '
              b'"data": ["a"]}]}', {}, 401)]:
         res = httpx.post(route, content=body, headers=headers, timeout=60)

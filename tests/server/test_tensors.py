@@ -103,3 +103,14 @@ def test_only_the_outputs_named_binary_are_binary():
     header, data = tensors.response({}, {"a": np.ones((1, 2), np.float32), "b": ["x"]}, {"b"})
     a, b = header["outputs"]
     assert "data" in a and b["parameters"]["binary_data_size"] == len(data) == 5
+
+
+def test_classes_are_tritons_classification_strings_best_first():
+    scores = np.array([[0.1, 0.7, 0.2], [0.5, 0.25, 0.25]], np.float32)
+    assert tensors.classes(scores, ["a", "b", "c"], 2) == [
+        ["0.700000:1:b", "0.200000:2:c"], ["0.500000:0:a", "0.250000:1:b"]]  # ties: in order
+    header, data = tensors.response({}, {"scores": tensors.classes(scores, list("abc"), 2)},
+                                    {"scores"})
+    (tensor,) = header["outputs"]
+    assert (tensor["datatype"], tensor["shape"]) == ("BYTES", [2, 2])
+    assert deserialize_bytes_tensor(data)[2] == b"0.500000:0:a"  # row-major
