@@ -137,6 +137,7 @@ async def model_infer(model_name: str, request: Request):
         header, data = tensors.split(await request.body(), request.headers.get(HEADER_LENGTH))
         sent = orjson.loads(header)
         call = OipInferRequest.model_validate(sent)
+        wanted = _wanted(engine, call)
         raw = sent["inputs"]  # as sent (validated)
         texts = _texts(engine, raw, dict(zip((t["name"] for t in raw),
                                              tensors.binary_parts(raw, data))))
@@ -146,12 +147,6 @@ async def model_infer(model_name: str, request: Request):
         raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
     except tensors.TensorError as e:
         raise ApiError(422, "invalid_request", str(e)) from None
-    gives = [output["name"] for output in OUTPUTS[engine.task](engine)]
-    wanted = [o.name for o in call.outputs] if call.outputs else gives
-    if unknown := [name for name in wanted if name not in gives]:
-        raise ApiError(422, "invalid_request", f"outputs {', '.join(unknown)}: model "
-                       f"{engine.name!r} gives {', '.join(gives)}")
-    _check_extensions(engine, call)
     outputs, result = await RUN[engine.task](request, engine, texts, call.parameters)
     everything = call.parameters.get("binary_data_output") is True
     asked = {o.name: o.parameters for o in call.outputs or ()}
@@ -168,9 +163,16 @@ async def model_infer(model_name: str, request: Request):
                     headers={**timing(request, result), HEADER_LENGTH: str(len(head))})
 
 
-def _check_extensions(engine: Engine, call: OipInferRequest) -> None:
-    """A 422 for what Triton's extensions ask of a tensor that is not served here: shared
-    memory, and classification of anything but a classifier's scores."""
+def _wanted(engine: Engine, call: OipInferRequest) -> list[str]:
+    """The outputs the request asks for (default: all of the model's), said before it runs:
+    a 422 for an output the model does not give, and for what Triton's extensions ask of
+    a tensor that is not served here (shared memory; classification of anything but a
+    classifier's scores)."""
+    gives = [output["name"] for output in OUTPUTS[engine.task](engine)]
+    wanted = [o.name for o in call.outputs] if call.outputs else gives
+    if unknown := [name for name in wanted if name not in gives]:
+        raise ApiError(422, "invalid_request", f"outputs {', '.join(unknown)}: model "
+                       f"{engine.name!r} gives {', '.join(gives)}")
     for tensor in (*call.inputs, *(call.outputs or ())):
         if any(key.startswith("shared_memory") for key in tensor.parameters):
             raise ApiError(422, "invalid_request", f"{tensor.name}: shared memory (Triton's "
@@ -183,6 +185,7 @@ def _check_extensions(engine: Engine, call: OipInferRequest) -> None:
             raise ApiError(422, "invalid_request", f"{output.name}: classification {k!r}: "
                            "the number of best classes (1 to the model's "
                            f"{len(engine.labels)}) of a classifier's scores")
+    return wanted
 
 
 def _classified(engine: Engine, value, k: int | None):
