@@ -100,7 +100,7 @@ class FastPath:
             return await errors.http_error(e)(scope, receive, send)
         except ClientDisconnect:  # gone before its body arrived
             return await errors.api_error(errors.client_closed())(scope, receive, send)
-        if validate is None:  # it reads the body (read: the request keeps it) itself
+        if validate is None:  # the route reads the body itself (the request keeps it)
             return await self._answer(route.endpoint(scope["path_params"]["model_name"],
                                                      request), scope, receive, send)
         try:

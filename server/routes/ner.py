@@ -21,8 +21,8 @@ async def ner(body: NerRequest, request: Request):
     return reply(request, {"model": engine.name, "results": results}, result)
 
 
-async def recognised(body: NerRequest, request: Request) -> tuple[Engine, list[list[dict]],
-                                                                  Result]:
+async def recognised(body: NerRequest, request: Request
+                     ) -> tuple[Engine, list[list[dict]], Result]:
     """The NER model, each input's entities and the run (also the Open Inference
     Protocol's infer)."""
     engine = choose(request, body.model, "ner")
