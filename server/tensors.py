@@ -60,13 +60,14 @@ def binary_parts(tensors: list[dict], data: memoryview) -> list[memoryview | Non
     return parts
 
 
-def _flat(data) -> list:
-    """Row-major data, nested or flat, as a flat list."""
-    if not isinstance(data, list):
-        return [data]
-    out = []
-    for item in data:
-        out.extend(_flat(item) if isinstance(item, list) else (item,))
+def _flat(data, rank: int) -> list:
+    """Row-major data of a tensor of ``rank`` dimensions, nested as deep as that or flat,
+    as a flat list (a list nested deeper stays an element)."""
+    out = data if isinstance(data, list) else [data]
+    for _ in range(rank - 1):
+        if not any(isinstance(item, list) for item in out):
+            break
+        out = [x for item in out for x in (item if isinstance(item, list) else (item,))]
     return out
 
 
@@ -84,7 +85,7 @@ def texts(tensor: dict, binary: memoryview | None) -> list[str]:
     if binary is not None:
         elements = _bytes_elements(name, binary)
     elif "data" in tensor:
-        elements = _flat(tensor["data"])
+        elements = _flat(tensor["data"], len(shape))
     else:
         raise TensorError(f"input {name!r} has neither data nor binary_data_size")
     if len(elements) != shape[0]:
@@ -145,9 +146,10 @@ def response(header: dict, outputs: dict[str, np.ndarray | list[str] | list[list
             raw = value.tobytes() if name in binary else None
             flat = value.reshape(-1)
         else:
-            flat = _flat(value)
-            tensor = {"name": name, "datatype": BYTES, "shape": [len(value)] + (
-                [len(value[0])] if value and isinstance(value[0], list) else [])}
+            rows = bool(value) and isinstance(value[0], list)  # [N, k]
+            flat = _flat(value, 2)
+            tensor = {"name": name, "datatype": BYTES,
+                      "shape": [len(value)] + ([len(value[0])] if rows else [])}
             raw = _bytes_data(flat) if name in binary else None
         if raw is None:
             tensor["data"] = flat

@@ -185,6 +185,9 @@ def test_a_malformed_body_is_a_422_and_the_api_key_is_needed(url):
     route = url + "/v2/models/embed/infer"
     for body, headers, status in [
             (b"{", HEADERS, 422),
+            # data nested near the JSON parser's limit (it took Python's recursion once)
+            (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": '
+             + b"[" * 1000 + b'"a"' + b"]" * 1000 + b"}]}", HEADERS, 422),
             (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1]}]}\x00',
              {**HEADERS, "Inference-Header-Content-Length": "99"}, 422),
             (b'{"inputs": []}', HEADERS, 422),

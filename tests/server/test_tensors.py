@@ -19,6 +19,13 @@ def _binary(texts: list[str]) -> bytes:
     return serialize_byte_tensor(np.array(texts, dtype=object)).item()  # as tritonclient
 
 
+def _deep(depth: int) -> list:
+    data = "a"
+    for _ in range(depth):
+        data = [data]
+    return data
+
+
 def test_texts_from_json_data_flat_or_nested():
     assert tensors.texts({"name": "text", "datatype": "BYTES", "shape": [3],
                           "data": TEXTS}, None) == TEXTS
@@ -57,6 +64,9 @@ def test_without_the_header_length_the_whole_body_is_json():
     ({"datatype": "BYTES", "shape": [1]}, b"\x02\x00", "inside an element's length"),
     ({"datatype": "BYTES", "shape": [1]}, b"\x02\x00\x00\x00\xff\xfe", "not UTF-8"),
     ({"datatype": "BYTES", "shape": [2]}, _binary(["a"]), "1 elements"),
+    # nested deeper than its shape: an element that is a list, however deep (no recursion)
+    ({"datatype": "BYTES", "shape": [1, 1], "data": [[["a"]]]}, None, "element 0 is list"),
+    ({"datatype": "BYTES", "shape": [1], "data": _deep(5000)}, None, "element 0 is list"),
 ])
 def test_what_is_not_texts_is_refused_saying_why(tensor, binary, message):
     with pytest.raises(tensors.TensorError, match=re.escape(message)):
