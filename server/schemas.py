@@ -395,6 +395,9 @@ class Token(BaseModel):
 
 
 # The Open Inference Protocol's (KServe's V2, Triton's HTTP/REST API; server/routes/oip.py)
+# a tensor's or a request's parameters: scalars by name (null: none)
+OipParameters = Annotated[dict[str, str | int | float | bool],
+                          BeforeValidator(lambda value: {} if value is None else value)]
 
 class OipTensor(BaseModel):
     """A tensor: row-major ``data`` (nested or flat), or with Triton's binary extension
@@ -404,21 +407,22 @@ class OipTensor(BaseModel):
     name: str
     datatype: str = Field(description="BYTES for texts (each UTF-8), FP32 for numbers")
     shape: list[int]
-    parameters: dict[str, str | int | float | bool] = {}
+    parameters: OipParameters = {}
     data: list | None = None
 
 
 class OipRequestedOutput(BaseModel):
     model_config = _Request.model_config
     name: str
-    parameters: dict[str, str | int | float | bool] = Field(
-        {}, description='{"binary_data": true}: this output as binary data')
+    parameters: OipParameters = Field(
+        {}, description='{"binary_data": true}: this output as binary data; '
+        '{"classification": k}: a classifier\'s k best classes')
 
 
 class OipInferRequest(BaseModel):
     model_config = _Request.model_config
     id: str | None = None
-    parameters: dict[str, str | int | float | bool] = Field(
+    parameters: OipParameters = Field(
         {}, description="the route's options (normalize, dimensions, prompt_name, "
         "raw_scores, aggregation_strategy, truncate, truncation_direction) and "
         "binary_data_output: every output as binary data")

@@ -127,9 +127,11 @@ def test_entities_are_v1_ners_as_json(url, client):
 
 
 def test_a_plain_json_request_as_kserves_examples_send_it(url):
-    """One input, named input-0, nested [N, 1]; no binary data asked for: JSON back."""
-    body = {"id": "42", "inputs": [{"name": "input-0", "shape": [2, 1], "datatype": "BYTES",
-                                    "data": [[t] for t in TEXTS]}]}
+    """One input, named input-0, nested [N, 1], parameters null; no binary data asked for:
+    JSON back."""
+    body = {"id": "42", "parameters": None, "inputs": [
+        {"name": "input-0", "shape": [2, 1], "datatype": "BYTES", "parameters": None,
+         "data": [[t] for t in TEXTS]}]}
     res = httpx.post(url + "/v2/models/embed/infer", json=body, headers=HEADERS, timeout=60)
     assert res.status_code == 200, res.text
     assert res.headers["content-type"] == "application/json"
