@@ -16,7 +16,6 @@ tritonclient sends its inputs and asks for its outputs that way unless told not 
 
 from __future__ import annotations
 
-import math
 import struct
 
 import numpy as np
@@ -90,7 +89,7 @@ def texts(tensor: dict, binary: memoryview | None) -> list[str]:
         raise TensorError(f"input {name!r} has neither data nor binary_data_size")
     if len(elements) != shape[0]:
         raise TensorError(f"input {name!r}: {len(elements)} elements where its shape "
-                          f"{shape} says {math.prod(shape)}")
+                          f"{shape} says {shape[0]}")
     out = []
     for i, element in enumerate(elements):
         if isinstance(element, bytes | memoryview):
