@@ -278,7 +278,11 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     key = settings.api_key.get_secret_value() if settings.api_key else None
     if key:
         document_api_key(app)
-    app.add_middleware(FastPath)  # the inference routes, answered without FastAPI's stack
+    routers = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
+               tei.router, oip.router, models_route.router, health.router)
+    routes = [r for router in routers for r in router.routes]
+    # the inference routes (every POST route), answered without FastAPI's stack
+    app.add_middleware(FastPath, routes=routes)
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     if origins := settings.cors_origins():  # outside the API key: a preflight carries none
@@ -286,11 +290,9 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
                            allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type", "x-request-id"],
                            expose_headers=EXPOSED, max_age=600)
-    routers = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
-               tei.router, oip.router, models_route.router, health.router)
     # outside the API key and the body limit: counts the 401s and 413s too, under the route
     # they were sent to
-    app.add_middleware(RequestMetrics, routes=[r for router in routers for r in router.routes])
+    app.add_middleware(RequestMetrics, routes=routes)
     app.add_middleware(RequestId)  # outermost: every answer carries the request's id
     for router in routers:
         app.include_router(router)

@@ -1,5 +1,5 @@
-"""The inference routes (POST /v1/embeddings, /v1/embed, /v1/classify, /v1/ner,
-/v1/rerank, /v1/tokenize, TEI's, and the Open Inference Protocol's infer) without
+"""The inference routes (every POST route: /v1/embeddings, /v1/embed, /v1/classify,
+/v1/ner, /v1/rerank, /v1/tokenize, TEI's, and the Open Inference Protocol's infer) without
 FastAPI's per-request machinery.
 
 Requests come hundreds a second, often one short text each, and FastAPI's routing,
@@ -19,6 +19,7 @@ digits, nesting too deep for the parser) is answered here: 422, where FastAPI wo
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import get_type_hints
 
@@ -29,14 +30,6 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Match
 
 from server import errors
-from server.routes import classify, embed, ner, oip, rerank, tei, tokenize
-
-# their POST routes: f(body, request)
-ROUTERS = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
-           tei.router)
-# POST routes with the model's name in their path, which read their own body:
-# f(model_name, request)
-NAMED = (oip.router,)
 
 
 def _unparseable(error: Exception) -> str:
@@ -65,19 +58,28 @@ def _replay(body: bytes, receive):
 
 
 class FastPath:
-    def __init__(self, app):
+    def __init__(self, app, routes: list):
+        """``routes``: the app's. It takes their POST routes, each f(body, request) (the
+        body validated here) or, with the model's name in its path, f(model_name,
+        request) (the route reads its own body)."""
         self.app = app
         # path -> FastAPI's route (the metrics read its label from it) and what validates
         # its body (a model, or a union of them: TypeAdapter)
-        self.routes = {
-            r.path: (r, TypeAdapter(get_type_hints(r.endpoint, include_extras=True)["body"]
-                                    ).validate_python)
-            for router in ROUTERS for r in router.routes if "POST" in r.methods}
-        self.named = [r for router in NAMED for r in router.routes if "POST" in r.methods]
+        self.routes, self.named = {}, []
+        for route in (r for r in routes if "POST" in getattr(r, "methods", ())):
+            parameters = list(inspect.signature(route.endpoint).parameters)
+            if parameters == ["body", "request"]:
+                body = get_type_hints(route.endpoint, include_extras=True)["body"]
+                self.routes[route.path] = route, TypeAdapter(body).validate_python
+            elif parameters == ["model_name", "request"]:
+                self.named.append(route)
+            else:
+                raise TypeError(f"POST {route.path}: the fast path takes f(body, request) "
+                                f"or f(model_name, request), not f({', '.join(parameters)})")
 
     def _named(self, scope) -> tuple | None:
-        """The route of NAMED whose path this is (its path parameters put in the scope,
-        as FastAPI's routing does), and None for what validates its body."""
+        """The route of ``named`` whose path this is (its path parameters put in the
+        scope, as FastAPI's routing does), and None for what validates its body."""
         for route in self.named:
             match, child = route.matches(scope)
             if match is Match.FULL:

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from fastapi import APIRouter
+
+from server.routes import embed, oip
 from server.routes.fast_path import FastPath
+
+ROUTES = [*embed.router.routes, *oip.router.routes]  # GET routes too: passed over
 
 
 def _scope(method: str, path: str) -> dict:
@@ -13,7 +19,7 @@ def _scope(method: str, path: str) -> dict:
 
 
 def test_a_route_with_the_models_name_in_its_path_is_found_with_its_name():
-    fast = FastPath(app=None)
+    fast = FastPath(app=None, routes=ROUTES)
     scope = _scope("POST", "/v2/models/my-model/infer")
     route, validate = fast._named(scope)
     assert route.path == "/v2/models/{model_name}/infer" and validate is None
@@ -29,8 +35,21 @@ def test_only_post_requests_are_taken():
     async def app(scope, receive, send):
         seen.append(scope["path"])
 
-    fast = FastPath(app)
+    fast = FastPath(app, routes=ROUTES)
     for method, path in (("GET", "/v2/models/m/infer"), ("GET", "/v1/embed"),
                          ("POST", "/v2/models/m/ready")):
         asyncio.run(fast(_scope(method, path), None, None))
     assert seen == ["/v2/models/m/infer", "/v1/embed", "/v2/models/m/ready"]  # passed on
+
+
+def test_it_takes_every_post_route_of_the_kinds_it_answers_and_refuses_another():
+    fast = FastPath(app=None, routes=ROUTES)
+    assert set(fast.routes) == {"/v1/embeddings", "/embeddings", "/v1/embed"}
+    router = APIRouter()
+
+    @router.post("/odd")
+    async def odd(request, text: str):  # neither f(body, request) nor f(model_name, request)
+        return text
+
+    with pytest.raises(TypeError, match="POST /odd: the fast path takes"):
+        FastPath(app=None, routes=router.routes)
