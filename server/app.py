@@ -1,7 +1,8 @@
 """create_app(settings): the FastAPI application. Its lifespan loads the model repository
 in the background, building the embedded default first when no repository is named (the
 port is open meanwhile: /health answers, /ready says what is being built or loaded and
-turns 200 when done), and drains the queues on shutdown."""
+turns 200 when done), with DISTILSERVE_POLL_SECONDS keeps serving the repository as it
+changes, and drains the queues on shutdown."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Match
 
+from models.io.manifest import FILE as MANIFEST
 from server import errors, logs
 from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
 from server.metrics import STARTED, Metrics
@@ -50,6 +52,8 @@ class Service:
     cpu_thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="torch-cpu"))
     failures: dict[str, str] = field(default_factory=dict)
+    # each model folder's version when it was loaded (or failed): folder_version
+    versions: dict[str, tuple | None] = field(default_factory=dict)
     ready: bool = False
     draining: bool = False
     status: str = "starting"  # what is being built or loaded, for /ready
@@ -82,6 +86,8 @@ async def build_and_load(service: Service, repository: Path | None) -> None:
             log.exception("building the embedded default failed: serving nothing, never ready")
             return
     await load_repository(service, repository)
+    if service.settings.poll_seconds:  # a repository of the user's: kept in step
+        await poll_repository(service, repository, service.settings.poll_seconds)
 
 
 def model_folders(repository: Path) -> list[Path]:
@@ -99,8 +105,81 @@ async def load_repository(service: Service, repository: Path) -> None:
     folders = model_folders(repository)
     if not folders:
         log.error("model repository %s holds no model folders", repository)
-    await load_models(service, folders, lambda folder: open_engine(
-        folder.name, folder, service.settings, service.metrics, service.cpu_thread))
+    service.versions = {folder.name: folder_version(folder) for folder in folders}
+    await load_models(service, folders, lambda folder: _open(service, folder))
+
+
+def _open(service: Service, folder: Path):
+    return open_engine(folder.name, folder, service.settings, service.metrics,
+                       service.cpu_thread)
+
+
+def folder_version(folder: Path) -> tuple | None:
+    """What changes when a model folder is exported again (export --force puts a new folder
+    in its place whole): its manifest's inode, size and modification time; None without
+    one."""
+    try:
+        stat = (folder / MANIFEST).stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+async def poll_repository(service: Service, repository: Path, every: float) -> None:
+    """Triton's poll mode: every ``every`` seconds, the repository's folders as they are now
+    are served (sync_repository)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            await sync_repository(service, repository)
+        except Exception:  # e.g. the repository unmounted for a moment: try again later
+            log.exception("polling the model repository %s failed", repository)
+
+
+async def sync_repository(service: Service, repository: Path) -> None:
+    """Serves the repository's folders as they are now: a folder removed is unloaded (its
+    queued inputs answered first); one added, or exported again, is loaded and then takes
+    the place of the one before (which finishes what was queued for it). A folder that fails
+    to load leaves the one before it served, if any."""
+    folders = {folder.name: folder for folder in model_folders(repository)}
+    for name in sorted(set(service.versions) - set(folders)):
+        del service.versions[name]
+        service.failures.pop(name, None)
+        if (gone := service.engines.pop(name, None)) is not None:
+            log.info("model %s left the repository: unloaded", name)
+            await gone.stop()
+    for name, folder in folders.items():
+        version = folder_version(folder)
+        if name in service.versions and service.versions[name] == version:
+            continue
+        service.versions[name] = version
+        try:
+            engine = await _open(service, folder)
+        except Exception as e:
+            if name in service.engines:
+                log.error("model %s not reloaded, the one loaded before still served: %s",
+                          name, failure(e))
+            else:
+                service.failures[name] = failure(e)
+                log.error("model %s not served: %s", name, service.failures[name])
+            continue
+        before = service.engines.get(name)
+        service.engines[name] = engine
+        service.failures.pop(name, None)
+        announce(engine, "reloaded" if before else "serving")
+        if before is not None:
+            await before.stop()
+
+
+def failure(error: Exception) -> str:
+    """Why a model folder is not served, in a line."""
+    return str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
+
+
+def announce(engine: Engine, how: str) -> None:
+    """Logs that ``engine`` is served now (``how``: serving, reloaded)."""
+    log.info("%s %s (%s, %s, %s)", how, engine.name, engine.task, engine.family,
+             engine.describe()["backend"])
 
 
 async def load_models(service: Service, folders: list[Path], open_folder) -> None:
@@ -111,13 +190,11 @@ async def load_models(service: Service, folders: list[Path], open_folder) -> Non
         try:
             engine = await open_folder(folder)
         except Exception as e:  # a broken folder, or a model that loads but cannot run
-            reason = str(e) if isinstance(e, ModelLoadError) else f"{type(e).__name__}: {e}"
-            service.failures[folder.name] = reason
-            log.error("model %s not served: %s", folder.name, reason)
+            service.failures[folder.name] = failure(e)
+            log.error("model %s not served: %s", folder.name, service.failures[folder.name])
             continue
         service.engines[folder.name] = engine
-        log.info("serving %s (%s, %s, %s)", folder.name, engine.task, engine.family,
-                 engine.describe()["backend"])
+        announce(engine, "serving")
     # the libraries loaded so far are millions of long-lived objects: a full garbage
     # collection walking them all stalled every request for ~0.3 s; frozen, it skips them
     gc.collect()

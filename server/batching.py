@@ -34,6 +34,10 @@ class OverQueue(Exception):
     """A request with more inputs than the model's queue holds: it could never be queued."""
 
 
+class Stopped(Exception):
+    """The batcher has stopped (its model was unloaded or replaced): it takes nothing more."""
+
+
 class InputTooLong(Exception):
     """An input over the model's max_length tokens, not to be truncated."""
 
@@ -196,7 +200,7 @@ class Batcher:
                encodings: list | None = None) -> list[Item]:
         """Queues a request's texts together (with their ``encodings`` when the caller has
         tokenised them: the thread does not again), or raises QueueFull for all of them
-        (OverQueue if they are more than it ever holds)."""
+        (OverQueue if they are more than it ever holds; Stopped once ``stop`` began)."""
         if len(texts) > self.max_queue:
             raise OverQueue(f"{len(texts)} inputs at once are more than its queue holds "
                             f"({self.max_queue}, DISTILSERVE_MAX_QUEUE)")
@@ -206,6 +210,8 @@ class Batcher:
         items = [Item(text, truncation, loop.create_future(), i, enc, request=request)
                  for i, (text, enc) in enumerate(zip(texts, encodings))]
         with self.lock:
+            if self.stopping:  # its threads are finishing what was queued before
+                raise Stopped(f"model {self.name!r} has stopped")
             if len(self.pending) + len(items) > self.max_queue:
                 raise QueueFull(f"{len(self.pending)} inputs queued, limit {self.max_queue}")
             self.pending.extend(items)

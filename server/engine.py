@@ -31,6 +31,7 @@ from server.batching import (
     InputTooLong,
     OverQueue,
     QueueFull,
+    Stopped,
     pad,
     time_spent,
     warmup_shapes,
@@ -51,7 +52,8 @@ class ModelLoadError(Exception):
 
 
 class ModelUnavailable(Exception):
-    """The model's runner is gone for now (a Ray Serve replica that died): retry shortly."""
+    """The model's runner is gone for now (a Ray Serve replica that died, or a model
+    unloaded or replaced while the request was on its way): retry shortly."""
 
 
 @dataclass
@@ -327,6 +329,8 @@ class Engine:
         except QueueFull:
             self.series.rejected.inc(len(texts))
             raise
+        except Stopped:  # unloaded or replaced (repository polling) since it was chosen
+            raise ModelUnavailable("it was unloaded or replaced") from None
         try:
             futures = [item.future for item in items]  # one input: no gather
             raw = [await futures[0]] if len(items) == 1 else await asyncio.gather(*futures)

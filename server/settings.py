@@ -28,6 +28,9 @@ class Settings(BaseSettings):
                                       "/ping, / or /v2/health/live and /v2/health/ready")
     require_all_models: bool = Field(False, description="/ready stays 503 while any model "
                                      "folder failed to load (default: 200, failures listed)")
+    poll_seconds: float = Field(0.0, ge=0, description="look at the model repository this "
+                                "often: load folders added or exported again, unload those "
+                                "removed, without a restart (Triton's poll mode); 0: never")
     cors_allow_origins: str = Field("", description="origins whose web pages may call the "
                                     "service from a browser (CORS), comma-separated, or * "
                                     "for any; none by default")

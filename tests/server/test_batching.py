@@ -13,6 +13,7 @@ from server.batching import (
     OverQueue,
     QueueFull,
     Request,
+    Stopped,
     pad,
     take_batch,
     time_spent,
@@ -273,3 +274,23 @@ def test_with_collect_stop_finishes_everything_queued_first():
         return await asyncio.wait_for(asyncio.gather(*(it.future for it in items)), 60)
 
     assert [float(r[0]) for r in asyncio.run(go())] == [i + 1.0 for i in range(11)]
+
+
+def test_once_stopping_it_finishes_what_was_queued_and_takes_nothing_more():
+    """A model unloaded or replaced (repository polling): a request that chose it before
+    gets Stopped (the engine's ModelUnavailable, a 503 to retry), never an answer that
+    does not come."""
+    calls = []
+
+    async def go():
+        b = _batcher(calls)
+        b.start()
+        queued = b.submit(["a bb", "ccc"], truncation="right")
+        stopping = asyncio.ensure_future(b.stop())
+        await asyncio.sleep(0)  # stop() has begun
+        with pytest.raises(Stopped):
+            b.submit(["late"], truncation="right")
+        await stopping
+        return await asyncio.gather(*(it.future for it in queued))
+
+    assert [float(r[0]) for r in asyncio.run(go())] == [3.0, 3.0]

@@ -1,0 +1,81 @@
+"""End to end: with DISTILSERVE_POLL_SECONDS the service keeps serving its repository as it
+changes (server/app.py, sync_repository): a folder added is loaded, one exported again
+takes the place of the one before while requests to it go on (each answered, 200 or a 503
+to retry), one that fails to load leaves the one before served, one removed is unloaded."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+
+import httpx
+import pytest
+
+from models import export
+from tests.conftest import running_server, wait_for
+
+
+def models(url) -> dict[str, dict]:
+    return {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
+
+
+@pytest.fixture
+def repo(tiny_checkpoints, tmp_path):
+    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx")
+    return tmp_path / "repo"
+
+
+def test_the_repository_is_served_as_it_changes(repo, tiny_checkpoints, caplog):
+    with running_server(repo, poll_seconds=0.2) as url:
+        assert set(models(url)) == {"embed"}
+
+        # added
+        export.export(tiny_checkpoints["bert", "ner"], repo / "tagger", "onnx")
+        wait_for(lambda: "tagger" in models(url), "the new folder to be served")
+        ner = httpx.post(url + "/v1/ner", json={"model": "tagger", "inputs": "Anna in Rome"})
+        assert ner.status_code == 200, ner.text
+
+        # exported again, under load: every request answered, 200 or 503 (retry)
+        statuses, stop = [], threading.Event()
+
+        def client():
+            with httpx.Client(base_url=url, timeout=60) as http:
+                while not stop.is_set():
+                    statuses.append(http.post("/v1/embed", json={
+                        "model": "embed", "inputs": ["a sentence", "and another"]}).status_code)
+
+        thread = threading.Thread(target=client)
+        thread.start()
+        try:
+            wait_for(lambda: len(statuses) >= 5, "requests before the new export")
+            export.export(tiny_checkpoints["minialbert", "embed"], repo / "embed", "onnx",
+                          force=True)
+            wait_for(lambda: models(url)["embed"]["family"] == "minialbert",
+                     "the new export to take the old one's place")
+            seen = len(statuses)
+            wait_for(lambda: len(statuses) >= seen + 5, "requests after it")
+        finally:
+            stop.set()
+            thread.join()
+        assert set(statuses) <= {200, 503} and statuses[-1] == 200, statuses
+
+        # a folder that fails to load: reported; the one before it stays served
+        (repo / "broken").mkdir()
+        (repo / "broken" / "manifest.json").write_text("{not json")
+        wait_for(lambda: "broken" in httpx.get(url + "/ready").json()["failed"],
+                 "the broken folder to be reported")
+        (repo / "embed" / "manifest.json").write_text("{not json")  # its export spoiled
+        wait_for(lambda: "model embed not reloaded" in caplog.text, "the failed reload")
+        served = httpx.post(url + "/v1/embed", json={"model": "embed", "inputs": "still"})
+        assert served.status_code == 200 and models(url)["embed"]["family"] == "minialbert"
+        assert "embed" not in httpx.get(url + "/ready").json()["failed"]
+
+        # removed
+        shutil.rmtree(repo / "tagger")
+        shutil.rmtree(repo / "broken")
+        wait_for(lambda: "tagger" not in models(url)
+                 and "broken" not in httpx.get(url + "/ready").json()["failed"],
+                 "the removed folders to be unloaded and forgotten")
+        gone = httpx.post(url + "/v1/ner", json={"model": "tagger", "inputs": "Anna"})
+        assert gone.status_code == 404, gone.text
+
