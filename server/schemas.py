@@ -456,3 +456,16 @@ class OipServerMetadata(BaseModel):
     name: str
     version: str
     extensions: list[str]
+
+
+class OipIndexRequest(BaseModel):
+    """Triton's repository index: an empty body, or ``{"ready": true}``."""
+
+    model_config = _Request.model_config
+    ready: bool = Field(False, description="the models served alone")
+
+
+class OipRepositoryModel(BaseModel):
+    name: str
+    state: Literal["READY", "UNAVAILABLE"]
+    reason: str | None = None

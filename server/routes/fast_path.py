@@ -61,7 +61,8 @@ class FastPath:
     def __init__(self, app, routes: list):
         """``routes``: the app's. It takes their POST routes, each f(body, request) (the
         body validated here) or, with the model's name in its path, f(model_name,
-        request) (the route reads its own body)."""
+        request) (the route reads its own body); one that runs no model, f(request),
+        it leaves to FastAPI."""
         self.app = app
         # path -> FastAPI's route (the metrics read its label from it) and what validates
         # its body (a model, or a union of them: TypeAdapter)
@@ -73,9 +74,10 @@ class FastPath:
                 self.routes[route.path] = route, TypeAdapter(body).validate_python
             elif parameters == ["model_name", "request"]:
                 self.named.append(route)
-            else:
+            elif parameters != ["request"]:  # f(request): FastAPI's (no model runs)
                 raise TypeError(f"POST {route.path}: the fast path takes f(body, request) "
-                                f"or f(model_name, request), not f({', '.join(parameters)})")
+                                f"or f(model_name, request), FastAPI f(request), not "
+                                f"f({', '.join(parameters)})")
 
     def _named(self, scope) -> tuple | None:
         """The route of ``named`` whose path this is (its path parameters put in the

@@ -17,8 +17,10 @@ truncation_direction); the models, queue, limits, errors and timing headers are 
 the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's
 binary tensor data (server/tensors.py); a classifier's scores also as Triton's
 classification extension gives them (an output's ``classification``: its k best classes).
-Not served: model versions, Triton's model configuration, repository, statistics and
-shared-memory extensions (shared memory is refused), and gRPC."""
+Triton's repository index lists every model folder and its state. Not served: model
+versions, loading and unloading by request (the service does it itself:
+DISTILSERVE_POLL_SECONDS), Triton's model configuration, statistics and shared-memory
+extensions (shared memory is refused), and gRPC."""
 
 from __future__ import annotations
 
@@ -31,16 +33,18 @@ from server import errors, postprocess, tensors
 from server.engine import Engine
 from server.errors import ApiError
 from server.routes import health
-from server.routes.common import check_limits, infer, reply, served, timing
+from server.routes.common import check_limits, infer, reply, served, service, timing
 from server.routes.embed import embedded
 from server.routes.ner import recognised
 from server.schemas import (
     ClassifyRequest,
     EmbedRequest,
     NerRequest,
+    OipIndexRequest,
     OipInferRequest,
     OipInferResponse,
     OipModelMetadata,
+    OipRepositoryModel,
     OipServerMetadata,
 )
 
@@ -52,10 +56,26 @@ BINARY = "application/octet-stream"
 HEADER_LENGTH = "inference-header-content-length"
 
 
+def _inlined(schema: dict) -> dict:
+    """A model's JSON schema with its $defs in place of their references (the OpenAPI
+    document holds only the models of the bodies FastAPI reads itself)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: resolve(value) for key, value in node.items()}
+        return [resolve(item) for item in node] if isinstance(node, list) else node
+
+    return resolve(schema)
+
+
 @router.get("/v2", response_model=OipServerMetadata, responses=errors.responses(401))
 async def server_metadata(request: Request):
     return {"name": "distilserve", "version": request.app.version,
-            "extensions": ["binary_tensor_data", "classification", "parameters"]}
+            "extensions": ["binary_tensor_data", "classification", "model_repository",
+                           "parameters"]}
 
 
 @router.get("/v2/health/live")
@@ -79,6 +99,28 @@ async def model_ready(model_name: str, request: Request):
     return {"name": model_name, "ready": True}
 
 
+@router.post("/v2/repository/index", response_model=list[OipRepositoryModel],
+             responses=errors.responses(401, 422), openapi_extra={"requestBody": {
+                 "required": False, "content": {"application/json": {
+                     "schema": _inlined(OipIndexRequest.model_json_schema())}}}})
+async def repository_index(request: Request):
+    """Triton's repository extension: every model folder and its state, READY (served) or
+    UNAVAILABLE with the reason; with ``{"ready": true}``, the served ones alone. (Models
+    are loaded and unloaded by the service itself, DISTILSERVE_POLL_SECONDS: there is no
+    load or unload here.)"""
+    body = await request.body()
+    try:
+        ready = OipIndexRequest.model_validate_json(body or b"{}").ready
+    except ValidationError as e:
+        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
+    svc = service(request)
+    models = [{"name": name, "state": "READY"} for name in svc.engines]
+    if not ready:
+        models += [{"name": name, "state": "UNAVAILABLE", "reason": why}
+                   for name, why in svc.failures.items() if name not in svc.engines]
+    return sorted(models, key=lambda m: m["name"])
+
+
 OUTPUTS = {  # a task's outputs, described
     "embed": lambda e: [{"name": "embedding", "datatype": tensors.FP32,
                          "shape": [-1, e.dimensions or -1]}],
@@ -100,21 +142,6 @@ async def model_metadata(model_name: str, request: Request):
     backend = engine.describe()["backend"]
     return {"name": engine.name, "platform": PLATFORMS.get(backend, backend),
             "inputs": inputs, "outputs": OUTPUTS[engine.task](engine)}
-
-
-def _inlined(schema: dict) -> dict:
-    """A model's JSON schema with its $defs in place of their references (the OpenAPI
-    document holds only the models of the bodies FastAPI reads itself)."""
-    defs = schema.pop("$defs", {})
-
-    def resolve(node):
-        if isinstance(node, dict):
-            if "$ref" in node:
-                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
-            return {key: resolve(value) for key, value in node.items()}
-        return [resolve(item) for item in node] if isinstance(node, list) else node
-
-    return resolve(schema)
 
 
 # the body, as JSON (a body with Triton's binary tensor data is this JSON, then the bytes),

@@ -22,6 +22,7 @@ def url(tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("oip")
     for task in ("embed", "classify", "ner"):
         export.export(tiny_checkpoints["bert", task], repo / task, "onnx")
+    (repo / "broken").mkdir()  # no manifest: not served, and said so
     with running_server(repo, max_inputs=8, api_key="sekret") as url:
         yield url
 
@@ -69,6 +70,17 @@ def test_probes_and_metadata(client):
                                {"name": "label", "datatype": "BYTES", "shape": [-1]}]
     embed = client.get_model_metadata("embed", headers=dict(HEADERS))
     assert embed["outputs"] == [{"name": "embedding", "datatype": "FP32", "shape": [-1, 32]}]
+
+
+def test_the_repository_index_lists_every_folder_and_its_state(url, client):
+    index = client.get_model_repository_index(headers=dict(HEADERS))
+    assert [(m["name"], m["state"]) for m in index] == [
+        ("broken", "UNAVAILABLE"), ("classify", "READY"), ("embed", "READY"), ("ner", "READY")]
+    assert "manifest" in index[0]["reason"]
+    ready = httpx.post(url + "/v2/repository/index", json={"ready": True}, headers=HEADERS)
+    assert [m["name"] for m in ready.json()] == ["classify", "embed", "ner"]
+    bad = httpx.post(url + "/v2/repository/index", json={"ready": "yes"}, headers=HEADERS)
+    assert bad.status_code == 422 and "ready" in bad.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("binary", [True, False])
