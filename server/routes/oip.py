@@ -74,8 +74,8 @@ def _inlined(schema: dict) -> dict:
 @router.get("/v2", response_model=OipServerMetadata, responses=errors.responses(401))
 async def server_metadata(request: Request):
     return {"name": "distilserve", "version": request.app.version,
-            "extensions": ["binary_tensor_data", "classification", "model_repository",
-                           "parameters"]}
+            # (not model_repository: its index is here, but no loading or unloading)
+            "extensions": ["binary_tensor_data", "classification", "parameters"]}
 
 
 @router.get("/v2/health/live")
