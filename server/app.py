@@ -131,23 +131,29 @@ async def poll_repository(service: Service, repository: Path, every: float) -> N
     while True:
         await asyncio.sleep(every)
         try:
-            await sync_repository(service, repository)
+            changed = await sync_repository(service, repository)
         except Exception:  # e.g. the repository unmounted for a moment: try again later
             log.exception("polling the model repository %s failed", repository)
+            continue
+        if changed:  # the models unloaded can be freed, the ones loaded frozen with the rest
+            freeze_long_lived(thaw=True)
 
 
-async def sync_repository(service: Service, repository: Path) -> None:
+async def sync_repository(service: Service, repository: Path) -> bool:
     """Serves the repository's folders as they are now: a folder removed is unloaded (its
     queued inputs answered first); one added, or exported again, is loaded and then takes
     the place of the one before (which finishes what was queued for it). A folder that fails
-    to load leaves the one before it served, if any."""
+    to load leaves the one before it served, if any. True where a model was unloaded or
+    replaced, or a new one loaded."""
     folders = {folder.name: folder for folder in model_folders(repository)}
+    changed = False
     for name in sorted(set(service.versions) - set(folders)):
         del service.versions[name]
         service.failures.pop(name, None)
         if (gone := service.engines.pop(name, None)) is not None:
             log.info("model %s left the repository: unloaded", name)
             await gone.stop()
+            changed = True
     for name, folder in folders.items():
         version = folder_version(folder)
         if name in service.versions and service.versions[name] == version:
@@ -169,11 +175,24 @@ async def sync_repository(service: Service, repository: Path) -> None:
         announce(engine, "reloaded" if before else "serving")
         if before is not None:
             await before.stop()
+        changed = True
+    return changed
 
 
 def failure(error: Exception) -> str:
     """Why a model folder is not served, in a line."""
     return str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
+
+
+def freeze_long_lived(thaw: bool = False) -> None:
+    """The libraries and models loaded so far are millions of long-lived objects: a full
+    garbage collection walking them all stalled every request for ~0.3 s; frozen, it skips
+    them. ``thaw``: unfreeze first, so that models unloaded since can be collected (frozen,
+    they never would be)."""
+    if thaw:
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 def announce(engine: Engine, how: str) -> None:
@@ -195,10 +214,7 @@ async def load_models(service: Service, folders: list[Path], open_folder) -> Non
             continue
         service.engines[folder.name] = engine
         announce(engine, "serving")
-    # the libraries loaded so far are millions of long-lived objects: a full garbage
-    # collection walking them all stalled every request for ~0.3 s; frozen, it skips them
-    gc.collect()
-    gc.freeze()
+    freeze_long_lived()
     service.status = "ready"
     service.ready = True
 

@@ -79,3 +79,34 @@ def test_the_repository_is_served_as_it_changes(repo, tiny_checkpoints, caplog):
         gone = httpx.post(url + "/v1/ner", json={"model": "tagger", "inputs": "Anna"})
         assert gone.status_code == 404, gone.text
 
+
+
+def test_a_model_replaced_or_removed_is_freed(repo, tiny_checkpoints):
+    """Frozen with the rest of what loaded at start (server/app.py: freeze_long_lived), a
+    model unloaded would never be collected: polling thaws first."""
+    import asyncio
+    import gc
+    import weakref
+
+    from server.app import Service, freeze_long_lived, load_repository, sync_repository
+    from server.metrics import Metrics
+    from server.settings import Settings
+
+    async def replace_then_remove():
+        service = Service(Settings(warmup=False), Metrics())
+        await load_repository(service, repo)  # freezes, as at start
+        first = weakref.ref(service.engines["embed"].backend)
+        export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", force=True)
+        assert await sync_repository(service, repo)
+        freeze_long_lived(thaw=True)  # as poll_repository does after a change
+        second = weakref.ref(service.engines["embed"].backend)
+        shutil.rmtree(repo / "embed")
+        assert await sync_repository(service, repo) and not service.engines
+        freeze_long_lived(thaw=True)
+        return first, second
+
+    try:
+        first, second = asyncio.run(replace_then_remove())
+        assert first() is None and second() is None  # both models' memory given back
+    finally:
+        gc.unfreeze()
