@@ -374,7 +374,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     routers = (embed.router, classify.router, ner.router, rerank.router, tokenize.router,
                tei.router, oip.router, models_route.router, health.router)
     routes = [r for router in routers for r in router.routes]
-    # the inference routes (every POST route), answered without FastAPI's stack
+    # the inference routes (the POST routes that run a model), without FastAPI's stack
     app.add_middleware(FastPath, routes=routes)
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -1,6 +1,6 @@
-"""The inference routes (every POST route: /v1/embeddings, /v1/embed, /v1/classify,
-/v1/ner, /v1/rerank, /v1/tokenize, TEI's, and the Open Inference Protocol's infer) without
-FastAPI's per-request machinery.
+"""The inference routes (the POST routes that run a model: /v1/embeddings, /v1/embed,
+/v1/classify, /v1/ner, /v1/rerank, /v1/tokenize, TEI's, and the Open Inference Protocol's
+infer) without FastAPI's per-request machinery.
 
 Requests come hundreds a second, often one short text each, and FastAPI's routing,
 dependency solving and exception middleware cost a large share of the event loop's time
