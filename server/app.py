@@ -32,6 +32,7 @@ from server.routes import classify, embed, health, ner, oip, rerank, tei, tokeni
 from server.routes import models as models_route
 from server.routes.fast_path import FastPath
 from server.settings import Settings
+from server.tracing import SPAN, Tracing
 
 log = logging.getLogger("distilserve")
 # the response headers a web page's script may read, where CORS lets it call the service:
@@ -308,16 +309,18 @@ class RequestId:
 
 
 class RequestMetrics:
-    """Counts requests by route and status and times them, for /metrics."""
+    """Counts requests by route and status and times them, for /metrics; with ``tracing``
+    (DISTILSERVE_OTLP_ENDPOINT), a span each too (server/tracing.py)."""
 
-    def __init__(self, app, routes: list):
-        self.app, self.routes = app, routes
+    def __init__(self, app, routes: list, tracing: Tracing | None = None):
+        self.app, self.routes, self.tracing = app, routes, tracing
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         started, status = time.perf_counter(), [500]
         scope[STARTED] = started  # for the routes' x-total-time
+        span = scope[SPAN] = self.tracing.start(scope) if self.tracing else None
 
         async def send_recording(message):
             if message["type"] == "http.response.start":
@@ -328,7 +331,10 @@ class RequestMetrics:
             await self.app(scope, receive, send_recording)
         finally:
             metrics: Metrics = scope["app"].state.service.metrics
-            metrics.observe_request(self.route(scope), status[0], time.perf_counter() - started)
+            route = self.route(scope)
+            metrics.observe_request(route, status[0], time.perf_counter() - started)
+            if span is not None:
+                self.tracing.end(span, scope["method"], route, status[0])
 
     def route(self, scope) -> str:
         """The route that answered, else the one the path names (a 401 or a 413 is
@@ -344,6 +350,9 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     runs ``await loader(service)`` instead (the Ray Serve ingress: server/ray_serve.py)."""
     settings = settings or Settings()
     repository = repository or settings.model_repository  # None: the embedded default
+    tracing = Tracing(  # the probes and /metrics: no spans
+        settings.otlp_endpoint, settings.otlp_service_name, ApiKey.PUBLIC | {"/metrics"}
+    ) if settings.otlp_endpoint else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -358,6 +367,8 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
         for engine in service.engines.values():
             await engine.stop()
         service.cpu_thread.shutdown(wait=False)
+        if tracing:
+            tracing.shutdown()  # the spans not sent yet
 
     # FastAPI's own OpenTelemetry hooks look up the providers on every request (a tenth
     # of the event loop's time under load); /metrics is Prometheus
@@ -385,7 +396,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
                            expose_headers=EXPOSED, max_age=600)
     # outside the API key and the body limit: counts the 401s and 413s too, under the route
     # they were sent to
-    app.add_middleware(RequestMetrics, routes=routes)
+    app.add_middleware(RequestMetrics, routes=routes, tracing=tracing)
     app.add_middleware(RequestId)  # outermost: every answer carries the request's id
     for router in routers:
         app.include_router(router)

@@ -74,6 +74,12 @@ class Settings(BaseSettings):
     warmup: bool = True
     access_log: bool = Field(False, description="log every request (uvicorn's access log; "
                              "costs throughput under load)")
+    otlp_endpoint: str | None = Field(None, description="send OpenTelemetry traces (a span "
+                                      "per request) to this OTLP/HTTP collector, e.g. "
+                                      "http://otel-collector:4318 (TEI's --otlp-endpoint); "
+                                      "none: no traces")
+    otlp_service_name: str = Field("distilserve", description="the service's name in its "
+                                   "traces")
     log_format: Literal["text", "json"] = Field(
         "text", description="text, or json: one JSON object a line (time, level, logger, "
         "message; an access line's client, method, path, status) for log collectors")

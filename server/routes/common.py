@@ -11,6 +11,7 @@ from collections.abc import Callable
 import orjson
 from fastapi import Request, Response
 
+from server import tracing
 from server.connections import DISCONNECT
 from server.engine import Engine, InputTooLong, ModelUnavailable, OverQueue, QueueFull, Result
 from server.errors import ApiError, client_closed
@@ -276,7 +277,9 @@ def reply(request: Request, payload, result: Result) -> Response:
 
 
 def timing(request: Request, result: Result) -> dict[str, str]:
-    """The response headers that say where a request's time went (reply's)."""
+    """The response headers that say where a request's time went (reply's); the same on
+    the request's span, where it is traced."""
+    tracing.record(request.scope, result)
     spent = {"tokenization": result.tokenize_s, "queue": result.queued_s,
              "inference": result.inference_s,
              "total": time.perf_counter() - request.scope[STARTED]}
