@@ -91,14 +91,6 @@ async def ready(request: Request):
     return {"ready": True} if isinstance(answer, dict) else answer
 
 
-@router.get("/v2/models/{model_name}/ready", responses=errors.responses(401, 404, 422, 503))
-async def model_ready(model_name: str, request: Request):
-    """200 when that model is served and the service ready (404: not served, 503: not
-    ready yet)."""
-    served(request, model_name)
-    return {"name": model_name, "ready": True}
-
-
 @router.post("/v2/repository/index", response_model=list[OipRepositoryModel],
              responses=errors.responses(401, 422), openapi_extra={"requestBody": {
                  "required": False, "content": {"application/json": {
@@ -119,6 +111,14 @@ async def repository_index(request: Request):
         models += [{"name": name, "state": "UNAVAILABLE", "reason": why}
                    for name, why in svc.failures.items() if name not in svc.engines]
     return sorted(models, key=lambda m: m["name"])
+
+
+@router.get("/v2/models/{model_name}/ready", responses=errors.responses(401, 404, 422, 503))
+async def model_ready(model_name: str, request: Request):
+    """200 when that model is served and the service ready (404: not served, 503: not
+    ready yet)."""
+    served(request, model_name)
+    return {"name": model_name, "ready": True}
 
 
 OUTPUTS = {  # a task's outputs, described
