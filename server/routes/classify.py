@@ -37,9 +37,16 @@ async def classified(body: ClassifyRequest | TeiPredictRequest | InfinityClassif
                      ) -> tuple[Engine, list[list[dict]], Result]:
     """The classification model, each input's labels and scores (highest first, the best
     ``top_k``), and the run (also TEI's /predict and Infinity's /classify)."""
-    engine = choose(request, body.model, "classify")
-    check_limits(request, body.texts)
-    result = await infer(request, engine, body.texts, body.truncation)
+    engine, result = await run(body, request)
     return engine, [postprocess.classification(logits, engine.labels, top_k,
                                                engine.multi_label, body.raw_scores)
                     for logits in result.outputs], result
+
+
+async def run(body: ClassifyRequest | TeiPredictRequest | InfinityClassifyRequest,
+              request: Request) -> tuple[Engine, Result]:
+    """The classification model and its run on the body's inputs (each output the input's
+    logits; also the Open Inference Protocol's infer, which answers them in label order)."""
+    engine = choose(request, body.model, "classify")
+    check_limits(request, body.texts)
+    return engine, await infer(request, engine, body.texts, body.truncation)

@@ -32,8 +32,8 @@ from pydantic import ValidationError
 from server import errors, postprocess, tensors
 from server.engine import Engine
 from server.errors import ApiError
-from server.routes import health
-from server.routes.common import check_limits, infer, reply, served, service, timing
+from server.routes import classify, health
+from server.routes.common import reply, served, service, timing
 from server.routes.embed import embedded
 from server.routes.ner import recognised
 from server.schemas import (
@@ -259,8 +259,7 @@ async def _embed(request: Request, engine: Engine, texts: list, parameters: dict
 
 async def _classify(request: Request, engine: Engine, texts: list, parameters: dict):
     body = _options(ClassifyRequest, engine, texts, parameters)
-    check_limits(request, body.texts)
-    result = await infer(request, engine, body.texts, body.truncation)
+    _, result = await classify.run(body, request)
     scores = [postprocess.label_scores(logits, engine.labels, engine.multi_label,
                                        body.raw_scores) for logits in result.outputs]
     return {"scores": np.stack(scores),
