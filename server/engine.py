@@ -78,6 +78,11 @@ class Result:
     inference_s: float  # while one of its batches ran
     device: str
 
+    @property
+    def compute_type(self) -> str:
+        """cpu or gpu, as TEI's x-compute-type says it."""
+        return "cpu" if self.device == "cpu" else "gpu"
+
 
 def relevant_index(manifest: Manifest, labels: list[str]) -> int | None:
     """Which output of a classification model is relevance, for rerank: the single

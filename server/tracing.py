@@ -81,4 +81,4 @@ def record(scope, result) -> None:
             "distilserve.queue_ms": result.queued_s * 1000,
             "distilserve.inference_ms": result.inference_s * 1000,
             "distilserve.tokens": result.tokens, "distilserve.characters": result.characters,
-            "distilserve.compute_type": "cpu" if result.device == "cpu" else "gpu"})
+            "distilserve.compute_type": result.compute_type})

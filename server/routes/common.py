@@ -287,7 +287,7 @@ def timing(request: Request, result: Result) -> dict[str, str]:
     headers.update({
         "x-compute-time": headers["x-total-time"], "x-compute-tokens": str(result.tokens),
         "x-compute-characters": str(result.characters),
-        "x-compute-type": "cpu" if result.device == "cpu" else "gpu",
+        "x-compute-type": result.compute_type,
         "server-timing": ", ".join(f"{name};dur={seconds * 1000:.3f}"
                                    for name, seconds in spent.items())})
     return headers
