@@ -141,6 +141,7 @@ class Engine:
         # OpenAI's model object's "created": when the model was exported (Unix seconds)
         self.created = int((folder / manifest_file).stat().st_mtime)
         self.graph_tokens = 0  # batches up to that many padded tokens run from CUDA graphs
+        self.series = metrics.model(name)
         if local:  # first: a broken artifact is the likelier fault, and names the file
             self._open(settings, metrics, cpu_thread)
         try:
@@ -187,7 +188,6 @@ class Engine:
         if tokens and not self.graph_tokens:
             log.info("%s: no CUDA graphs (%s backend on %s): they are for the torch and "
                      "TorchScript backends on a GPU", name, self.backend.name, self.backend.device)
-        self.series = metrics.model(name)
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         run = self.backend.launch if overlap else self.backend.run
         if cpu_thread is not None and self.backend.openmp:
@@ -200,7 +200,7 @@ class Engine:
             self.tokenize, run,
             self.max_length, batch_size,
             batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
-            on_batch=self.series.observe_batch, on_depth=self.series.queue_depth.set,
+            on_depth=self.series.queue_depth.set,  # (on_batch once warmed up: start)
             name=name,
             collect=self.backend.collect if overlap else None)
 
@@ -237,6 +237,7 @@ class Engine:
             sample = "warm up" if self.task != "classify" else ("warm up", "pair")
             for _ in range(2):
                 await self.infer([sample], "right")
+        self.batcher.on_batch = self.series.observe_batch  # what the clients' inputs ran
 
     def _warm_shapes(self) -> None:
         """On a GPU, before traffic: two batches of each of ``self.shapes``. The first shape
@@ -351,8 +352,6 @@ class Engine:
             outputs = list(zip(outputs, encodings))
         tokenized, waited, running = time_spent(items)
         tokenizing += tokenized  # before it was queued (truncation None), and on its thread
-        self.series.queued.observe(waited)
-        self.series.tokenized.observe(tokenizing)
         characters = sum(len(t) if isinstance(t, str) else 0 if isinstance(t, list)
                          else len(t[0]) + len(t[1]) for t in texts)  # text, ids, pair
         return Result(outputs, sum(len(e.ids) for e in encodings), characters,

@@ -1,11 +1,15 @@
 """Prometheus collectors, in a registry of the app's own (no global state). Under
 ``distilserve serve --workers N`` (PROMETHEUS_MULTIPROC_DIR set before the workers start)
 prometheus-client keeps every worker's values in files of that folder, and /metrics,
-whichever worker answers it, renders the sum over all of them."""
+whichever worker answers it, renders the sum over all of them. The same series, per
+model, are Triton's statistics (``statistics``: the Open Inference Protocol's
+/v2/models/stats), so both say the same of every worker."""
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +18,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Summary,
     generate_latest,
     multiprocess,
 )
@@ -37,10 +42,26 @@ class ModelSeries:
     inference: Any
     rejected: Any  # inputs refused, queue full (a Counter's child)
     truncated: Any  # inputs cut to max_length (a Counter's child)
+    answered: Any  # seconds a request took with the model, answered (a Histogram's child)
+    failed: Any  # the same, failed
+    ran: Any  # seconds any of a request's batches ran
+    postprocessed: Any  # seconds from a request's outputs to its answer
+    last: Any  # when a request was last answered (Unix seconds, a Gauge's child)
+    by_size: Callable[[int], Any]  # a batch size's forward passes (a Summary's child)
 
     def observe_batch(self, size: int, seconds: float) -> None:
         self.batch_size.observe(size)
         self.inference.observe(seconds)
+        self.by_size(size).observe(seconds)
+
+    def observe_result(self, result, seconds: float) -> None:
+        """A request answered in ``seconds`` with the model: where its time went (an
+        engine's Result)."""
+        self.answered.observe(seconds)
+        self.queued.observe(result.queued_s)
+        self.tokenized.observe(result.tokenize_s)
+        self.ran.observe(result.inference_s)
+        self.last.set(time.time())
 
 
 class Metrics:
@@ -67,6 +88,21 @@ class Metrics:
                                 ["model"], registry=r)
         self.truncated = Counter("distilserve_truncated_inputs", "inputs longer than the "
                                  "model's max_length tokens, cut to it", ["model"], registry=r)
+        self.with_model = Histogram("distilserve_model_request_seconds", "time a request "
+                                    "spent with the model (tokenised, waiting, run), by "
+                                    "outcome", ["model", "outcome"], buckets=LATENCY_BUCKETS,
+                                    registry=r)
+        self.ran = Histogram("distilserve_request_inference_seconds", "time any of a "
+                             "request's batches ran", ["model"], buckets=LATENCY_BUCKETS,
+                             registry=r)
+        self.postprocessed = Histogram("distilserve_postprocess_seconds", "time from a "
+                                       "request's outputs to its answer (pooling, scores, "
+                                       "entities, the response)", ["model"],
+                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.last = Gauge("distilserve_last_request_timestamp_seconds", "when a request "
+                          "was last answered", ["model"], registry=r, multiprocess_mode="max")
+        self.by_size = Summary("distilserve_batch_seconds", "forward pass time by batch "
+                               "size", ["model", "size"], registry=r)
         self._per_request: dict[tuple[str, int], tuple] = {}
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
@@ -81,13 +117,76 @@ class Metrics:
 
     def model(self, name: str) -> ModelSeries:
         """The series of the model served as ``name``."""
+        sizes: dict[int, Any] = {}
+
+        def by_size(size: int):
+            child = sizes.get(size)
+            if child is None:
+                child = sizes[size] = self.by_size.labels(name, str(size))
+            return child
+
         return ModelSeries(*(series.labels(name) for series in (
             self.queue_depth, self.queued, self.tokenized, self.batch_size, self.inference,
-            self.rejected, self.truncated)))
+            self.rejected, self.truncated)), self.with_model.labels(name, "success"),
+            self.with_model.labels(name, "failure"), self.ran.labels(name),
+            self.postprocessed.labels(name), self.last.labels(name), by_size)
 
-    def render(self) -> bytes:
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several workers: all of them
+    def _everyone(self) -> CollectorRegistry:
+        """The registry of this process, or with several workers one of all of them."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+            return registry
+        return self.registry
+
+    def render(self) -> bytes:
+        return generate_latest(self._everyone())
+
+    def statistics(self, names: list[str]) -> list[dict]:
+        """Triton's statistics (its statistics extension) of the models ``names``."""
+        return triton_statistics((sample for family in self._everyone().collect()
+                                  for sample in family.samples), names)
+
+
+def _duration(count: float = 0, seconds: float = 0) -> dict:
+    return {"count": int(count), "ns": round(seconds * 1e9)}
+
+
+def triton_statistics(samples: Iterable, names: list[str]) -> list[dict]:
+    """Triton's statistics of the models ``names`` (in that order), from the samples of
+    Metrics' series (prometheus-client's: name, labels, value): per request, the outcome,
+    waiting (queue), tokenising (compute_input), its batches' run (compute_infer) and the
+    answer made of the outputs (compute_output); per batch size, its forward passes."""
+    seen: dict[tuple, float] = {}
+    for name, labels, value, *_ in samples:
+        if "model" in labels:
+            key = (name, labels["model"], labels.get("outcome") or labels.get("size"))
+            seen[key] = seen.get(key, 0) + value
+
+    def duration(series: str, model: str, label: str | None = None) -> dict:
+        return _duration(seen.get((series + "_count", model, label), 0),
+                         seen.get((series + "_sum", model, label), 0))
+
+    answer = []
+    for model in names:
+        sizes = sorted(int(size) for series, m, size in seen
+                       if series == "distilserve_batch_seconds_count" and m == model)
+        batches = [{"batch_size": size, "compute_infer": duration(
+            "distilserve_batch_seconds", model, str(size))} for size in sizes]
+        answer.append({
+            "name": model,  # (no version: one of each model is served)
+            "last_inference": round(seen.get(
+                ("distilserve_last_request_timestamp_seconds", model, None), 0) * 1000),
+            "inference_count": sum(b["batch_size"] * b["compute_infer"]["count"]
+                                   for b in batches),
+            "execution_count": sum(b["compute_infer"]["count"] for b in batches),
+            "inference_stats": {
+                "success": duration("distilserve_model_request_seconds", model, "success"),
+                "fail": duration("distilserve_model_request_seconds", model, "failure"),
+                "queue": duration("distilserve_queue_seconds", model),
+                "compute_input": duration("distilserve_tokenize_seconds", model),
+                "compute_infer": duration("distilserve_request_inference_seconds", model),
+                "compute_output": duration("distilserve_postprocess_seconds", model),
+                "cache_hit": _duration(), "cache_miss": _duration()},
+            "batch_stats": batches})
+    return answer

@@ -469,3 +469,59 @@ class OipRepositoryModel(BaseModel):
     name: str
     state: Literal["READY", "UNAVAILABLE"]
     reason: str | None = None
+
+
+class OipDuration(BaseModel):
+    count: int
+    ns: int
+
+
+class OipInferenceStats(BaseModel):
+    success: OipDuration
+    fail: OipDuration
+    queue: OipDuration
+    compute_input: OipDuration
+    compute_infer: OipDuration
+    compute_output: OipDuration
+    cache_hit: OipDuration
+    cache_miss: OipDuration
+
+
+class OipBatchStats(BaseModel):
+    batch_size: int
+    compute_infer: OipDuration
+
+
+class OipModelStats(BaseModel):
+    name: str
+    last_inference: int = Field(description="when a request was last answered, "
+                                "milliseconds since the epoch (0: never)")
+    inference_count: int = Field(description="inputs run")
+    execution_count: int = Field(description="batches run")
+    inference_stats: OipInferenceStats
+    batch_stats: list[OipBatchStats]
+
+
+class OipStatistics(BaseModel):
+    model_stats: list[OipModelStats]
+
+
+class OipConfigTensor(BaseModel):
+    name: str
+    data_type: str
+    dims: list[int]
+    reshape: dict | None = None
+
+
+class OipModelConfig(BaseModel):
+    """Triton's model configuration (config.pbtxt's fields, as Triton's JSON gives them)."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    input: list[OipConfigTensor]
+    output: list[OipConfigTensor]
+    dynamic_batching: dict
+    instance_group: list[dict]
+    parameters: dict[str, dict[str, str]]

@@ -241,8 +241,10 @@ async def infer(request: Request, engine: Engine, texts: list,
             task.cancel()  # engine.infer below is cancelled: its inputs leave the queue
 
     stop_watching = _on_client_gone(request, client_gone)
+    result, began = None, time.perf_counter()
     try:
-        return await engine.infer(texts, truncation)
+        result = await engine.infer(texts, truncation)
+        return result
     except asyncio.CancelledError:
         if not gone:
             raise  # not the client's doing
@@ -262,6 +264,21 @@ async def infer(request: Request, engine: Engine, texts: list,
     finally:
         running = False
         stop_watching()
+        _observe(request, engine, result, time.perf_counter() - began)
+
+
+# the ASGI scope's key for a request's model outputs: (the model's series, when they came)
+ANSWERING = "distilserve.answering"
+
+
+def _observe(request: Request, engine: Engine, result: Result | None, seconds: float) -> None:
+    """The model's series (and so Triton's statistics) of a request that took ``seconds``
+    with it: answered (``result``) or failed. Its answer is timed from here to ``timing``."""
+    if result is None:
+        engine.series.failed.observe(seconds)
+        return
+    engine.series.observe_result(result, seconds)
+    request.scope[ANSWERING] = engine.series, time.perf_counter()
 
 
 def reply(request: Request, payload, result: Result) -> Response:
@@ -278,8 +295,12 @@ def reply(request: Request, payload, result: Result) -> Response:
 
 def timing(request: Request, result: Result) -> dict[str, str]:
     """The response headers that say where a request's time went (reply's); the same on
-    the request's span, where it is traced."""
+    the request's span, where it is traced; and the time the answer took, from the model's
+    outputs to here, in the model's series."""
     tracing.record(request.scope, result)
+    if (answering := request.scope.pop(ANSWERING, None)) is not None:
+        series, outputs_came = answering
+        series.postprocessed.observe(time.perf_counter() - outputs_came)
     spent = {"tokenization": result.tokenize_s, "queue": result.queued_s,
              "inference": result.inference_s,
              "total": time.perf_counter() - request.scope[STARTED]}

@@ -17,10 +17,11 @@ truncation_direction); the models, queue, limits, errors and timing headers are 
 the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's
 binary tensor data (server/tensors.py); a classifier's scores also as Triton's
 classification extension gives them (an output's ``classification``: its k best classes).
-Triton's repository index lists every model folder and its state. Not served: model
-versions, loading and unloading by request (the service does it itself:
-DISTILSERVE_POLL_SECONDS), Triton's model configuration, statistics and shared-memory
-extensions (shared memory is refused), and gRPC."""
+Triton's repository index lists every model folder and its state; its statistics are
+the /metrics series of each model (server/metrics.py), and its model configuration says
+what a model takes and gives and how the service batches it. Not served: model versions,
+loading and unloading by request (the service does it itself: DISTILSERVE_POLL_SECONDS),
+Triton's shared-memory extensions (shared memory is refused), and gRPC."""
 
 from __future__ import annotations
 
@@ -43,15 +44,18 @@ from server.schemas import (
     OipIndexRequest,
     OipInferRequest,
     OipInferResponse,
+    OipModelConfig,
     OipModelMetadata,
     OipRepositoryModel,
     OipServerMetadata,
+    OipStatistics,
 )
 
 router = APIRouter(tags=["open inference protocol"])
 TEXT, PAIR = "text", "text_pair"
-# the platform Triton names for a backend
+# the platform and backend Triton names for a backend
 PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch", "torch": "pytorch"}
+BACKENDS = {"onnx": "onnxruntime", "torchscript": "pytorch", "torch": "python"}
 BINARY = "application/octet-stream"
 HEADER_LENGTH = "inference-header-content-length"
 
@@ -75,7 +79,8 @@ def _inlined(schema: dict) -> dict:
 async def server_metadata(request: Request):
     return {"name": "distilserve", "version": request.app.version,
             # (not model_repository: its index is here, but no loading or unloading)
-            "extensions": ["binary_tensor_data", "classification", "parameters"]}
+            "extensions": ["binary_tensor_data", "classification", "model_configuration",
+                           "parameters", "statistics"]}
 
 
 @router.get("/v2/health/live")
@@ -113,6 +118,24 @@ async def repository_index(request: Request):
     return sorted(models, key=lambda m: m["name"])
 
 
+@router.get("/v2/models/stats", response_model=OipStatistics,
+            responses=errors.responses(401))
+async def statistics(request: Request):
+    """Triton's statistics of every served model (its statistics extension): requests
+    answered and failed, and where their time went, since the model was served (its
+    warm-up left out), over every worker; per batch size, the forward passes."""
+    svc = service(request)
+    return {"model_stats": svc.metrics.statistics(sorted(svc.engines))}
+
+
+@router.get("/v2/models/{model_name}/stats", response_model=OipStatistics,
+            responses=errors.responses(401, 404, 422, 503))
+async def model_statistics(model_name: str, request: Request):
+    """Triton's statistics of that model."""
+    engine = served(request, model_name)
+    return {"model_stats": service(request).metrics.statistics([engine.name])}
+
+
 @router.get("/v2/models/{model_name}/ready", responses=errors.responses(401, 404, 422, 503))
 async def model_ready(model_name: str, request: Request):
     """200 when that model is served and the service ready (404: not served, 503: not
@@ -142,6 +165,42 @@ async def model_metadata(model_name: str, request: Request):
     backend = engine.describe()["backend"]
     return {"name": engine.name, "platform": PLATFORMS.get(backend, backend),
             "inputs": inputs, "outputs": OUTPUTS[engine.task](engine)}
+
+
+@router.get("/v2/models/{model_name}/config", response_model=OipModelConfig,
+            response_model_exclude_none=True, responses=errors.responses(401, 404, 422, 503))
+async def model_config(model_name: str, request: Request):
+    """Triton's model configuration (its model_configuration extension): the metadata's
+    tensors as config.pbtxt says them, and how the service batches the model. A text is
+    one string per input, dims [1] (whole tensors [N, 1]), which the model takes as
+    [N] (``reshape``: a tensor of [N] is taken too)."""
+    engine = served(request, model_name)
+    settings = service(request).settings
+    described = engine.describe()
+    device, backend = described["device"], described["backend"]
+    batch_size, batch_tokens = settings.batch_limits(device)
+
+    def config(tensor: dict) -> dict:
+        dims = tensor["shape"][1:]  # [-1, ...] without the batch's
+        kind = "STRING" if tensor["datatype"] == tensors.BYTES else tensor["datatype"]
+        return {"name": tensor["name"], "data_type": "TYPE_" + kind,
+                **({"dims": dims} if dims else {"dims": [1], "reshape": {"shape": []}})}
+
+    metadata = await model_metadata(model_name, request)
+    gpu = [int(device.partition(":")[2] or 0)] if device.startswith("cuda") else []
+    return {
+        "name": engine.name, "platform": metadata["platform"],
+        "backend": BACKENDS.get(backend, backend), "max_batch_size": batch_size,
+        "input": [config(t) for t in metadata["inputs"]],
+        "output": [config(t) for t in metadata["outputs"]],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": round(settings.max_wait_ms * 1000),
+            "default_queue_policy": {"max_queue_size": settings.max_queue}},
+        "instance_group": [{"name": engine.name, "kind": "KIND_GPU" if gpu else "KIND_CPU",
+                            "count": settings.workers, "gpus": gpu}],
+        "parameters": {key: {"string_value": str(value)} for key, value in (
+            ("task", engine.task), ("family", engine.family), ("dtype", described["dtype"]),
+            ("max_length", engine.max_length), ("max_batch_tokens", batch_tokens))}}
 
 
 # the body, as JSON (a body with Triton's binary tensor data is this JSON, then the bytes),

@@ -5,6 +5,7 @@ default, and JSON) and to a plain JSON client as KServe's examples send it."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import numpy as np
@@ -219,3 +220,71 @@ def test_a_malformed_body_is_a_422_and_the_api_key_is_needed(url):
             assert "shared memory (Triton's extension) is not served" in res.text
     assert httpx.get(url + "/v2/health/ready").json() == {"ready": True}
     assert httpx.get(url + "/v2/models/embed").status_code == 401
+
+
+def _stats(client, model: str) -> dict:
+    (stats,) = client.get_inference_statistics(model, headers=dict(HEADERS))["model_stats"]
+    return stats
+
+
+def test_statistics_count_what_the_model_did(url, client):
+    """Triton's statistics of a model, before and after two requests of two texts each
+    and one that fails with the model (a text too long to run untruncated)."""
+    before, began = _stats(client, "ner"), time.time()
+    for _ in range(2):
+        infer(client, "ner", {"text": TEXTS})
+    with pytest.raises(triton.InferenceServerException):
+        infer(client, "ner", {"text": ["word " * 600]}, truncate=False)
+    after = _stats(client, "ner")
+
+    def grew(key: str, *inner: str) -> int:
+        a, b = after, before
+        for k in (key, *inner):
+            a, b = a[k], b[k]
+        return a - b
+
+    stats = {k: (grew("inference_stats", k, "count"), grew("inference_stats", k, "ns"))
+             for k in after["inference_stats"]}
+    assert stats["success"][0] == 2 and stats["fail"][0] == 1
+    for part in ("queue", "compute_input", "compute_infer", "compute_output"):
+        assert stats[part][0] == 2, part  # each answered request's
+    assert stats["compute_infer"][1] > 0 and stats["compute_input"][1] > 0
+    # a request's time with the model holds its tokenising, waiting and run
+    assert stats["success"][1] >= stats["compute_infer"][1] + stats["compute_input"][1]
+    # one after the other: a batch of two each
+    assert grew("inference_count") == 4 and grew("execution_count") == 2
+    twos = {b["batch_size"]: b for b in before["batch_stats"]}.get(2, {}).get(
+        "compute_infer", {"count": 0})["count"]
+    assert {b["batch_size"]: b for b in after["batch_stats"]}[2]["compute_infer"][
+        "count"] == twos + 2
+    assert began * 1000 - 1 <= after["last_inference"] <= time.time() * 1000 + 1
+    # every model's, in name order; and the service's own metrics say the same
+    everyone = client.get_inference_statistics(headers=dict(HEADERS))["model_stats"]
+    assert [s["name"] for s in everyone] == ["classify", "embed", "ner"]
+    assert everyone[2] == after
+    metrics = httpx.get(url + "/metrics", headers=HEADERS).text
+    assert ('distilserve_model_request_seconds_count{model="ner",outcome="success"} '
+            f'{after["inference_stats"]["success"]["count"]}.0') in metrics
+    with pytest.raises(triton.InferenceServerException) as caught:
+        client.get_inference_statistics("nope", headers=dict(HEADERS))
+    assert caught.value.status() == "404"
+
+
+def test_the_model_configuration_says_what_it_takes_and_gives(client):
+    config = client.get_model_config("classify", headers=dict(HEADERS))
+    text = {"data_type": "TYPE_STRING", "dims": [1], "reshape": {"shape": []}}
+    assert config["input"] == [{"name": "text", **text}, {"name": "text_pair", **text}]
+    assert config["output"] == [{"name": "scores", "data_type": "TYPE_FP32", "dims": [2]},
+                                {"name": "label", **text}]
+    assert (config["platform"], config["backend"]) == ("onnxruntime_onnx", "onnxruntime")
+    assert config["max_batch_size"] == 32  # the CPU's default
+    assert config["instance_group"] == [{"name": "classify", "kind": "KIND_CPU", "count": 1,
+                                         "gpus": []}]
+    assert config["parameters"]["task"] == {"string_value": "classify"}
+    embed = client.get_model_config("embed", headers=dict(HEADERS))
+    assert embed["output"] == [{"name": "embedding", "data_type": "TYPE_FP32", "dims": [32]}]
+    # as a Triton client builds its inputs from it: [N] + dims
+    tensor = triton.InferInput("text", [2, *config["input"][0]["dims"]], "BYTES")
+    tensor.set_data_from_numpy(np.array([[t] for t in TEXTS], dtype=object))
+    result = client.infer("classify", [tensor], headers=dict(HEADERS))
+    assert result.as_numpy("scores").shape == (2, 2)

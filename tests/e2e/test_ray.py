@@ -91,6 +91,13 @@ def test_ray_serve_answers_as_distilserve_serve_does(ray_url, repository):
         assert httpx.get(ray_url + "/v1/models").json()["data"] == direct_models
         for path in ("/v2/models/embed", "/v2/models/ner/ready"):  # the Open Inference Protocol's
             assert httpx.get(ray_url + path).json() == httpx.get(url + path).json(), path
+        # Triton's statistics: the ingress counts the requests as one process does (the
+        # batches are the replicas')
+        for name in ("embed", "ner"):
+            counts = [{k: v["count"] for k, v in httpx.get(
+                f"{base}/v2/models/{name}/stats").json()["model_stats"][0][
+                "inference_stats"].items()} for base in (url, ray_url)]
+            assert counts[0] == counts[1] and counts[0]["success"] >= 2, (name, counts)
     assert httpx.get(ray_url + "/ready").json()["models"] == ["embed", "ner"]
 
 

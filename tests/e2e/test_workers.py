@@ -52,6 +52,10 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
                                timeout=60).status_code for i in range(30)]  # connections
         assert statuses == [200] * 30
         assert _embed_count(url) == 30  # summed over the workers, whichever answers
+        # Triton's statistics are those series: every worker's requests, no warm-up's
+        (stats,) = httpx.get(url + "/v2/models/cmow/stats", timeout=30).json()["model_stats"]
+        assert stats["inference_stats"]["success"]["count"] == 30
+        assert stats["inference_count"] == 30 and stats["execution_count"] == 30
 
         first, second = _workers(log)
         os.kill(first, signal.SIGKILL)

@@ -148,8 +148,6 @@ def test_a_models_series_exist_from_its_start_and_count_its_batches(torch_model)
     _run(engine, ["one", "two"])
     assert value("distilserve_batch_size_count") >= 1
     assert value("distilserve_batch_size_sum") == 2  # both inputs, in one batch or two
-    assert value("distilserve_queue_seconds_count") == 1  # per request
-    assert value("distilserve_tokenize_seconds_count") == 1
     assert value("distilserve_inference_seconds_count") == value("distilserve_batch_size_count")
     # inputs cut to max_length are counted: texts and token ids, cut at either end
     assert value("distilserve_truncated_inputs_total") == 0
@@ -158,6 +156,26 @@ def test_a_models_series_exist_from_its_start_and_count_its_batches(torch_model)
     _run(engine, [long, "short", [7] * (engine.max_length + 5), [7, 8]])
     assert value("distilserve_truncated_inputs_total") == 2
     assert value("distilserve_queue_depth") == 0
+
+
+def test_the_warm_up_is_not_counted(torch_model):
+    """The model's batch series (and Triton's statistics of them) count the clients'
+    inputs, not the warm-up's."""
+    metrics = Metrics()
+    engine = load_engine("m", torch_model, Settings(), metrics)
+
+    async def go():
+        await engine.start()  # two warm-up requests, a batch each
+        warm = metrics.statistics(["m"])[0]
+        try:
+            await engine.infer(["one"], "right")
+        finally:
+            await engine.stop()
+        return warm, metrics.statistics(["m"])[0]
+
+    warm, served = asyncio.run(go())
+    assert (warm["execution_count"], warm["inference_count"]) == (0, 0)
+    assert (served["execution_count"], served["inference_count"]) == (1, 1)
 
 
 def test_an_input_too_long_is_refused_before_it_is_queued(torch_model):
