@@ -12,6 +12,7 @@ import hmac
 import logging
 import time
 import uuid
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
 from server.metrics import STARTED, Metrics
 from server.routes import classify, embed, health, ner, oip, rerank, tei, tokenize
 from server.routes import models as models_route
-from server.routes.fast_path import FastPath
+from server.routes.fast_path import FastPath, replay
 from server.settings import Settings
 from server.tracing import SPAN, Tracing
 
@@ -220,9 +221,37 @@ async def load_models(service: Service, folders: list[Path], open_folder) -> Non
     service.ready = True
 
 
+# a request body's Content-Encoding, decompressed: zlib's wbits for its format (HTTP's
+# deflate is zlib's format)
+ENCODINGS = {"gzip": 31, "x-gzip": 31, "deflate": 15}
+
+
+def decompress(data: bytes, encoding: str, limit: int) -> bytes:
+    """A request body sent with Content-Encoding ``encoding`` (one of ENCODINGS), as sent:
+    at most ``limit`` bytes of it decompressed (a 413 past them, never more in memory), a
+    422 for what is not one whole stream of that encoding."""
+    inflate = zlib.decompressobj(ENCODINGS[encoding])
+    try:
+        body = inflate.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise errors.ApiError(422, "invalid_request", f"the body is not {encoding} data "
+                              f"(Content-Encoding: {encoding}): {e}") from None
+    if len(body) > limit:
+        raise errors.ApiError(413, "payload_too_large", "the request body decompresses to "
+                              f"over the limit of {limit} bytes (DISTILSERVE_MAX_BODY_BYTES)")
+    if not inflate.eof or inflate.unused_data:
+        raise errors.ApiError(422, "invalid_request", f"the body is not one whole {encoding} "
+                              "stream: " + ("data after its end" if inflate.eof else
+                                            "it ends before the stream does"))
+    return body
+
+
 class BodyLimit:
     """Refuses request bodies over the limit with 413: at once when Content-Length says
-    so, and while reading a body sent without one (chunked) once it passes the limit."""
+    so, and while reading a body sent without one (chunked) once it passes the limit. A
+    body sent compressed (Content-Encoding gzip or deflate, as tritonclient's
+    request_compression_algorithm sends it) is read whole and decompressed here, within
+    the limit too; another encoding is a 415."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -234,7 +263,8 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = Headers(scope=scope).get("content-length", "")
+        headers = Headers(scope=scope)
+        length = headers.get("content-length", "")
         if length.isdecimal() and int(length) > self.limit:
             response = JSONResponse(errors.body("payload_too_large",
                                                 self._message(str(int(length)))), 413)
@@ -249,7 +279,34 @@ class BodyLimit:
                 raise HTTPException(413, self._message(f"over {self.limit}"))
             return message
 
+        encoding = headers.get("content-encoding", "identity").strip().lower()
+        if encoding != "identity":
+            return await self._decompressed(encoding, scope, receive_limited, send)
         return await self.app(scope, receive_limited, send)
+
+    async def _decompressed(self, encoding: str, scope, receive, send):
+        """The app, given the body decompressed (and its Content-Length), as if sent so."""
+        try:
+            if encoding not in ENCODINGS:
+                raise errors.ApiError(415, "unsupported_media_type", f"Content-Encoding "
+                                      f"{encoding!r} is not served: send the body as it "
+                                      "is, or with gzip or deflate")
+            sent = []
+            while (message := await receive())["type"] != "http.disconnect":
+                sent.append(message.get("body", b""))
+                if not message.get("more_body"):
+                    break
+            else:  # gone before its body arrived
+                raise errors.client_closed()
+            body = decompress(b"".join(sent), encoding, self.limit)
+        except HTTPException as e:  # over the limit as it was read
+            return await errors.http_error(e)(scope, receive, send)
+        except errors.ApiError as e:
+            return await errors.api_error(e)(scope, receive, send)
+        kept = [(k, v) for k, v in scope["headers"]
+                if k not in (b"content-encoding", b"content-length")]
+        scope = {**scope, "headers": [*kept, (b"content-length", str(len(body)).encode())]}
+        return await self.app(scope, replay(body, receive), send)
 
 
 class ApiKey:

@@ -43,7 +43,7 @@ def _unparseable(error: Exception) -> str:
     return f"malformed JSON: {error}"  # e.g. an integer of more than 4300 digits
 
 
-def _replay(body: bytes, receive):
+def replay(body: bytes, receive):
     """``receive`` for the next app: the body already read, then the connection's events."""
     first = True
 
@@ -115,7 +115,7 @@ class FastPath:
         try:
             body = validate(parsed)
         except Exception:  # invalid, or nested too deep to validate: FastAPI says why
-            return await self.app(scope, _replay(raw, receive), send)
+            return await self.app(scope, replay(raw, receive), send)
         await self._answer(route.endpoint(body, request), scope, receive, send)
 
     @staticmethod

@@ -4,8 +4,10 @@ default, and JSON) and to a plain JSON client as KServe's examples send it."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import time
+import zlib
 
 import httpx
 import numpy as np
@@ -288,3 +290,22 @@ def test_the_model_configuration_says_what_it_takes_and_gives(client):
     tensor.set_data_from_numpy(np.array([[t] for t in TEXTS], dtype=object))
     result = client.infer("classify", [tensor], headers=dict(HEADERS))
     assert result.as_numpy("scores").shape == (2, 2)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_a_compressed_request_is_answered_as_the_same_sent_plain(url, client, algorithm):
+    """tritonclient's request_compression_algorithm (the body decompressed before the
+    routes: server/app.py's BodyLimit); the answer comes back plain whatever
+    response_compression_algorithm asks for, which tritonclient reads as well."""
+    tensor = triton.InferInput("text", [2], "BYTES")
+    tensor.set_data_from_numpy(np.array(TEXTS, dtype=object))
+    plain = client.infer("embed", [tensor], headers=dict(HEADERS)).as_numpy("embedding")
+    packed = client.infer("embed", [tensor], headers=dict(HEADERS),
+                          request_compression_algorithm=algorithm,
+                          response_compression_algorithm=algorithm).as_numpy("embedding")
+    np.testing.assert_array_equal(packed, plain)
+    # FastAPI's routes read it so too (the repository index: no model runs)
+    body = {"gzip": gzip.compress, "deflate": zlib.compress}[algorithm](b'{"ready": true}')
+    res = httpx.post(url + "/v2/repository/index", content=body, headers={
+        **HEADERS, "content-encoding": algorithm, "content-type": "application/json"})
+    assert [m["name"] for m in res.json()] == ["classify", "embed", "ner"]

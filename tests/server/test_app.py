@@ -4,8 +4,11 @@ no models."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
+import os
 import threading
+import zlib
 from types import SimpleNamespace
 
 from starlette.exceptions import HTTPException
@@ -59,6 +62,59 @@ def test_body_limit_by_content_length_and_while_reading():
         raise AssertionError("a chunked body over the limit was read")
     except HTTPException as e:  # the route's read turns this into the 413
         assert e.status_code == 413
+
+
+async def headers_and_body(scope, receive, send):
+    """An app that answers with the headers it was given and the body it read."""
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": json.dumps(
+        {"headers": {k.decode(): v.decode() for k, v in scope["headers"]},
+         "body": body.decode()}).encode()})
+
+
+def test_a_compressed_body_is_decompressed_within_the_limit():
+    app = BodyLimit(headers_and_body, limit=1000)
+    text = b'{"inputs": "' + b"a" * 500 + b'"}'
+    for encoding, packed in (("gzip", gzip.compress(text)), ("deflate", zlib.compress(text)),
+                             ("GZip", gzip.compress(text))):
+        status, body = call(app, headers=[("content-encoding", encoding),
+                                          ("content-length", str(len(packed)))],
+                            chunks=(packed[:10], packed[10:]))
+        assert status == 200, body
+        seen = json.loads(body)
+        assert seen["body"] == text.decode()  # the app reads it as if sent as it is
+        assert seen["headers"] == {"content-length": str(len(text))}
+    status, body = call(app, headers=[("content-encoding", "identity")], chunks=(text,))
+    assert status == 200 and json.loads(body)["body"] == text.decode()
+
+    def error(encoding, data):
+        status, body = call(app, headers=[("content-encoding", encoding)], chunks=(data,))
+        return status, json.loads(body)["error"]
+
+    bomb = gzip.compress(b"0" * 100_000)  # 130 bytes that decompress to 100 kB
+    status, why = error("gzip", bomb)
+    assert (status, why["type"]) == (413, "payload_too_large")
+    assert "decompresses to over the limit of 1000 bytes" in why["message"]
+    assert error("gzip", gzip.compress(text)[:-12])[0] == 422  # cut short
+    status, why = error("gzip", gzip.compress(text) + b"more")
+    assert status == 422 and "data after its end" in why["message"]
+    status, why = error("gzip", text)
+    assert status == 422 and "the body is not gzip data" in why["message"]
+    assert error("deflate", gzip.compress(text))[0] == 422  # deflate is zlib's format
+    status, why = error("br", text)
+    assert (status, why["type"]) == (415, "unsupported_media_type")
+    assert "Content-Encoding 'br' is not served" in why["message"]
+    # what is sent is held to the limit too, before anything is decompressed
+    big = gzip.compress(os.urandom(2000))
+    status, body = call(app, headers=[("content-encoding", "gzip")],
+                        chunks=(big[:600], big[600:]))
+    assert status == 413 and "over the limit of 1000" in json.loads(body)["error"]["message"]
 
 
 def test_api_key_guards_all_but_the_probes():
