@@ -105,9 +105,16 @@ class _Base:
         return {"ids": ids, "model": model, "skip_special_tokens": skip_special_tokens}
 
     @staticmethod
-    def _classify_body(inputs, model, top_k, truncate, direction, raw_scores):
-        return {"inputs": inputs, "model": model, "top_k": top_k, "truncate": truncate,
+    def _classify_body(inputs, model, top_k, truncate, direction, raw_scores,
+                       candidate_labels=None, hypothesis_template=None, multi_label=False):
+        """/v1/classify's body; with ``candidate_labels``, zero-shot (an NLI model)."""
+        body = {"inputs": inputs, "model": model, "top_k": top_k, "truncate": truncate,
                 "truncation_direction": direction, "raw_scores": raw_scores}
+        if candidate_labels is not None:
+            body.update(candidate_labels=candidate_labels, multi_label=multi_label)
+            if hypothesis_template is not None:  # else the service's
+                body["hypothesis_template"] = hypothesis_template
+        return body
 
     @staticmethod
     def _ner_body(inputs, model, aggregation_strategy, truncate, direction):
@@ -167,9 +174,13 @@ class DistilServeClient(_Base):
                           self._decode_body(ids, model, skip_special_tokens))
 
     def classify(self, inputs, model=None, top_k=None, truncate=True,
-                 truncation_direction="right", raw_scores=False) -> list[list[dict]]:
+                 truncation_direction="right", raw_scores=False, *, candidate_labels=None,
+                 hypothesis_template=None, multi_label=False) -> list[list[dict]]:
+        """Each input's labels and scores, best first; with ``candidate_labels``, those
+        labels scored zero-shot by an NLI model."""
         body = self._classify_body(inputs, model, top_k, truncate, truncation_direction,
-                                   raw_scores)
+                                   raw_scores, candidate_labels, hypothesis_template,
+                                   multi_label)
         return self._call("POST", "/v1/classify", body)["results"]
 
     def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,
@@ -243,9 +254,11 @@ class AsyncDistilServeClient(_Base):
                                 self._decode_body(ids, model, skip_special_tokens))
 
     async def classify(self, inputs, model=None, top_k=None, truncate=True,
-                       truncation_direction="right", raw_scores=False):
+                       truncation_direction="right", raw_scores=False, *,
+                       candidate_labels=None, hypothesis_template=None, multi_label=False):
         body = self._classify_body(inputs, model, top_k, truncate, truncation_direction,
-                                   raw_scores)
+                                   raw_scores, candidate_labels, hypothesis_template,
+                                   multi_label)
         return (await self._call("POST", "/v1/classify", body))["results"]
 
     async def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,

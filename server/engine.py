@@ -128,6 +128,11 @@ class Engine:
         self.task, self.family = manifest.task, manifest.family
         self.labels: list[str] = manifest.labels
         self.relevant = relevant_index(manifest, self.labels)
+        # an NLI model's entailment label (the first whose name begins so, as transformers'
+        # zero-shot-classification pipeline finds it): it classifies zero-shot
+        self.entailment = next((i for i, label in enumerate(self.labels) if
+                                label.lower().startswith("entail")), None) \
+            if manifest.task == "classify" else None
         self.multi_label = manifest.multi_label  # a classifier's labels are independent
         # an embedding model's prompts by name, and the one put before unprompted inputs
         self.prompts: dict[str, str] = manifest.prompts

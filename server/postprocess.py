@@ -112,9 +112,31 @@ def label_scores(logits: np.ndarray, labels: list[str], multi_label: bool = Fals
 def classification(logits: np.ndarray, labels: list[str], top_k: int | None,
                    multi_label: bool = False, raw: bool = False) -> list[dict]:
     """Scores for one input (label_scores), highest first, the best ``top_k``."""
-    scores = label_scores(logits, labels, multi_label, raw)
+    return best(label_scores(logits, labels, multi_label, raw), labels, top_k)
+
+
+def best(scores: np.ndarray, labels: list[str], top_k: int | None) -> list[dict]:
+    """The labels and their scores, highest first (ties in label order), the best
+    ``top_k``."""
     order = np.argsort(-scores, kind="stable")[: top_k or len(labels)]
     return [{"label": labels[i], "score": float(scores[i])} for i in order]
+
+
+def zero_shot(logits: np.ndarray, entailment: int, independent: bool,
+              raw: bool = False) -> np.ndarray:
+    """One text's score per candidate label, as transformers' zero-shot-classification
+    pipeline gives it, from an NLI model's logits [L, C] for the text paired with each
+    label's hypothesis: the softmax of the entailment logits over the labels; with
+    ``independent`` labels (the pipeline's multi_label, and always for one label) each
+    label's softmax of [contradiction, entailment], contradiction being the model's first
+    label, or its last where entailment is the first, as the pipeline takes it. ``raw``:
+    the entailment logits."""
+    if raw:
+        return logits[:, entailment]
+    if independent or len(logits) == 1:
+        contradiction = -1 if entailment == 0 else 0
+        return softmax(logits[:, [contradiction, entailment]])[:, 1]
+    return softmax(logits[:, entailment])
 
 
 @dataclass

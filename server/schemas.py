@@ -11,13 +11,26 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
 Strategy = Literal["none", "simple", "first", "average", "max"]
+ZERO_SHOT_TEMPLATE = "This example is {}."  # transformers' zero-shot-classification's
 Texts = str | Annotated[list[str], Field(min_length=1)]
 Pair = Annotated[list[str], Field(min_length=2, max_length=2)]
+
+
+def _check_unicode(text: str, what: str) -> None:
+    """JSON's \\uXXXX escapes can spell lone surrogates, which are no text at all (the
+    tokenizer cannot take them): refused, ``what`` named."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PydanticCustomError("invalid_text", "{what} is not valid Unicode: a lone "
+                                  "surrogate at character {at}",
+                                  {"what": what, "at": e.start}) from None
 
 
 def _whole(value):
@@ -52,18 +65,12 @@ class _Request(BaseModel):
 
     @model_validator(mode="after")
     def _unicode(self):
-        """JSON's \\uXXXX escapes can spell lone surrogates, which are no text at all (the
-        tokenizer cannot take them)."""
+        """Every text is Unicode (_check_unicode)."""
         for i, text in enumerate(self.texts):
             if isinstance(text, list):  # token ids
                 continue
             for part in (text,) if isinstance(text, str) else text:
-                try:
-                    part.encode("utf-8")
-                except UnicodeEncodeError as e:
-                    raise PydanticCustomError(
-                        "invalid_text", "input {i} is not valid Unicode: a lone surrogate "
-                        "at character {at}", {"i": i, "at": e.start}) from None
+                _check_unicode(part, f"input {i}")
         return self
 
 
@@ -151,6 +158,45 @@ class ClassifyRequest(_Truncated):
     top_k: Count | None = Field(None, description="return the N most likely labels "
                                 "(default all)")
     raw_scores: bool = Field(False, description="the logits, not probabilities (TEI's field)")
+    candidate_labels: Annotated[list[str], Field(min_length=1)] | None = Field(
+        None, description="zero-shot classification, as transformers' zero-shot-"
+        "classification pipeline: these labels, not the model's, each scored by an NLI "
+        "model (one with an entailment label) as the hypothesis hypothesis_template makes "
+        "of it, the text its premise; texts only")
+    hypothesis_template: str = Field(ZERO_SHOT_TEMPLATE, description="zero-shot: a "
+                                     "candidate label's hypothesis, {} where the label goes")
+    multi_label: bool = Field(False, description="zero-shot: each candidate label scored on "
+                              "its own (entailment against contradiction), not against the "
+                              "others")
+
+    @field_validator("candidate_labels")
+    @classmethod
+    def _labels(cls, labels: list[str] | None) -> list[str] | None:
+        for i, label in enumerate(labels or ()):
+            _check_unicode(label, f"label {i}")
+        return labels
+
+    @field_validator("hypothesis_template")
+    @classmethod
+    def _template(cls, template: str) -> str:
+        _check_unicode(template, "it")
+        if "{}" not in template:
+            raise PydanticCustomError("zero_shot_template", "it holds no {} for the label "
+                                      "to go in")
+        return template
+
+    @model_validator(mode="after")
+    def _zero_shot(self):
+        if self.candidate_labels is not None and any(not isinstance(text, str)
+                                                     for text in self.texts):
+            raise PydanticCustomError("zero_shot_pairs", "candidate_labels: zero-shot "
+                                      "classification takes texts, not pairs")
+        return self
+
+    def hypotheses(self) -> list[str]:
+        """Each candidate label's hypothesis."""
+        return [self.hypothesis_template.replace("{}", label)
+                for label in self.candidate_labels]
 
 
 class InfinityClassifyRequest(_Truncated):
@@ -340,8 +386,49 @@ class Score(BaseModel):
     score: float
 
 
-# what POST / answers: /embed's, /similarity's, /predict's or /rerank's answer
-TeiAnswer = list[list[float]] | list[float] | list[Score] | list[list[Score]] | list[TeiRank]
+# the Hugging Face Inference API's bodies at POST / (huggingface_hub's InferenceClient) for
+# what TEI does not do there: zero-shot classification and token classification
+class HfZeroShotParameters(BaseModel):
+    model_config = _Request.model_config
+    candidate_labels: Annotated[list[str], Field(min_length=1)]
+    hypothesis_template: str | None = None  # (ClassifyRequest's default)
+    multi_label: bool | None = None
+
+
+class HfZeroShotRequest(_Truncated):
+    """huggingface_hub's zero_shot_classification: /v1/classify's zero-shot, its options
+    as ``parameters``."""
+
+    inputs: Texts
+    parameters: HfZeroShotParameters
+
+
+class HfZeroShotAnswer(BaseModel):
+    sequence: str
+    labels: list[str]
+    scores: list[float]
+
+
+class HfTokenParameters(BaseModel):
+    model_config = _Request.model_config
+    aggregation_strategy: Strategy | None = None  # (NerRequest's default)
+    ignore_labels: list[str] | None = Field(None, description="entities of these labels "
+                                            "left out (O always is)")
+    stride: int | None = Field(None, description="not served (a 422): a text longer than "
+                               "the model's max_length tokens is cut, as truncate says")
+
+
+class HfTokenRequest(_Truncated):
+    """huggingface_hub's token_classification: /v1/ner's, its options as ``parameters``."""
+
+    inputs: Texts
+    parameters: HfTokenParameters | None = None
+
+
+# what POST / answers: /embed's, /similarity's, /predict's or /rerank's answer, and the
+# Hugging Face Inference API's zero-shot and token classification
+TeiAnswer = (list[list[float]] | list[float] | list[Score] | list[list[Score]] | list[TeiRank]
+             | HfZeroShotAnswer | list[HfZeroShotAnswer] | list[dict] | list[list[dict]])
 
 
 class TeiVertexRequest(BaseModel):

@@ -1,12 +1,14 @@
-"""POST /v1/classify: single texts and text pairs; POST /classify, Infinity's."""
+"""POST /v1/classify: single texts and text pairs, and texts zero-shot (candidate labels
+scored by an NLI model); POST /classify, Infinity's."""
 
 from __future__ import annotations
 
+import numpy as np
 from fastapi import APIRouter, Request
 
 from server import errors, postprocess
 from server.engine import Engine, Result
-from server.routes.common import check_limits, choose, infer, reply, usage
+from server.routes.common import check_limits, choose, choose_entailing, infer, reply, usage
 from server.schemas import (
     ClassifyRequest,
     ClassifyResponse,
@@ -20,7 +22,8 @@ router = APIRouter(tags=["classification"])
 
 @router.post("/v1/classify", response_model=ClassifyResponse, responses=errors.INFERENCE)
 async def classify(body: ClassifyRequest, request: Request):
-    engine, results, result = await classified(body, request, body.top_k)
+    engine, results, result = await (zero_shot(body, request) if body.candidate_labels
+                                     else classified(body, request, body.top_k))
     return reply(request, {"model": engine.name, "results": results}, result)
 
 
@@ -50,3 +53,20 @@ async def run(body: ClassifyRequest | TeiPredictRequest | InfinityClassifyReques
     engine = choose(request, body.model, "classify")
     check_limits(request, body.texts)
     return engine, await infer(request, engine, body.texts, body.truncation)
+
+
+async def zero_shot(body: ClassifyRequest, request: Request
+                    ) -> tuple[Engine, list[list[dict]], Result]:
+    """The NLI model, each text's candidate labels and their scores (highest first, the
+    best ``top_k``), and the run: transformers' zero-shot-classification pipeline, the
+    model run on every (text, a label's hypothesis) pair (the pairs are the request's
+    inputs for its limits)."""
+    engine = choose_entailing(request, body.model)
+    labels, hypotheses = body.candidate_labels, body.hypotheses()
+    pairs = [(text, hypothesis) for text in body.texts for hypothesis in hypotheses]
+    check_limits(request, pairs, what="(text, candidate label) pairs")
+    result = await infer(request, engine, pairs, body.truncation)
+    logits = np.stack(result.outputs).reshape(len(body.texts), len(labels), -1)  # [N, L, C]
+    return engine, [postprocess.best(postprocess.zero_shot(
+        each, engine.entailment, body.multi_label, body.raw_scores), labels, body.top_k)
+        for each in logits], result

@@ -89,6 +89,23 @@ def choose_giving(request: Request, name: str | None, what: str) -> Engine:
     return engine
 
 
+def choose_entailing(request: Request, name: str | None) -> Engine:
+    """An NLI model (a classifier with an entailment label), for zero-shot classification;
+    unnamed: the one such model."""
+    if name is None:
+        return _the_one([e for e in _serving(request).engines.values()
+                         if e.entailment is not None],
+                        "classifies zero-shot (an NLI model, with an entailment label)",
+                        "classify zero-shot")
+    engine = choose(request, name, "classify")
+    if engine.entailment is None:
+        raise ApiError(400, "wrong_task", f"model {name!r} has the labels "
+                       f"{', '.join(engine.labels)} and none is entailment: zero-shot "
+                       "classification takes an NLI model (entailment, neutral, "
+                       "contradiction)")
+    return engine
+
+
 def choose_root(request: Request, name: str | None) -> Engine:
     """The model of TEI's root (POST /), where TEI serves its one model: the one named,
     else the only one served, else the one embedding model."""

@@ -2,12 +2,14 @@
 InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's TEI components,
 LlamaIndex's TextEmbeddingsInference): POST /embed, /embed_all, /embed_sparse,
 /similarity, /predict and /rerank with TEI's bodies, POST / (and SageMaker's /invocations)
-as TEI serves its one model there, POST /vertex (Vertex AI's instances, each a body of /),
-and GET /info. The models, queue, limits, errors and timing headers are those of the /v1
-routes (their functions run them); only the bodies' shapes are TEI's. /rerank also takes
-the body that Infinity and vLLM take at that path (Cohere's, with ``documents``) and
-answers it as /v1/rerank. (/tokenize, /decode and /embeddings sit beside their /v1 twins,
-in their own files; GET / and /ping, TEI's and SageMaker's health checks, beside /ready.)"""
+as TEI serves its one model there (and, where TEI serves none, as the Hugging Face
+Inference API serves an NLI model's zero-shot classification and a NER model), POST
+/vertex (Vertex AI's instances, each a body of /), and GET /info. The models, queue,
+limits, errors and timing headers are those of the /v1 routes (their functions run them);
+only the bodies' shapes are TEI's. /rerank also takes the body that Infinity and vLLM take
+at that path (Cohere's, with ``documents``) and answers it as /v1/rerank. (/tokenize,
+/decode and /embeddings sit beside their /v1 twins, in their own files; GET / and /ping,
+TEI's and SageMaker's health checks, beside /ready.)"""
 
 from __future__ import annotations
 
@@ -20,10 +22,11 @@ from pydantic import TypeAdapter, ValidationError
 from server import errors, postprocess
 from server.engine import Result
 from server.routes import rerank as v1
-from server.routes.classify import classified
+from server.routes.classify import classified, zero_shot
 from server.routes.common import (
     check_answer_size,
     check_limits,
+    choose_entailing,
     choose_giving,
     choose_root,
     infer,
@@ -32,8 +35,13 @@ from server.routes.common import (
     with_prompt,
 )
 from server.routes.embed import embedded
+from server.routes.ner import recognised
 from server.schemas import (
+    ClassifyRequest,
     EmbedRequest,
+    HfTokenRequest,
+    HfZeroShotRequest,
+    NerRequest,
     RerankRequest,
     RerankResponse,
     Score,
@@ -84,24 +92,75 @@ async def ranks(body: TeiRerankRequest, request: Request) -> tuple[list[dict], R
             for r in postprocess.ranked(scores, texts, None, False)], result
 
 
+def _as(model, body, **fields):
+    """A root body's options as the /v1 route's request ``model`` (its ``parameters``, the
+    Hugging Face Inference API's, given in ``fields``: None is the route's default)."""
+    try:
+        return model.model_validate({
+            "model": body.model, "inputs": body.inputs, "truncate": body.truncate,
+            "truncation_direction": body.truncation_direction,
+            **{key: value for key, value in fields.items() if value is not None}})
+    except ValidationError as e:
+        raise errors.ApiError(422, "invalid_request",
+                              "parameters: " + errors.invalid(e.errors())) from None
+
+
+async def zero_shot_answers(body: HfZeroShotRequest, request: Request
+                            ) -> tuple[dict | list[dict], Result]:
+    """The zero-shot-classification pipeline's answer: per text, its sequence and the
+    candidate labels with their scores, highest first; a list of them for a list."""
+    parameters = body.parameters
+    _, results, result = await zero_shot(_as(
+        ClassifyRequest, body, candidate_labels=parameters.candidate_labels,
+        hypothesis_template=parameters.hypothesis_template,
+        multi_label=parameters.multi_label), request)
+    answers = [{"sequence": text, "labels": [r["label"] for r in ranked],
+                "scores": [r["score"] for r in ranked]}
+               for text, ranked in zip(body.texts, results)]
+    return answers[0] if isinstance(body.inputs, str) else answers, result
+
+
+async def token_answers(body: HfTokenRequest, request: Request) -> tuple[list, Result]:
+    """The token-classification pipeline's answer: a text's entities (/v1/ner's), less
+    those of ``ignore_labels``; a list of them for a list."""
+    parameters = body.parameters
+    if parameters and parameters.stride is not None:
+        raise errors.ApiError(422, "invalid_request", "parameters.stride: not served: a "
+                              "text longer than the model's max_length tokens is cut (as "
+                              "truncate and truncation_direction say), never strided")
+    strategy = parameters and parameters.aggregation_strategy
+    ignored = set(parameters and parameters.ignore_labels or ())
+    _, results, result = await recognised(
+        _as(NerRequest, body, aggregation_strategy=strategy), request)
+    kept = [[e for e in entities if e.get("entity_group", e.get("entity")) not in ignored]
+            for entities in results]
+    return kept[0] if isinstance(body.inputs, str) else kept, result
+
+
 ANSWERS = {EmbedRequest: embedding, TeiSimilarityRequest: similarities,
-           TeiPredictRequest: predictions, TeiRerankRequest: ranks}
+           TeiPredictRequest: predictions, TeiRerankRequest: ranks,
+           HfZeroShotRequest: zero_shot_answers, HfTokenRequest: token_answers}
 # the body of POST /, by what its model does
 ROOT_BODIES = {"embed": TypeAdapter(TeiRootRequest), "classify": TypeAdapter(TeiPredictRequest),
-               "rerank": TypeAdapter(TeiRerankRequest)}
+               "rerank": TypeAdapter(TeiRerankRequest),
+               "zero_shot": TypeAdapter(HfZeroShotRequest), "ner": TypeAdapter(HfTokenRequest)}
 
 
 def parse_root(body: dict, request: Request):
     """POST /'s body, as the route doing what its model does takes it: the model named in
     ``model``, else the only one, else the one embedding model; an embedding model's body
     is /embed's or /similarity's, a classifier's /predict's, or /rerank's when it has a
-    ``query``."""
+    ``query``, a NER model's the Hugging Face Inference API's token classification. A body
+    whose ``parameters`` hold ``candidate_labels`` is its zero-shot classification, for
+    the NLI model named, else the only one."""
     name = body.get("model")
-    engine = choose_root(request, name if isinstance(name, str) else None)
-    if engine.task == "ner":
-        raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does ner, which "
-                              "TEI's / does not serve: POST /v1/ner")
-    kind = "rerank" if engine.task == "classify" and "query" in body else engine.task
+    name = name if isinstance(name, str) else None
+    parameters = body.get("parameters")
+    if isinstance(parameters, dict) and "candidate_labels" in parameters:
+        engine, kind = choose_entailing(request, name), "zero_shot"
+    else:
+        engine = choose_root(request, name)
+        kind = "rerank" if engine.task == "classify" and "query" in body else engine.task
     try:  # the model chosen, named: the route's own choice is the same
         return ROOT_BODIES[kind].validate_python({"model": engine.name, **body})
     except ValidationError as e:

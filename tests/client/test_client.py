@@ -16,6 +16,7 @@ from client import (
     Unauthorized,
 )
 from models import export
+from models.io import checkpoint
 from tests.conftest import running_server
 
 
@@ -88,6 +89,30 @@ def test_async_client_mirrors_the_routes(url):
             return await c.models()
 
     assert len(asyncio.run(go())) == 3
+
+
+def test_both_clients_classify_zero_shot(tmp_path):
+    nli = checkpoint.save(checkpoint.new("bert", "tiny", "classify",
+                                         ["entailment", "neutral", "contradiction"]),
+                          tmp_path / "nli-checkpoint")
+    export.export(nli, tmp_path / "repo" / "nli", "onnx")
+    labels = ["pets", "towns", "food"]
+    with running_server(tmp_path / "repo") as url:
+        expected = httpx.post(url + "/v1/classify", json={
+            "inputs": ["A dog.", "A cake."], "candidate_labels": labels, "multi_label": True,
+            "hypothesis_template": "About {}."}).json()["results"]
+        with DistilServeClient(url) as c:
+            assert c.classify(["A dog.", "A cake."], candidate_labels=labels, multi_label=True,
+                              hypothesis_template="About {}.") == expected
+            best = c.classify("A dog.", candidate_labels=labels, top_k=1)[0]
+            assert len(best) == 1 and best[0]["label"] in labels
+
+        async def go():
+            async with AsyncDistilServeClient(url) as c:
+                return await c.classify(["A dog.", "A cake."], candidate_labels=labels,
+                                        multi_label=True, hypothesis_template="About {}.")
+
+        assert asyncio.run(go()) == expected
 
 
 def test_both_clients_give_token_and_sparse_embeddings(tiny_checkpoints, splade_checkpoint,

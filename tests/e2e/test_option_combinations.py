@@ -46,7 +46,15 @@ ROUTES = {
     "/v1/ner": ({"inputs": TEXTS}, {
         "aggregation_strategy": ["none", "simple", "first", "average", "max"],
         "truncation_direction": ["right", "left"]}),
-    "/": ({"inputs": TEXTS}, {"model": ["pooled", "tokens", "splade", "sentiment"]}),
+    "/v1/classify zero-shot": ({"inputs": TEXTS, "candidate_labels": ["pets", "towns"]}, {
+        "top_k": [None, 1], "raw_scores": [True, False], "multi_label": [True, False],
+        "hypothesis_template": [None, "It is about {}."], "truncate": [True, False]}),
+    "/": ({"inputs": TEXTS}, {"model": ["pooled", "tokens", "splade", "sentiment", "tagger"]}),
+    "/ zero-shot": ({"inputs": TEXTS[0], "model": "nli"}, {"parameters": [
+        {"candidate_labels": ["pets"]}, {"candidate_labels": ["pets", "towns"],
+                                         "multi_label": True, "hypothesis_template": None}]}),
+    "/ ner": ({"inputs": TEXTS, "model": "tagger"}, {"parameters": [
+        None, {}, {"aggregation_strategy": "first", "ignore_labels": ["PER"], "stride": None}]}),
     "/v1/tokenize": ({"inputs": TEXTS}, {"add_special_tokens": [True, False]}),
 }
 
@@ -63,6 +71,10 @@ def url(tiny_checkpoints, splade_checkpoint, tmp_path_factory):
                             repo.parent / "cross-checkpoint")
     export.export(cross, repo / "cross", "onnx", relevant_label="relevant")
     export.export(tiny_checkpoints["bert", "ner"], repo / "tagger", "onnx")
+    nli = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["entailment", "neutral",
+                                                                      "contradiction"]),
+                          repo.parent / "nli-checkpoint")
+    export.export(nli, repo / "nli", "onnx")
     with running_server(repo) as url:
         yield url
 
@@ -74,9 +86,9 @@ def test_every_combination_of_a_routes_options_is_answered(url, route):
     with httpx.Client(base_url=url, timeout=60) as http:
         for values in itertools.product(*options.values()):
             chosen = {k: v for k, v in zip(options, values) if v is not None}
-            if route == "/classify":  # Infinity's: the one classifier unnamed would be two
-                chosen["model"] = "sentiment"
-            response = http.post(route, json={**body, **chosen})
+            if route in ("/classify", "/v1/classify zero-shot"):  # unnamed would be two
+                chosen["model"] = "sentiment" if route == "/classify" else "nli"
+            response = http.post(route.split()[0], json={**body, **chosen})
             if response.status_code != 200:
                 refused.append((chosen, response.status_code, response.text[:200]))
     assert not refused

@@ -108,14 +108,17 @@ def test_similarity_is_the_cosine_of_the_embeddings_also_at_the_root(url):
 
 def test_the_root_answers_as_the_route_of_what_its_model_does(url):
     """TEI serves its one model at /: named here, a classifier's body is /predict's (or
-    /rerank's, with a query), a cross-encoder's /rerank's; NER is not served there."""
+    /rerank's, with a query), a cross-encoder's /rerank's; a NER model's /v1/ner's entities,
+    as the Hugging Face Inference API serves one (TEI serves none)."""
     for body, route in (({"model": "classifier", "inputs": PAIR}, "/predict"),
                         ({"model": "classifier", "inputs": [["a"], PAIR]}, "/predict"),
                         ({"model": "cross", "query": "q", "texts": ["a", "b"]}, "/rerank"),
                         ({"model": "embedder", "inputs": ["a", "b"]}, "/embed")):
         assert post(url, "/", body) == post(url, route, body), body
-    res = httpx.post(url + "/", json={"model": "tagger", "inputs": "Paris."})
-    assert res.status_code == 400 and "POST /v1/ner" in res.json()["error"]["message"]
+    entities = post(url, "/v1/ner", {"model": "tagger", "inputs": ["Paris.", "Kenji Tanaka"]})
+    assert post(url, "/", {"model": "tagger", "inputs": "Paris."}) == entities["results"][0]
+    assert post(url, "/", {"model": "tagger", "inputs": ["Paris.", "Kenji Tanaka"]}) == \
+        entities["results"]
     res = httpx.post(url + "/", json={"model": "classifier", "inputs": ["a", "b", "c"]})
     assert res.status_code == 422 and res.json()["error"]["message"].startswith("inputs")
     res = httpx.post(url + "/", json={"model": 5, "inputs": "a"})  # unnamed: the embedder's
@@ -151,8 +154,9 @@ def test_vertex_answers_each_instance_as_the_root(url):
     # an instance refused refuses them all, named by its index
     assert refused([{"inputs": "a"}, {"inputs": 5}])[0] == 422
     assert refused([{"inputs": "a"}, {"inputs": 5}])[1].startswith("instances.1: inputs")
-    assert refused([{"model": "tagger", "inputs": "a"}]) == (
-        400, "instances.0: model 'tagger' does ner, which TEI's / does not serve: POST /v1/ner")
+    assert refused([{"model": "tagger", "inputs": "a", "parameters": {"stride": 4}}]) == (
+        422, "instances.0: parameters.stride: not served: a text longer than the model's "
+        "max_length tokens is cut (as truncate and truncation_direction say), never strided")
     code, message = refused([{"inputs": "a"}, {"inputs": ["x"] * 9}])
     assert code == 413 and message.startswith("instances.1: 9 inputs"), message
     assert refused([{"inputs": "a"}] * 9) == (413, "9 instances; at most 8 per request "

@@ -30,6 +30,27 @@ def test_classification_is_sorted_probabilities_with_top_k():
     assert postprocess.relevance(np.array([[0.5, -2.0]]), ["a", "b"], 1, raw=True) == [-2.0]
 
 
+def test_zero_shot_scores_as_the_pipeline_takes_an_nli_models_logits():
+    # [L, C]: three candidate labels, an NLI model's (entailment, neutral, contradiction)
+    logits = np.array([[2.0, 0.0, -1.0], [0.5, 0.0, 0.5], [-1.0, 0.0, 3.0]])
+    against = postprocess.zero_shot(logits, entailment=0, independent=False)
+    np.testing.assert_allclose(against, postprocess.softmax(logits[:, 0]))
+    assert against.sum() == pytest.approx(1)
+    # each on its own: entailment against contradiction (the last label, entailment first)
+    alone = postprocess.zero_shot(logits, entailment=0, independent=True)
+    np.testing.assert_allclose(alone, 1 / (1 + np.exp(logits[:, 2] - logits[:, 0])))
+    # entailment elsewhere: contradiction is the first label, as transformers takes it
+    second = postprocess.zero_shot(logits, entailment=1, independent=True)
+    np.testing.assert_allclose(second, 1 / (1 + np.exp(logits[:, 0] - logits[:, 1])))
+    # one label is scored on its own whatever is asked; raw: the entailment logits
+    np.testing.assert_allclose(postprocess.zero_shot(logits[:1], 0, False), alone[:1])
+    np.testing.assert_array_equal(postprocess.zero_shot(logits, 1, False, raw=True),
+                                  logits[:, 1])
+    assert postprocess.best(against, ["a", "b", "c"], 2) == [
+        {"label": "a", "score": pytest.approx(against[0])},
+        {"label": "b", "score": pytest.approx(against[1])}]
+
+
 def test_base64_is_little_endian_float32():
     v = np.array([1.5, -2.0, 0.25])
     raw = base64.b64decode(postprocess.embedding_payload(v, "base64"))

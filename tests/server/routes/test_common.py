@@ -12,7 +12,7 @@ from starlette.requests import Request
 
 from server.connections import DISCONNECT, ClientWatch
 from server.errors import ApiError
-from server.routes.common import _on_client_gone, choose, choose_giving
+from server.routes.common import _on_client_gone, choose, choose_entailing, choose_giving
 
 
 def request(scope_extra: dict, receive=None) -> Request:
@@ -93,3 +93,23 @@ def test_an_unnamed_model_is_the_one_that_can_else_the_refusal_says_why():
     assert refusal(choose_giving, both, "b", "sparse embeddings") == (
         400, "model 'b' is not a SPLADE model (a masked-language model exported with "
         "distilserve export --pooling splade)")
+
+
+def test_zero_shot_takes_the_nli_model_named_or_the_only_one():
+    nli, sentiment, embedder = (
+        SimpleNamespace(name=name, task=task, labels=labels, entailment=entailment)
+        for name, task, labels, entailment in (
+            ("nli", "classify", ["contradiction", "entailment", "neutral"], 1),
+            ("sentiment", "classify", ["negative", "positive"], None),
+            ("e", "embed", [], None)))
+    assert choose_entailing(serving(nli, sentiment, embedder), None) is nli
+    assert choose_entailing(serving(nli, sentiment), "nli") is nli
+    assert refusal(choose_entailing, serving(sentiment), None) == (
+        404, "no served model classifies zero-shot (an NLI model, with an entailment label)")
+    assert refusal(choose_entailing, serving(nli, sentiment), "sentiment") == (
+        400, "model 'sentiment' has the labels negative, positive and none is entailment: "
+        "zero-shot classification takes an NLI model (entailment, neutral, contradiction)")
+    assert refusal(choose_entailing, serving(nli, embedder), "e")[0] == 400  # does embed
+    other = SimpleNamespace(**{**vars(nli), "name": "nli2"})
+    assert refusal(choose_entailing, serving(nli, other), None) == (
+        400, "several models classify zero-shot (nli, nli2): name one in 'model'")
