@@ -534,6 +534,7 @@ class OipTensorMetadata(BaseModel):
 
 class OipModelMetadata(BaseModel):
     name: str
+    versions: list[str]
     platform: str
     inputs: list[OipTensorMetadata]
     outputs: list[OipTensorMetadata]

@@ -60,9 +60,9 @@ def replay(body: bytes, receive):
 class FastPath:
     def __init__(self, app, routes: list):
         """``routes``: the app's. It takes their POST routes, each f(body, request) (the
-        body validated here) or, with the model's name in its path, f(model_name,
-        request) (the route reads its own body); one that runs no model, f(request),
-        it leaves to FastAPI."""
+        body validated here) or, with the model's name in its path, f(model_name, (its
+        version,) request) (the route reads its own body); one that runs no model,
+        f(request), it leaves to FastAPI."""
         self.app = app
         # path -> FastAPI's route (the metrics read its label from it) and what validates
         # its body (a model, or a union of them: TypeAdapter)
@@ -72,12 +72,13 @@ class FastPath:
             if parameters == ["body", "request"]:
                 body = get_type_hints(route.endpoint, include_extras=True)["body"]
                 self.routes[route.path] = route, TypeAdapter(body).validate_python
-            elif parameters == ["model_name", "request"]:
+            elif parameters[-1:] == ["request"] and "model_name" in parameters \
+                    and set(parameters[:-1]) == set(route.param_convertors):
                 self.named.append(route)
             elif parameters != ["request"]:  # f(request): FastAPI's (no model runs)
                 raise TypeError(f"POST {route.path}: the fast path takes f(body, request) "
-                                f"or f(model_name, request), FastAPI f(request), not "
-                                f"f({', '.join(parameters)})")
+                                f"or f(model_name, <the path's other parameters>, request), "
+                                f"FastAPI f(request), not f({', '.join(parameters)})")
 
     def _named(self, scope) -> tuple | None:
         """The route of ``named`` whose path this is (its path parameters put in the
@@ -105,8 +106,8 @@ class FastPath:
         except ClientDisconnect:  # gone before its body arrived
             return await errors.api_error(errors.client_closed())(scope, receive, send)
         if validate is None:  # the route reads the body itself (the request keeps it)
-            return await self._answer(route.endpoint(scope["path_params"]["model_name"],
-                                                     request), scope, receive, send)
+            return await self._answer(route.endpoint(**scope["path_params"], request=request),
+                                      scope, receive, send)
         try:
             parsed = json.loads(raw)
         except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError too

@@ -19,7 +19,8 @@ binary tensor data (server/tensors.py); a classifier's scores also as Triton's
 classification extension gives them (an output's ``classification``: its k best classes).
 Triton's repository index lists every model folder and its state; its statistics are
 the /metrics series of each model (server/metrics.py), and its model configuration says
-what a model takes and gives and how the service batches it. Not served: model versions,
+what a model takes and gives and how the service batches it. One version of each model is
+served, version 1: a model's routes answer at its /versions/1 paths too. Not served:
 loading and unloading by request (the service does it itself: DISTILSERVE_POLL_SECONDS),
 Triton's shared-memory extensions (shared memory is refused), and gRPC."""
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
+from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from server import errors, postprocess, tensors
@@ -57,6 +59,7 @@ TEXT, PAIR = "text", "text_pair"
 PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch", "torch": "pytorch"}
 BACKENDS = {"onnx": "onnxruntime", "torchscript": "pytorch", "torch": "python"}
 BINARY = "application/octet-stream"
+VERSION = "1"  # a model's one version
 HEADER_LENGTH = "inference-header-content-length"
 
 
@@ -163,7 +166,8 @@ async def model_metadata(model_name: str, request: Request):
     if engine.task == "classify":
         inputs.append({"name": PAIR, "datatype": tensors.BYTES, "shape": [-1]})
     backend = engine.describe()["backend"]
-    return {"name": engine.name, "platform": PLATFORMS.get(backend, backend),
+    return {"name": engine.name, "versions": [VERSION],
+            "platform": PLATFORMS.get(backend, backend),
             "inputs": inputs, "outputs": OUTPUTS[engine.task](engine)}
 
 
@@ -332,3 +336,26 @@ async def _ner(request: Request, engine: Engine, texts: list, parameters: dict):
 
 
 RUN = {"embed": _embed, "classify": _classify, "ner": _ner}  # a task's run, by task
+
+
+def _versioned(route: APIRoute):
+    """A model's route, at the path of one of its versions (only VERSION is served)."""
+    endpoint = route.endpoint
+
+    async def versioned(model_name: str, model_version: str, request: Request):
+        if model_version != VERSION:
+            served(request, model_name)  # an unknown model: its 404 first
+            raise ApiError(404, "model_not_found", f"model {model_name!r} has one version, "
+                           f"{VERSION}, not {model_version!r}")
+        return await endpoint(model_name, request)
+
+    return versioned
+
+
+for _route in [r for r in router.routes if r.path.startswith("/v2/models/{model_name}")]:
+    router.add_api_route(
+        _route.path.replace("{model_name}", "{model_name}/versions/{model_version}"),
+        _versioned(_route), methods=list(_route.methods), name=_route.name + "_version",
+        description=_route.description, response_model=_route.response_model,
+        response_model_exclude_none=_route.response_model_exclude_none,
+        responses=_route.responses, openapi_extra=_route.openapi_extra)

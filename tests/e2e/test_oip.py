@@ -309,3 +309,29 @@ def test_a_compressed_request_is_answered_as_the_same_sent_plain(url, client, al
     res = httpx.post(url + "/v2/repository/index", content=body, headers={
         **HEADERS, "content-encoding": algorithm, "content-type": "application/json"})
     assert [m["name"] for m in res.json()] == ["classify", "embed", "ner"]
+
+
+def test_a_models_one_version_answers_at_its_versions_paths(url, client):
+    """Version 1 of each model (tritonclient's model_version): the same answers; another
+    version is a 404."""
+    tensor = triton.InferInput("text", [2], "BYTES")
+    tensor.set_data_from_numpy(np.array(TEXTS, dtype=object))
+    plain = client.infer("embed", [tensor], headers=dict(HEADERS)).as_numpy("embedding")
+    versioned = client.infer("embed", [tensor], model_version="1", headers=dict(HEADERS))
+    np.testing.assert_array_equal(versioned.as_numpy("embedding"), plain)
+    assert client.get_model_metadata("embed", "1", headers=dict(HEADERS)) == \
+        client.get_model_metadata("embed", headers=dict(HEADERS))
+    assert client.get_model_metadata("embed", headers=dict(HEADERS))["versions"] == ["1"]
+    assert client.get_model_config("ner", "1", headers=dict(HEADERS))["name"] == "ner"
+    assert client.is_model_ready("embed", "1", headers=dict(HEADERS))
+    assert not client.is_model_ready("embed", "2", headers=dict(HEADERS))
+    (stats,) = client.get_inference_statistics("embed", "1", headers=dict(HEADERS))[
+        "model_stats"]
+    assert stats["name"] == "embed"
+    for version, model, message in (("2", "embed", "model 'embed' has one version, 1, not "
+                                     "'2'"), ("1", "nope", "unknown model 'nope'"),
+                                    ("2", "nope", "unknown model 'nope'")):
+        res = httpx.post(f"{url}/v2/models/{model}/versions/{version}/infer", headers=HEADERS,
+                         json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                           "data": ["x"]}]})
+        assert res.status_code == 404 and message in res.json()["error"]["message"]

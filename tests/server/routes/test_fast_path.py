@@ -24,6 +24,11 @@ def test_a_route_with_the_models_name_in_its_path_is_found_with_its_name():
     route, validate = fast._named(scope)
     assert route.path == "/v2/models/{model_name}/infer" and validate is None
     assert scope["path_params"] == {"model_name": "my-model"}  # as FastAPI's routing puts it
+    # and at a version's path, the version with it
+    scope = _scope("POST", "/v2/models/my-model/versions/1/infer")
+    route, _ = fast._named(scope)
+    assert route.path == "/v2/models/{model_name}/versions/{model_version}/infer"
+    assert scope["path_params"] == {"model_name": "my-model", "model_version": "1"}
     for method, path in (("POST", "/v2/models/my-model/ready"), ("POST", "/v2/models/infer"),
                          ("POST", "/v2/models/a/b/infer")):
         assert fast._named(_scope(method, path)) is None, path
@@ -51,5 +56,10 @@ def test_it_takes_every_post_route_of_the_kinds_it_answers_and_refuses_another()
     async def odd(request, text: str):  # neither f(body, request) nor f(model_name, request)
         return text
 
-    with pytest.raises(TypeError, match="POST /odd: the fast path takes"):
-        FastPath(app=None, routes=router.routes)
+    @router.post("/v2/models/{model_name}/odd")
+    async def unnamed(model_name: str, other: str, request):  # other: not in its path
+        return other
+
+    for route in router.routes:
+        with pytest.raises(TypeError, match=f"POST {route.path}: the fast path takes"):
+            FastPath(app=None, routes=[route])
