@@ -3,7 +3,8 @@
 prometheus-client keeps every worker's values in files of that folder, and /metrics,
 whichever worker answers it, renders the sum over all of them. The same series, per
 model, are Triton's statistics (``statistics``: the Open Inference Protocol's
-/v2/models/stats), so both say the same of every worker."""
+/v2/models/stats) and Triton's own Prometheus series (nv_inference_*, for the dashboards
+made for Triton: ``TritonSeries``), so all of them say the same of every worker."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
+from prometheus_client.core import UnknownMetricFamily
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+VERSION = "1"  # each model's one version, as Triton's statistics and series name it
 # the ASGI scope's key for when the request arrived (time.perf_counter(), set by the app's
 # outermost middleware)
 STARTED = "distilserve.started"
@@ -140,7 +143,8 @@ class Metrics:
         return self.registry
 
     def render(self) -> bytes:
-        return generate_latest(self._everyone())
+        everyone = self._everyone()
+        return generate_latest(everyone) + generate_latest(TritonSeries(everyone))
 
     def statistics(self, names: list[str]) -> list[dict]:
         """Triton's statistics (its statistics extension) of the models ``names``."""
@@ -174,7 +178,7 @@ def triton_statistics(samples: Iterable, names: list[str]) -> list[dict]:
         batches = [{"batch_size": size, "compute_infer": duration(
             "distilserve_batch_seconds", model, str(size))} for size in sizes]
         answer.append({
-            "name": model,  # (no version: one of each model is served)
+            "name": model, "version": VERSION,
             "last_inference": round(seen.get(
                 ("distilserve_last_request_timestamp_seconds", model, None), 0) * 1000),
             "inference_count": sum(b["batch_size"] * b["compute_infer"]["count"]
@@ -190,3 +194,43 @@ def triton_statistics(samples: Iterable, names: list[str]) -> list[dict]:
                 "cache_hit": _duration(), "cache_miss": _duration()},
             "batch_stats": batches})
     return answer
+
+
+# Triton's per-model series: (name, help, its value in a model's statistics)
+TRITON_SERIES = [
+    ("nv_inference_request_success", "successful requests",
+     lambda s: s["inference_stats"]["success"]["count"]),
+    ("nv_inference_request_failure", "failed requests",
+     lambda s: s["inference_stats"]["fail"]["count"]),
+    ("nv_inference_count", "inputs run", lambda s: s["inference_count"]),
+    ("nv_inference_exec_count", "batches run", lambda s: s["execution_count"]),
+    ("nv_inference_request_duration_us", "requests' time with the model, microseconds",
+     lambda s: (s["inference_stats"]["success"]["ns"] + s["inference_stats"]["fail"]["ns"])
+     / 1000),
+    *((f"nv_inference_{part}_duration_us", f"requests' {what} time, microseconds",
+       lambda s, part=part: s["inference_stats"][part]["ns"] / 1000)
+      for part, what in (("queue", "waiting"), ("compute_input", "tokenising"),
+                         ("compute_infer", "batches' run"),
+                         ("compute_output", "postprocessing"))),
+]
+
+
+class TritonSeries:
+    """Triton's Prometheus series of every model with series in ``registry`` (labels model
+    and version), computed from its statistics when scraped, so that the dashboards
+    and alerts made for Triton read this service. Untyped: prometheus-client writes a
+    counter's name with _total, which Triton's names have not."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+
+    def collect(self):
+        samples = [sample for family in self.registry.collect() for sample in family.samples]
+        models = sorted({sample.labels["model"] for sample in samples
+                         if "model" in sample.labels})
+        statistics = triton_statistics(samples, models)
+        for name, help_text, value in TRITON_SERIES:
+            family = UnknownMetricFamily(name, help_text, labels=["model", "version"])
+            for stats in statistics:
+                family.add_metric([stats["name"], VERSION], value(stats))
+            yield family

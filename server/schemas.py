@@ -582,6 +582,7 @@ class OipBatchStats(BaseModel):
 
 class OipModelStats(BaseModel):
     name: str
+    version: str
     last_inference: int = Field(description="when a request was last answered, "
                                 "milliseconds since the epoch (0: never)")
     inference_count: int = Field(description="inputs run")

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from server import errors, postprocess, tensors
 from server.engine import Engine
 from server.errors import ApiError
+from server.metrics import VERSION
 from server.routes import classify, health
 from server.routes.common import reply, served, service, timing
 from server.routes.embed import embedded
@@ -59,7 +60,6 @@ TEXT, PAIR = "text", "text_pair"
 PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch", "torch": "pytorch"}
 BACKENDS = {"onnx": "onnxruntime", "torchscript": "pytorch", "torch": "python"}
 BINARY = "application/octet-stream"
-VERSION = "1"  # a model's one version
 HEADER_LENGTH = "inference-header-content-length"
 
 

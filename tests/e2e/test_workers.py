@@ -56,6 +56,8 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
         (stats,) = httpx.get(url + "/v2/models/cmow/stats", timeout=30).json()["model_stats"]
         assert stats["inference_stats"]["success"]["count"] == 30
         assert stats["inference_count"] == 30 and stats["execution_count"] == 30
+        assert 'nv_inference_request_success{model="cmow",version="1"} 30.0' in httpx.get(
+            url + "/metrics", timeout=30).text  # and Triton's own series
 
         first, second = _workers(log)
         os.kill(first, signal.SIGKILL)
