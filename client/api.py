@@ -117,6 +117,15 @@ class _Base:
         return body
 
     @staticmethod
+    def _qa_body(inputs, model, top_k, max_answer_len, handle_impossible_answer,
+                 align_to_words, truncate, direction):
+        return {"inputs": inputs, "model": model, "top_k": top_k,
+                "max_answer_len": max_answer_len,
+                "handle_impossible_answer": handle_impossible_answer,
+                "align_to_words": align_to_words, "truncate": truncate,
+                "truncation_direction": direction}
+
+    @staticmethod
     def _ner_body(inputs, model, aggregation_strategy, truncate, direction):
         return {"inputs": inputs, "model": model, "truncate": truncate,
                 "truncation_direction": direction, "aggregation_strategy": aggregation_strategy}
@@ -188,6 +197,14 @@ class DistilServeClient(_Base):
         body = self._ner_body(inputs, model, aggregation_strategy, truncate,
                               truncation_direction)
         return self._call("POST", "/v1/ner", body)["results"]
+
+    def qa(self, inputs, model=None, top_k=1, max_answer_len=15,
+           handle_impossible_answer=False, align_to_words=True, truncate=True,
+           truncation_direction="right") -> list[list[dict]]:
+        """Each {"question", "context"}'s answers, best first: {score, start, end, answer}."""
+        body = self._qa_body(inputs, model, top_k, max_answer_len, handle_impossible_answer,
+                             align_to_words, truncate, truncation_direction)
+        return self._call("POST", "/v1/qa", body)["results"]
 
     def models(self) -> list[dict]:
         return self._call("GET", "/v1/models")["data"]
@@ -266,6 +283,13 @@ class AsyncDistilServeClient(_Base):
         body = self._ner_body(inputs, model, aggregation_strategy, truncate,
                               truncation_direction)
         return (await self._call("POST", "/v1/ner", body))["results"]
+
+    async def qa(self, inputs, model=None, top_k=1, max_answer_len=15,
+                 handle_impossible_answer=False, align_to_words=True, truncate=True,
+                 truncation_direction="right"):
+        body = self._qa_body(inputs, model, top_k, max_answer_len, handle_impossible_answer,
+                             align_to_words, truncate, truncation_direction)
+        return (await self._call("POST", "/v1/qa", body))["results"]
 
     async def models(self) -> list[dict]:
         return (await self._call("GET", "/v1/models"))["data"]

@@ -16,6 +16,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
     AutoModelForSequenceClassification,
     AutoModelForTokenClassification,
     PretrainedConfig,
@@ -44,14 +45,15 @@ PRESETS = {
 }
 
 _AUTO = {"embed": AutoModel, "classify": AutoModelForSequenceClassification,
-         "ner": AutoModelForTokenClassification}
+         "ner": AutoModelForTokenClassification, "qa": AutoModelForQuestionAnswering}
 
 
 class HFEncoder(nn.Module):
     """A transformers model with the families' common forward and one task output:
     (input_ids, attention_mask, token_type_ids) [B, T] -> embed [B, D] (pooled: mean or
     cls; then a sentence-transformers Dense module's [B, D'] where it has one; SPLADE's
-    [B, V] from a masked-language model), classify logits [B, C], or ner logits [B, T, C]."""
+    [B, V] from a masked-language model), classify logits [B, C], ner logits [B, T, C], or
+    qa's start and end logits [B, T, 2]."""
 
     def __init__(self, model: nn.Module, task: str, pooling: str = "mean"):
         super().__init__()
@@ -68,6 +70,8 @@ class HFEncoder(nn.Module):
         if self.uses_token_types:
             inputs["token_type_ids"] = token_type_ids
         out = self.model(**inputs)
+        if self.task == "qa":
+            return torch.stack([out.start_logits, out.end_logits], -1)  # [B, T, 2]
         if self.task != "embed":
             return out.logits
         if self.pooling == "splade":
@@ -83,7 +87,7 @@ def hf_config(config: dict) -> PretrainedConfig:
 def build(config: dict, task: str, labels: list[str], pooling: str = "mean") -> HFEncoder:
     """A model with fresh weights from a config.json dict."""
     cfg = hf_config(config)
-    if task != "embed":
+    if task in heads.LABELLED:
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {label: i for i, label in enumerate(labels)}
     torch.manual_seed(0)

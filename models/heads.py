@@ -3,8 +3,10 @@
 Tasks: ``embed`` -> sentence embedding [B, D] (or, exported with --token-embeddings,
 the token vectors [B, T, D], pooled by the service; or SPLADE's sparse embedding [B, V]
 from a masked-language model's logits); ``classify`` -> logits [B, C];
-``ner`` -> per-token logits [B, T, C]. Normalisation and softmax happen after the model,
-in the server's postprocessing, so that exported graphs carry raw numbers.
+``ner`` -> per-token logits [B, T, C]; ``qa`` (extractive question answering, the
+transformers families') -> each token's start and end logits [B, T, 2]. Normalisation and
+softmax happen after the model, in the server's postprocessing, so that exported graphs
+carry raw numbers.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-TASKS = ("embed", "classify", "ner")
+TASKS = ("embed", "classify", "ner", "qa")
+LABELLED = ("classify", "ner")  # the tasks whose outputs are labels' (id2label)
 # how an embedding model's token vectors are pooled (pool): sentence-transformers' names
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean")
 
 # Hugging Face architecture suffix <-> task, for config.json's "architectures".
 ARCHITECTURE_SUFFIX = {"embed": "Model", "classify": "ForSequenceClassification",
-                       "ner": "ForTokenClassification"}
+                       "ner": "ForTokenClassification", "qa": "ForQuestionAnswering"}
 
 
 def task_of_architecture(name: str) -> str:
@@ -85,7 +88,7 @@ class Dense(nn.Module):
 
 
 def default_labels(task: str, num_labels: int | None = None) -> list[str]:
-    if task == "embed":
+    if task not in LABELLED:
         return []
     if task == "ner":
         return ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"][: num_labels or 7]

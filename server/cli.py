@@ -315,7 +315,7 @@ def parser() -> argparse.ArgumentParser:
         prog="distilserve", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    tasks = ["embed", "classify", "ner"]
+    tasks = ["embed", "classify", "ner", "qa"]
 
     new = sub.add_parser("new", help="write a checkpoint of a family with fresh weights",
                          description="Writes a checkpoint (config.json, model.safetensors, "
@@ -326,7 +326,8 @@ def parser() -> argparse.ArgumentParser:
     new.add_argument("--preset", default="tiny",
                      help="size preset, one of the family's (see --list; default tiny)")
     new.add_argument("--task", default="embed", choices=tasks,
-                     help="task head: sentence embedding, sequence or token classification")
+                     help="task head: sentence embedding, sequence or token classification, "
+                     "extractive question answering (qa: the transformers families)")
     new.add_argument("--labels", help="comma-separated labels for classify and ner")
     new.add_argument("--seed", type=int, default=0, help="seed of the fresh weights")
     new.add_argument("--list", action="store_true", help="print families and presets")

@@ -138,7 +138,8 @@ class Engine:
         self.prompts: dict[str, str] = manifest.prompts
         # the service pools an embedding model's token vectors (export --token-embeddings)
         self.pools = manifest.pooling if manifest.token_embeddings else None
-        self.per_token = manifest.task == "ner" or self.pools is not None  # [T, X] an input
+        # [T, X] an input: NER's labels, QA's start and end, token vectors to pool
+        self.per_token = manifest.task in ("ner", "qa") or self.pools is not None
         # SPLADE's embeddings: a weight per vocabulary entry, mostly zero, ranked by dot product
         self.sparse = manifest.pooling == "splade"
         self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
@@ -157,6 +158,7 @@ class Engine:
             raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
                                  "tokenizer); re-export it with distilserve export")
         self.unk_id = tokenizer.unk_token_id
+        self.cls_id = tokenizer.cls_token_id  # QA: the token that may answer "no answer"
         # the Rust tokenizer itself, set up once per truncation (transformers' wrapper
         # re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer
@@ -169,8 +171,10 @@ class Engine:
         for truncation in TRUNCATIONS:
             t = Tokenizer.from_str(spec)
             t.no_padding()
-            if truncation:  # transformers' default: longest_first for pairs
-                t.enable_truncation(self.max_length, direction=truncation)
+            if truncation:  # transformers' default: longest_first for pairs; a question
+                # is kept whole, its context cut (transformers' question-answering pipeline)
+                t.enable_truncation(self.max_length, direction=truncation, strategy=(
+                    "only_second" if self.task == "qa" else "longest_first"))
             else:
                 t.no_truncation()
             self.tokenizers[truncation] = t
@@ -228,7 +232,7 @@ class Engine:
         # an int8 export, run as such (not its checkpoint, run on a GPU in its place)
         if self.manifest.quantization and self.backend.name == "onnx":
             info["quantization"] = "int8"
-        if self.task != "embed":
+        if self.task in ("classify", "ner"):
             info["labels"] = self.labels
         if self.multi_label:
             info["multi_label"] = True
@@ -239,7 +243,7 @@ class Engine:
             await on_own_thread(self._warm_shapes)
         self.batcher.start()
         if warmup:  # first runs allocate and optimise; do them before traffic
-            sample = "warm up" if self.task != "classify" else ("warm up", "pair")
+            sample = ("warm up", "pair") if self.task in ("classify", "qa") else "warm up"
             for _ in range(2):
                 await self.infer([sample], "right")
         self.batcher.on_batch = self.series.observe_batch  # what the clients' inputs ran
@@ -353,7 +357,7 @@ class Engine:
         if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):
             self.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
         outputs = [r[: len(e.ids)] if self.per_token else r for r, e in zip(raw, encodings)]
-        if self.task == "ner":
+        if self.task in ("ner", "qa"):  # postprocessed with their encodings
             outputs = list(zip(outputs, encodings))
         tokenized, waited, running = time_spent(items)
         tokenizing += tokenized  # before it was queued (truncation None), and on its thread

@@ -199,6 +199,45 @@ class ClassifyRequest(_Truncated):
                 for label in self.candidate_labels]
 
 
+class QaInput(BaseModel):
+    model_config = _Request.model_config
+    question: str = Field(min_length=1, description="kept whole")
+    context: str = Field(min_length=1, description="where the answer is found")
+
+
+class _Questions(_Truncated):
+    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)] = Field(
+        description="a question and its context, or a list of them")
+
+    @property
+    def texts(self) -> list[tuple[str, str]]:
+        """(question, context) pairs."""
+        inputs = self.inputs if isinstance(self.inputs, list) else [self.inputs]
+        return [(i.question, i.context) for i in inputs]
+
+
+class QaRequest(_Questions):
+    """Extractive question answering, as transformers' question-answering pipeline."""
+
+    top_k: Count = Field(1, description="the N best answers of each")
+    max_answer_len: Count = Field(15, description="an answer's most tokens")
+    handle_impossible_answer: bool = Field(False, description="the empty answer too, with "
+                                           "its score (start and end 0)")
+    align_to_words: bool = Field(True, description="an answer's span widened to whole words")
+
+
+class QaAnswer(BaseModel):
+    score: float
+    start: int = Field(description="the answer's first character in the context")
+    end: int = Field(description="the character after its last")
+    answer: str
+
+
+class QaResponse(BaseModel):
+    model: str
+    results: list[list[QaAnswer]] = Field(description="each input's answers, best first")
+
+
 class InfinityClassifyRequest(_Truncated):
     """Infinity's /classify."""
 
@@ -387,7 +426,7 @@ class Score(BaseModel):
 
 
 # the Hugging Face Inference API's bodies at POST / (huggingface_hub's InferenceClient) for
-# what TEI does not do there: zero-shot classification and token classification
+# what TEI does not do there: zero-shot and token classification, question answering
 class HfZeroShotParameters(BaseModel):
     model_config = _Request.model_config
     candidate_labels: Annotated[list[str], Field(min_length=1)]
@@ -409,6 +448,26 @@ class HfZeroShotAnswer(BaseModel):
     scores: list[float]
 
 
+class HfQaParameters(BaseModel):
+    model_config = _Request.model_config
+    top_k: Count | None = None  # (None: QaRequest's default)
+    max_answer_len: Count | None = None
+    handle_impossible_answer: bool | None = None
+    align_to_words: bool | None = None
+    max_question_len: int | None = Field(None, description="ignored, as the pipeline ignores "
+                                         "it with a fast tokenizer")
+    doc_stride: int | None = Field(None, description="not served (a 422): a context is cut, "
+                                   "never strided")
+    max_seq_len: int | None = Field(None, description="not served (a 422): the model's "
+                                    "max_length")
+
+
+class HfQaRequest(_Questions):
+    """huggingface_hub's question_answering: /v1/qa's, its options as ``parameters``."""
+
+    parameters: HfQaParameters | None = None
+
+
 class HfTokenParameters(BaseModel):
     model_config = _Request.model_config
     aggregation_strategy: Strategy | None = None  # (NerRequest's default)
@@ -426,9 +485,10 @@ class HfTokenRequest(_Truncated):
 
 
 # what POST / answers: /embed's, /similarity's, /predict's or /rerank's answer, and the
-# Hugging Face Inference API's zero-shot and token classification
+# Hugging Face Inference API's zero-shot and token classification and question answering
 TeiAnswer = (list[list[float]] | list[float] | list[Score] | list[list[Score]] | list[TeiRank]
-             | HfZeroShotAnswer | list[HfZeroShotAnswer] | list[dict] | list[list[dict]])
+             | HfZeroShotAnswer | list[HfZeroShotAnswer] | list[dict] | list[list[dict]]
+             | QaAnswer | list[QaAnswer] | list[QaAnswer | list[QaAnswer]])
 
 
 class TeiVertexRequest(BaseModel):

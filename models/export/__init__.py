@@ -136,7 +136,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     with torch.no_grad():
         if fmt == "onnx":
             to_onnx(model, folder / artifact, loop,
-                    per_token=ckpt.task == "ner" or token_embeddings)
+                    per_token=ckpt.task in ("ner", "qa") or token_embeddings)
         elif fmt == "torchscript":
             to_torchscript(model, folder / artifact, loop)
     depth = getattr(model, "num_iterations", None)

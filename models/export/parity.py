@@ -31,7 +31,7 @@ def parity_inputs(tokenizer, max_length: int, task: str) -> list[dict[str, np.nd
             mask[1, length // 3:] = 0
             ids[1, length // 3:] = 0
         types = np.zeros_like(ids)
-        if task == "classify" and length > 4:
+        if task in ("classify", "qa") and length > 4:
             types[0, length // 2:] = 1  # a text pair in the first row
         return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
@@ -67,7 +67,13 @@ def compare(model: nn.Module, backend, batches: list[dict[str, np.ndarray]]) -> 
 
 def agreement(task: str, reference: np.ndarray, other: np.ndarray, mask: np.ndarray) -> dict:
     """How far an approximate artifact (int8) is from the exact one: embeddings' cosines,
-    or how often the labels agree; per token (NER, token embeddings), the real tokens'."""
+    or how often the labels agree; per token (NER, token embeddings), the real tokens';
+    question answering: how often the best start and the best end agree."""
+    if task == "qa":  # [B, T, 2]: over the real tokens
+        masked = [np.where(mask[:, :, None].astype(bool), x, -np.inf) for x in (reference,
+                                                                               other)]
+        same = masked[0].argmax(1) == masked[1].argmax(1)  # [B, 2]
+        return {"argmax_agreement": float(same.mean())}
     if reference.ndim == 3:  # [B, T, X]: the real tokens' rows, [N, X]
         real = mask.astype(bool)
         reference, other = reference[real], other[real]

@@ -120,6 +120,9 @@ def _build(family: str, config: dict, task: str, labels: list[str],
     kind = family_of(family)
     if kind.transformers:
         return bert.build(config, task, labels, pooling or kind.pooling)
+    if task == "qa":
+        raise CheckpointError(f"{family} has no question-answering head (none was published "
+                              "for it): qa is the transformers families' (bert, distilbert)")
     if pooling not in (None, kind.pooling):
         raise CheckpointError(f"{family} embeddings are pooled by {kind.pooling}, not "
                               f"{pooling} (another pooling is for the transformers families)")
@@ -133,8 +136,8 @@ def new(family: str, preset: str = "tiny", task: str = "embed",
     """A checkpoint with fresh weights at a named preset (``overrides`` change config
     fields, e.g. ``{"use_adapter": False}``)."""
     if labels is not None:
-        if task == "embed":
-            raise CheckpointError("labels are for classify and ner models, not embed")
+        if task not in heads.LABELLED:
+            raise CheckpointError(f"labels are for classify and ner models, not {task}")
         if "" in labels or len(set(labels)) < len(labels):
             raise CheckpointError(f"labels must be distinct names, not {labels}")
     labels = list(labels) if labels else heads.default_labels(task)
@@ -369,11 +372,13 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
             pipeline = dataclasses.replace(pipeline or st.Pipeline(), pooling=pooling)
     if not kind.transformers:
         id2label = config.get("id2label") or {}
-        labels = [id2label[k] for k in sorted(id2label, key=int)] if task != "embed" else []
+        labels = ([id2label[k] for k in sorted(id2label, key=int)]
+                  if task in heads.LABELLED else [])
     else:  # transformers leaves default labels (LABEL_0, LABEL_1) out of config.json
         hf = bert.hf_config(config)
-        labels = [hf.id2label[i] for i in range(hf.num_labels)] if task != "embed" else []
-    if task != "embed" and not labels:
+        labels = ([hf.id2label[i] for i in range(hf.num_labels)]
+                  if task in heads.LABELLED else [])
+    if task in heads.LABELLED and not labels:
         raise CheckpointError(f"{config_file}: a {task} model needs id2label")
     if token_embeddings and task != "embed":
         raise CheckpointError(f"{path}: token embeddings are an embedding model's, not this "
@@ -412,7 +417,7 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
         # a masked-language model (or DistilBERT's layout) has not
         try:
             load_weights(model.model, bert.normalise_keys(state, model.model), file,
-                         unused="pooler." if task == "embed" else None)
+                         unused="pooler." if task in ("embed", "qa") else None)
         except CheckpointError as e:
             if model.pooling != "splade":
                 raise

@@ -21,7 +21,7 @@ class Manifest(BaseModel):
     # extra: what a newer export, or a builder (the embedded default's "training"), adds
     model_config = ConfigDict(extra="allow", protected_namespaces=())
 
-    task: Literal["embed", "classify", "ner"]
+    task: Literal["embed", "classify", "ner", "qa"]
     family: str
     backend: Literal["onnx", "torchscript", "torch"]
     max_length: int = Field(gt=0, description="longest input in tokens")

@@ -9,10 +9,13 @@ numbers (or texts) out:
               (text_pair BYTES [N]: pairs)    label BYTES [N] (the best)
     ner       text BYTES [N]                  entities BYTES [N] (each input's /v1/ner
                                               entities, as JSON)
+    qa        question BYTES [N],             answers BYTES [N] (each input's /v1/qa
+              context BYTES [N]               answers, as JSON)
 
 A request with one input takes it as the texts whatever its name (KServe's examples call
 it input-0). The request's ``parameters`` are the options of the route that does the task
-(normalize, dimensions, prompt_name; raw_scores; aggregation_strategy; truncate,
+(normalize, dimensions, prompt_name; raw_scores; aggregation_strategy; top_k,
+max_answer_len, handle_impossible_answer, align_to_words; truncate,
 truncation_direction); the models, queue, limits, errors and timing headers are those of
 the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's
 binary tensor data (server/tensors.py); a classifier's scores also as Triton's
@@ -40,6 +43,7 @@ from server.routes import classify, health
 from server.routes.common import reply, served, service, timing
 from server.routes.embed import embedded
 from server.routes.ner import recognised
+from server.routes.qa import answered
 from server.schemas import (
     ClassifyRequest,
     EmbedRequest,
@@ -52,10 +56,14 @@ from server.schemas import (
     OipRepositoryModel,
     OipServerMetadata,
     OipStatistics,
+    QaRequest,
 )
 
 router = APIRouter(tags=["open inference protocol"])
 TEXT, PAIR = "text", "text_pair"
+# a task's inputs: a classifier's second is optional (a text alone, or pairs)
+INPUTS = {"embed": [TEXT], "classify": [TEXT, PAIR], "ner": [TEXT],
+          "qa": ["question", "context"]}
 # the platform and backend Triton names for a backend
 PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch", "torch": "pytorch"}
 BACKENDS = {"onnx": "onnxruntime", "torchscript": "pytorch", "torch": "python"}
@@ -154,6 +162,7 @@ OUTPUTS = {  # a task's outputs, described
                             "shape": [-1, len(e.labels)]},
                            {"name": "label", "datatype": tensors.BYTES, "shape": [-1]}],
     "ner": lambda e: [{"name": "entities", "datatype": tensors.BYTES, "shape": [-1]}],
+    "qa": lambda e: [{"name": "answers", "datatype": tensors.BYTES, "shape": [-1]}],
 }
 
 
@@ -162,9 +171,8 @@ OUTPUTS = {  # a task's outputs, described
 async def model_metadata(model_name: str, request: Request):
     """The model's inputs and outputs: names, datatypes and shapes (-1: any size)."""
     engine = served(request, model_name)
-    inputs = [{"name": TEXT, "datatype": tensors.BYTES, "shape": [-1]}]
-    if engine.task == "classify":
-        inputs.append({"name": PAIR, "datatype": tensors.BYTES, "shape": [-1]})
+    inputs = [{"name": name, "datatype": tensors.BYTES, "shape": [-1]}
+              for name in INPUTS[engine.task]]
     backend = engine.describe()["backend"]
     return {"name": engine.name, "versions": [VERSION],
             "platform": PLATFORMS.get(backend, backend),
@@ -285,25 +293,26 @@ def _classified(engine: Engine, value, k: int | None):
 
 
 def _texts(engine: Engine, raw: list[dict], binary: dict) -> list:
-    """The model's inputs from the tensors: texts, or (text, text) pairs for a classifier
-    given text and text_pair."""
-    if len(raw) == 1:  # whatever its name
+    """The model's inputs from the tensors: texts, or pairs for a classifier given text and
+    text_pair and for a question-answering model (question, context)."""
+    takes = INPUTS[engine.task]
+    if len(raw) == 1 and engine.task != "qa":  # whatever its name
         return tensors.texts(raw[0], binary[raw[0]["name"]])
     names = [t["name"] for t in raw]
-    takes = [TEXT, PAIR] if engine.task == "classify" else [TEXT]
     if sorted(names) != sorted(takes) or len(takes) == 1:
         raise tensors.TensorError(f"inputs {', '.join(names)}: model {engine.name!r} takes "
                                   + " and ".join(takes))
     by_name = {t["name"]: tensors.texts(t, binary[t["name"]]) for t in raw}
-    if len(by_name[TEXT]) != len(by_name[PAIR]):
-        raise tensors.TensorError(f"{TEXT} has {len(by_name[TEXT])} elements and {PAIR} "
-                                  f"{len(by_name[PAIR])}: a pair is one of each")
-    return list(zip(by_name[TEXT], by_name[PAIR]))
+    first, second = takes
+    if len(by_name[first]) != len(by_name[second]):
+        raise tensors.TensorError(f"{first} has {len(by_name[first])} elements and {second} "
+                                  f"{len(by_name[second])}: a pair is one of each")
+    return list(zip(by_name[first], by_name[second]))
 
 
 def _options(model, engine: Engine, texts: list, parameters: dict):
     """The request's parameters as the options of the route that does the task (a
-    ``model`` of server/schemas.py), its inputs the texts."""
+    ``model`` of server/schemas.py), its inputs the texts (pairs as two-item lists)."""
     try:
         return model.model_validate({**parameters, "model": engine.name,
                                      "inputs": [list(t) if isinstance(t, tuple) else t
@@ -335,7 +344,14 @@ async def _ner(request: Request, engine: Engine, texts: list, parameters: dict):
     return {"entities": [orjson.dumps(r).decode() for r in results]}, result
 
 
-RUN = {"embed": _embed, "classify": _classify, "ner": _ner}  # a task's run, by task
+async def _qa(request: Request, engine: Engine, pairs: list, parameters: dict):
+    body = _options(QaRequest, engine, [{"question": question, "context": context}
+                                        for question, context in pairs], parameters)
+    _, results, result = await answered(body, request)
+    return {"answers": [orjson.dumps(r).decode() for r in results]}, result
+
+
+RUN = {"embed": _embed, "classify": _classify, "ner": _ner, "qa": _qa}  # by task
 
 
 def _versioned(route: APIRoute):

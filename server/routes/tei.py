@@ -3,13 +3,14 @@ InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's TEI compo
 LlamaIndex's TextEmbeddingsInference): POST /embed, /embed_all, /embed_sparse,
 /similarity, /predict and /rerank with TEI's bodies, POST / (and SageMaker's /invocations)
 as TEI serves its one model there (and, where TEI serves none, as the Hugging Face
-Inference API serves an NLI model's zero-shot classification and a NER model), POST
-/vertex (Vertex AI's instances, each a body of /), and GET /info. The models, queue,
-limits, errors and timing headers are those of the /v1 routes (their functions run them);
-only the bodies' shapes are TEI's. /rerank also takes the body that Infinity and vLLM take
-at that path (Cohere's, with ``documents``) and answers it as /v1/rerank. (/tokenize,
-/decode and /embeddings sit beside their /v1 twins, in their own files; GET / and /ping,
-TEI's and SageMaker's health checks, beside /ready.)"""
+Inference API serves an NLI model's zero-shot classification, a NER model and a
+question-answering model), POST /vertex (Vertex AI's instances, each a body of /), and
+GET /info. The models, queue, limits, errors and timing headers are those of the /v1
+routes (their functions run them); only the bodies' shapes are TEI's. /rerank also takes
+the body that Infinity and vLLM take at that path (Cohere's, with ``documents``) and
+answers it as /v1/rerank. (/tokenize, /decode and /embeddings sit beside their /v1 twins,
+in their own files; GET / and /ping, TEI's and SageMaker's health checks, beside
+/ready.)"""
 
 from __future__ import annotations
 
@@ -36,12 +37,15 @@ from server.routes.common import (
 )
 from server.routes.embed import embedded
 from server.routes.ner import recognised
+from server.routes.qa import answered
 from server.schemas import (
     ClassifyRequest,
     EmbedRequest,
+    HfQaRequest,
     HfTokenRequest,
     HfZeroShotRequest,
     NerRequest,
+    QaRequest,
     RerankRequest,
     RerankResponse,
     Score,
@@ -137,20 +141,39 @@ async def token_answers(body: HfTokenRequest, request: Request) -> tuple[list, R
     return kept[0] if isinstance(body.inputs, str) else kept, result
 
 
+async def qa_answers(body: HfQaRequest, request: Request) -> tuple[list | dict, Result]:
+    """The question-answering pipeline's answer: an input's answers (/v1/qa's), or the one
+    where there is one; a list of them for a list."""
+    parameters = body.parameters
+    if parameters and (unserved := [name for name in ("doc_stride", "max_seq_len")
+                                    if getattr(parameters, name) is not None]):
+        raise errors.ApiError(422, "invalid_request", f"parameters.{unserved[0]}: not "
+                              "served: a context longer than the model's max_length tokens "
+                              "is cut (as truncate and truncation_direction say), never "
+                              "strided")
+    options = {} if parameters is None else parameters.model_dump(include={
+        "top_k", "max_answer_len", "handle_impossible_answer", "align_to_words"})
+    _, results, result = await answered(_as(QaRequest, body, **options), request)
+    each = [found[0] if len(found) == 1 else found for found in results]
+    return each if isinstance(body.inputs, list) else each[0], result
+
+
 ANSWERS = {EmbedRequest: embedding, TeiSimilarityRequest: similarities,
            TeiPredictRequest: predictions, TeiRerankRequest: ranks,
-           HfZeroShotRequest: zero_shot_answers, HfTokenRequest: token_answers}
+           HfZeroShotRequest: zero_shot_answers, HfTokenRequest: token_answers,
+           HfQaRequest: qa_answers}
 # the body of POST /, by what its model does
 ROOT_BODIES = {"embed": TypeAdapter(TeiRootRequest), "classify": TypeAdapter(TeiPredictRequest),
                "rerank": TypeAdapter(TeiRerankRequest),
-               "zero_shot": TypeAdapter(HfZeroShotRequest), "ner": TypeAdapter(HfTokenRequest)}
+               "zero_shot": TypeAdapter(HfZeroShotRequest), "ner": TypeAdapter(HfTokenRequest),
+               "qa": TypeAdapter(HfQaRequest)}
 
 
 def parse_root(body: dict, request: Request):
     """POST /'s body, as the route doing what its model does takes it: the model named in
     ``model``, else the only one, else the one embedding model; an embedding model's body
     is /embed's or /similarity's, a classifier's /predict's, or /rerank's when it has a
-    ``query``, a NER model's the Hugging Face Inference API's token classification. A body
+    ``query``, a NER or question-answering model's the Hugging Face Inference API's. A body
     whose ``parameters`` hold ``candidate_labels`` is its zero-shot classification, for
     the NLI model named, else the only one."""
     name = body.get("model")
@@ -294,9 +317,10 @@ def _together(results: list[Result]) -> Result:
 async def info(request: Request, model: str | None = None):
     """The model named in ``model``, else the one POST / serves, described as TEI does."""
     engine = choose_root(request, model)
-    if engine.task == "ner":
-        raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does ner, which TEI's "
-                              f"/info does not describe: GET /v1/models/{engine.name}")
+    if engine.task in ("ner", "qa"):
+        raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does "
+                              f"{engine.task}, which TEI's /info does not describe: GET "
+                              f"/v1/models/{engine.name}")
     described, settings = engine.describe(), service(request).settings
     batch_size, batch_tokens = settings.batch_limits(described["device"])
     if engine.task == "embed":

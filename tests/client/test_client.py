@@ -115,6 +115,26 @@ def test_both_clients_classify_zero_shot(tmp_path):
         assert asyncio.run(go()) == expected
 
 
+def test_both_clients_answer_questions(tmp_path):
+    squad = checkpoint.save(checkpoint.new("distilbert", "tiny", "qa"), tmp_path / "squad")
+    export.export(squad, tmp_path / "repo" / "squad", "onnx")
+    asked = [{"question": "Where?", "context": "It is in Paris."},
+             {"question": "Who?", "context": "Ada wrote it."}]
+    with running_server(tmp_path / "repo") as url:
+        expected = httpx.post(url + "/v1/qa", json={"inputs": asked, "top_k": 2}).json()[
+            "results"]
+        with DistilServeClient(url) as c:
+            assert c.qa(asked, top_k=2) == expected
+            (one,) = c.qa(asked[0], handle_impossible_answer=True, top_k=50)
+            assert "" in [a["answer"] for a in one]  # the empty answer, among all
+
+        async def go():
+            async with AsyncDistilServeClient(url) as c:
+                return await c.qa(asked, top_k=2)
+
+        assert asyncio.run(go()) == expected
+
+
 def test_both_clients_give_token_and_sparse_embeddings(tiny_checkpoints, splade_checkpoint,
                                                       tmp_path):
     export.export(tiny_checkpoints["bert", "embed"], tmp_path / "tokens", "onnx",

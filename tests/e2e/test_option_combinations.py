@@ -49,7 +49,13 @@ ROUTES = {
     "/v1/classify zero-shot": ({"inputs": TEXTS, "candidate_labels": ["pets", "towns"]}, {
         "top_k": [None, 1], "raw_scores": [True, False], "multi_label": [True, False],
         "hypothesis_template": [None, "It is about {}."], "truncate": [True, False]}),
+    "/v1/qa": ({"inputs": [{"question": "Who sat?", "context": TEXTS[0]}] * 2}, {
+        "top_k": [1, 3], "max_answer_len": [1, 15], "handle_impossible_answer": [True, False],
+        "align_to_words": [True, False], "truncate": [True, False]}),
     "/": ({"inputs": TEXTS}, {"model": ["pooled", "tokens", "splade", "sentiment", "tagger"]}),
+    "/ qa": ({"inputs": {"question": "Who sat?", "context": TEXTS[0]}, "model": "squad"}, {
+        "parameters": [None, {"top_k": 2, "handle_impossible_answer": True,
+                              "max_question_len": 64, "align_to_words": False}]}),
     "/ zero-shot": ({"inputs": TEXTS[0], "model": "nli"}, {"parameters": [
         {"candidate_labels": ["pets"]}, {"candidate_labels": ["pets", "towns"],
                                          "multi_label": True, "hypothesis_template": None}]}),
@@ -75,6 +81,8 @@ def url(tiny_checkpoints, splade_checkpoint, tmp_path_factory):
                                                                       "contradiction"]),
                           repo.parent / "nli-checkpoint")
     export.export(nli, repo / "nli", "onnx")
+    squad = checkpoint.save(checkpoint.new("bert", "tiny", "qa"), repo.parent / "squad")
+    export.export(squad, repo / "squad", "onnx")
     with running_server(repo) as url:
         yield url
 

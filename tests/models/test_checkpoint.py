@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoTokenizer
+from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
 from models import export
 from models.io import checkpoint
@@ -35,6 +35,34 @@ def test_labels_and_task_come_back(tmp_path, family):
     assert loaded.model(*batch()).shape == (3, 3)
     # the encoder of a classifier loads as an embedding model (its head is dropped)
     assert checkpoint.load(tmp_path, task="embed").task == "embed"
+
+
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_a_question_answering_model_is_transformers_own(tmp_path, family):
+    """Saved as transformers saves BertForQuestionAnswering (qa_outputs): it loads back as
+    qa, with no labels, and gives each token's start and end logits, [B, T, 2]."""
+    saved = checkpoint.save(checkpoint.new(family, "tiny", "qa"), tmp_path / family)
+    config = json.loads((saved / "config.json").read_text())
+    assert config["architectures"][0].endswith("ForQuestionAnswering")
+    loaded = checkpoint.load(saved)
+    assert (loaded.task, loaded.labels) == ("qa", [])
+    ids, mask, types = batch()
+    with torch.no_grad():
+        ours = loaded.model(ids, mask, types)
+        theirs = AutoModelForQuestionAnswering.from_pretrained(saved).eval()(
+            input_ids=ids, attention_mask=mask,
+            **({"token_type_ids": types} if family == "bert" else {}))
+    assert ours.shape == (*ids.shape, 2)
+    assert torch.equal(ours[..., 0], theirs.start_logits)
+    assert torch.equal(ours[..., 1], theirs.end_logits)
+
+
+@pytest.mark.parametrize("family", ["minialbert", "falbert", "cmow"])
+def test_the_other_families_have_no_question_answering_head(family):
+    with pytest.raises(CheckpointError, match=f"{family} has no question-answering head"):
+        checkpoint.new(family, "tiny", "qa")
+    with pytest.raises(CheckpointError, match="labels are for classify and ner models, not qa"):
+        checkpoint.new("bert", "tiny", "qa", ["start", "end"])
 
 
 def test_truncated_safetensors_names_the_file(tmp_path):

@@ -44,6 +44,13 @@ def test_half_precision_matches_fp32(family, task, dtype, device):
     _compare(family, task, dtype, device)
 
 
+@pytest.mark.parametrize("dtype", list(HALF))
+@pytest.mark.parametrize("family", ["bert", "distilbert"])
+def test_question_answering_in_half_precision_matches_fp32(family, dtype):
+    """The transformers families' QA heads: each token's start and end logits."""
+    _compare(family, "qa", dtype, "cpu")
+
+
 def test_cmow_leaves_out_fp16_because_its_products_overflow_it():
     """At the paper's size, products of 200 matrices pass fp16's largest number."""
     assert families.get("cmow").dtypes == ("fp32", "bf16")

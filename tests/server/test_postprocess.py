@@ -51,6 +51,34 @@ def test_zero_shot_scores_as_the_pipeline_takes_an_nli_models_logits():
         {"label": "b", "score": pytest.approx(against[1])}]
 
 
+def test_answers_are_the_contexts_best_spans_as_the_pipeline_finds_them():
+    from tokenizers import Tokenizer
+
+    from models.io import checkpoint
+
+    tokenizer = Tokenizer.from_file(str(checkpoint.default_tokenizer_dir() / "tokenizer.json"))
+    context = "Bananas grow in Ecuador."
+    encoding = tokenizer.encode("Where?", context)
+    tokens = encoding.tokens  # [CLS] where ? [SEP] bananas grow in ecuador . [SEP]
+    at = tokens.index("ecuador")
+    logits = np.full((len(tokens), 2), -5.0)
+    logits[at] = [4.0, 4.0]  # Ecuador, alone
+    logits[1] = [9.0, 9.0]  # the question's: never an answer
+    logits[0] = [3.0, 3.0]  # [CLS]: no answer
+    (best,) = postprocess.answers(logits, encoding, context, 101, 1, 15, False, True)
+    assert (best["answer"], best["start"], best["end"]) == ("Ecuador", 16, 23)
+    found = postprocess.answers(logits, encoding, context, 101, 3, 15, True, True)
+    assert found[0]["answer"] == "Ecuador" and "" in [a["answer"] for a in found]
+    empty = next(a for a in found if a["answer"] == "")
+    assert (empty["start"], empty["end"]) == (0, 0) and 0 < empty["score"] < best["score"]
+    # a span no longer than max_answer_len tokens: "grow in Ecuador" is three
+    logits[tokens.index("grow")] = [6.0, -5.0]
+    longest = postprocess.answers(logits, encoding, context, 101, 1, 3, False, True)[0]
+    assert longest["answer"] == "grow in Ecuador"
+    shorter = postprocess.answers(logits, encoding, context, 101, 1, 2, False, True)[0]
+    assert shorter["answer"] == "Ecuador"
+
+
 def test_base64_is_little_endian_float32():
     v = np.array([1.5, -2.0, 0.25])
     raw = base64.b64decode(postprocess.embedding_payload(v, "base64"))
