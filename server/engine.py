@@ -167,6 +167,7 @@ class Engine:
         # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
         self.tokenizer_digest = hashlib.sha256(spec.encode()).hexdigest()
         self.word_aware = postprocess.TokenInfo.marks_words(rust)
+        self._spec, self._windowing = spec, {}  # question answering's: windows()
         self.tokenizers = {}
         for truncation in TRUNCATIONS:
             t = Tokenizer.from_str(spec)
@@ -295,6 +296,20 @@ class Engine:
         return [self._from_ids(t, truncation) if isinstance(t, list) else next(encoded)
                 for t in texts]
 
+    def windows(self, pairs: list[tuple[str, str]], size: int, stride: int) -> list[list]:
+        """Question answering: each (question, context) pair's encodings as transformers'
+        question-answering pipeline makes them, the question whole in each and the
+        context in windows, each of ``size`` tokens in all and ``stride`` tokens over the
+        one before (stride must be less than the room a question leaves)."""
+        tokenizer = self._windowing.get((size, stride))
+        if tokenizer is None:
+            if len(self._windowing) >= 8:  # sizes a client asked for: a few kept
+                self._windowing.clear()
+            tokenizer = self._windowing[size, stride] = Tokenizer.from_str(self._spec)
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(size, stride=stride, strategy="only_second")
+        return [[encoding, *encoding.overflowing] for encoding in tokenizer.encode_batch(pairs)]
+
     def _from_ids(self, ids: list[int], truncation: str | None) -> TokenIds:
         before, after = self.specials
         room = max(0, self.max_length - len(before) - len(after))
@@ -325,11 +340,14 @@ class Engine:
         return self.tokenizers[None].decode_batch(ids, skip_special_tokens=skip_special_tokens)
 
     # run ----------------------------------------------------------------------------
-    async def infer(self, texts: list, truncation: str | None) -> Result:
+    async def infer(self, texts: list, truncation: str | None,
+                    encodings: list | None = None) -> Result:
         """The texts' raw outputs, each cut to max_length as ``truncation`` says (see
-        tokenize); with None, an input longer is refused before anything is queued."""
-        encodings, tokenizing = None, 0.0
-        if truncation is None:
+        tokenize); with None, an input longer is refused before anything is queued.
+        ``encodings``: the texts' own, made already (question answering's windows), run
+        as they are."""
+        tokenizing = 0.0
+        if encodings is None and truncation is None:
             began = time.perf_counter()
             try:
                 encodings = await asyncio.to_thread(self.tokenize, texts, None)

@@ -139,50 +139,56 @@ def zero_shot(logits: np.ndarray, entailment: int, independent: bool,
     return softmax(logits[:, entailment])
 
 
-def answers(logits: np.ndarray, encoding, context: str, cls_id: int | None, top_k: int,
+def answers(windows: list, context: str, cls_id: int | None, top_k: int,
             max_answer_len: int, impossible: bool, align_to_words: bool) -> list[dict]:
     """One (question, context) pair's best answers, as transformers' question-answering
-    pipeline finds them, from its start and end logits [T, 2] and its encoding (the Rust
-    tokenizer's; the context its second sequence): each {score, start, end, answer}, the
-    answer the context's characters start:end, best first, ``top_k`` of them. Only the
-    context's tokens may start or end one (and [CLS], scored 0: the pipeline's
-    ``handle_impossible_answer`` adds the empty answer with [CLS]'s own score), at most
+    pipeline finds them, from each of its windows' start and end logits [T, 2] and
+    encoding (the Rust tokenizer's; the context its second sequence): each {score, start,
+    end, answer}, the answer the context's characters start:end, best first, ``top_k`` of
+    them. Only the context's tokens may start or end one (and [CLS], scored 0: with
+    ``impossible`` the empty answer is added, scored as [CLS] is at its least), at most
     ``max_answer_len`` tokens long; ``align_to_words`` widens a span to whole words. Spans
     of the same text (in any case) are one answer, their scores summed, as the pipeline
-    does since transformers 4.46 (of the best 2k + 10 spans when aligned to words)."""
-    ids = np.asarray(encoding.ids)
-    may = np.array([sequence == 1 for sequence in encoding.sequence_ids])  # [T]
-    if cls_id is not None:
-        may |= ids == cls_id
-    start, end = (softmax(np.where(may, logits[:, i], -10000.0)) for i in (0, 1))  # [T]
-    no_answer = float(start[0] * end[0])
-    start[0] = end[0] = 0.0
-    # every span's score, start <= end < start + max_answer_len: [T, T]
-    spans = np.tril(np.triu(np.outer(start, end)), max_answer_len - 1)
+    does since transformers 4.46 (of each window's best 2k + 10 spans when aligned to
+    words)."""
+    found: dict[str, dict] = {}  # by the answer's text, lower-cased
+    no_answer = 1_000_000.0
+    for logits, encoding in windows:
+        ids = np.asarray(encoding.ids)
+        may = np.array([sequence == 1 for sequence in encoding.sequence_ids])  # [T]
+        if cls_id is not None:
+            may |= ids == cls_id
+        start, end = (softmax(np.where(may, logits[:, i], -10000.0)) for i in (0, 1))  # [T]
+        no_answer = min(no_answer, float(start[0] * end[0]))
+        start[0] = end[0] = 0.0
+        # every span's score, start <= end < start + max_answer_len: [T, T]
+        spans = np.tril(np.triu(np.outer(start, end)), max_answer_len - 1)
+        for s, e in _best_spans(spans, top_k * 2 + 10 if align_to_words else top_k):
+            if may[s] and may[e]:
+                first, last = _characters(encoding, s, e, align_to_words)
+                text, score = context[first:last], float(spans[s, e])
+                if (same := found.get(text.lower())) is not None:
+                    same["score"] += score
+                else:
+                    found[text.lower()] = {"score": score, "start": first, "end": last,
+                                           "answer": text}
+    answered = list(found.values())
+    if impossible:
+        answered.append({"score": no_answer, "start": 0, "end": 0, "answer": ""})
+    return sorted(answered, key=lambda a: a["score"], reverse=True)[:top_k]
+
+
+def _best_spans(spans: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """The ``k`` best (start, end) of a [T, T] table of scores, best first."""
     flat = spans.ravel()
-    candidates = top_k * 2 + 10 if align_to_words else top_k  # some become one answer
-    if candidates == 1:
+    if k == 1:
         best = np.array([flat.argmax()])
-    elif len(flat) <= candidates:
+    elif len(flat) <= k:
         best = np.argsort(-flat)
     else:
-        best = np.argpartition(-flat, candidates)[:candidates]
+        best = np.argpartition(-flat, k)[:k]
         best = best[np.argsort(-flat[best])]
-    starts, ends = np.unravel_index(best, spans.shape)
-    found: dict[str, dict] = {}  # by the answer's text, lower-cased
-    for s, e in zip(starts, ends):
-        if may[s] and may[e]:
-            first, last = _characters(encoding, int(s), int(e), align_to_words)
-            text = context[first:last]
-            if (same := found.get(text.lower())) is not None:
-                same["score"] += float(spans[s, e])
-            else:
-                found[text.lower()] = {"score": float(spans[s, e]), "start": first,
-                                       "end": last, "answer": text}
-    found = list(found.values())
-    if impossible:
-        found.append({"score": no_answer, "start": 0, "end": 0, "answer": ""})
-    return sorted(found, key=lambda a: a["score"], reverse=True)[:top_k]
+    return [(int(s), int(e)) for s, e in zip(*np.unravel_index(best, spans.shape))]
 
 
 def _characters(encoding, first: int, last: int, align_to_words: bool) -> tuple[int, int]:

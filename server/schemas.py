@@ -205,7 +205,7 @@ class QaInput(BaseModel):
     context: str = Field(min_length=1, description="where the answer is found")
 
 
-class _Questions(_Truncated):
+class _Questions(_Request):
     inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)] = Field(
         description="a question and its context, or a list of them")
 
@@ -224,6 +224,12 @@ class QaRequest(_Questions):
     handle_impossible_answer: bool = Field(False, description="the empty answer too, with "
                                            "its score (start and end 0)")
     align_to_words: bool = Field(True, description="an answer's span widened to whole words")
+    max_seq_len: Count | None = Field(None, description="a window's tokens, the question's "
+                                      "with the context's (default: the model's max_length, "
+                                      "at most 384)")
+    doc_stride: Annotated[int, Field(ge=0, le=LARGEST)] | None = Field(
+        None, description="the tokens of a context a window shares with the one before "
+        "(default: half a window, at most 128)")
 
 
 class QaAnswer(BaseModel):
@@ -456,10 +462,8 @@ class HfQaParameters(BaseModel):
     align_to_words: bool | None = None
     max_question_len: int | None = Field(None, description="ignored, as the pipeline ignores "
                                          "it with a fast tokenizer")
-    doc_stride: int | None = Field(None, description="not served (a 422): a context is cut, "
-                                   "never strided")
-    max_seq_len: int | None = Field(None, description="not served (a 422): the model's "
-                                    "max_length")
+    doc_stride: int | None = None
+    max_seq_len: int | None = None
 
 
 class HfQaRequest(_Questions):

@@ -1,6 +1,7 @@
 """POST /v1/qa: extractive question answering, as transformers' question-answering pipeline
 answers (DistilBERT's and BERT's SQuAD models): each question's answer spans in its
-context, with the characters they cover."""
+context, with the characters they cover. A long context is read in overlapping windows,
+as the pipeline reads it, each window an input of its own in the model's batches."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from server.routes.common import check_limits, choose, infer, reply
 from server.schemas import QaRequest, QaResponse
 
 router = APIRouter(tags=["question answering"])
+WINDOW, STRIDE = 384, 128  # the pipeline's most tokens of a window, and of its overlap
 
 
 @router.post("/v1/qa", response_model=QaResponse, responses=errors.INFERENCE)
@@ -27,26 +29,39 @@ async def qa(body: QaRequest, request: Request):
 async def answered(body: QaRequest, request: Request
                    ) -> tuple[Engine, list[list[dict]], Result]:
     """The question-answering model, each input's answers (best first) and the run (also
-    POST /'s, the Hugging Face Inference API's body). A context over the model's max_length
-    tokens, with its question, is cut as ``truncate`` says (the question never)."""
+    POST /'s, the Hugging Face Inference API's body, and the Open Inference Protocol's)."""
     engine = choose(request, body.model, "qa")
     pairs = body.texts
     check_limits(request, pairs)
-    if body.truncation is not None:
-        _check_questions(engine, [question for question, _ in pairs])
-    result = await infer(request, engine, pairs, body.truncation)
+    size = body.max_seq_len or min(engine.max_length, WINDOW)
+    if size > engine.max_length:
+        raise ApiError(422, "invalid_request", f"max_seq_len {size} is more than model "
+                       f"{engine.name!r}'s max_length, {engine.max_length}")
+    stride = min(STRIDE, size // 2) if body.doc_stride is None else body.doc_stride
+    windows = await asyncio.to_thread(_windows, engine, pairs, size, stride)
+    # each window an input; its pair's characters counted once
+    texts = [pair if i == 0 else ("", "") for pair, each in zip(pairs, windows)
+             for i in range(len(each))]
+    result = await infer(request, engine, texts, None, [w for each in windows for w in each])
+    outputs = iter(result.outputs)  # (logits [T, 2], encoding) per window
+    grouped = [[next(outputs) for _ in each] for each in windows]
     return engine, await asyncio.to_thread(  # postprocessing off the event loop
-        lambda: [postprocess.answers(np.asarray(logits), encoding, context, engine.cls_id,
-                                     body.top_k, body.max_answer_len,
+        lambda: [postprocess.answers([(np.asarray(logits), encoding)
+                                      for logits, encoding in group], context,
+                                     engine.cls_id, body.top_k, body.max_answer_len,
                                      body.handle_impossible_answer, body.align_to_words)
-                 for (logits, encoding), (_, context) in zip(result.outputs, pairs)]), result
+                 for group, (_, context) in zip(grouped, pairs)]), result
 
 
-def _check_questions(engine: Engine, questions: list[str]) -> None:
-    """A 413 for a question that leaves its context no room: a question is never cut."""
-    for i, encoding in enumerate(engine.tokenize(questions, None)):  # [CLS] question [SEP]
-        if len(encoding.ids) + 2 > engine.max_length:  # its context's [SEP] and a token
+def _windows(engine: Engine, pairs: list[tuple[str, str]], size: int, stride: int) -> list:
+    """Engine.windows, after a 413 for a question that leaves its context no room past
+    the windows' overlap: a question is never cut."""
+    for i, encoding in enumerate(engine.tokenize([q for q, _ in pairs], None)):
+        room = size - len(encoding.ids) - 1  # [CLS] question [SEP] ... [SEP]
+        if room <= stride:
             raise ApiError(413, "input_too_long", f"input {i}: its question is "
-                           f"{len(encoding.ids)} tokens with [CLS] and [SEP]: with a context "
-                           f"model {engine.name!r} takes at most {engine.max_length} (a "
-                           "question is never cut)")
+                           f"{len(encoding.ids)} tokens with [CLS] and [SEP], which leaves "
+                           f"{max(room, 0)} of a {size}-token window (max_seq_len) to its "
+                           f"context, not more than the windows' overlap, {stride} "
+                           "(doc_stride): a question is never cut")
+    return engine.windows(pairs, size, stride)

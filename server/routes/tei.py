@@ -101,8 +101,8 @@ def _as(model, body, **fields):
     Hugging Face Inference API's, given in ``fields``: None is the route's default)."""
     try:
         return model.model_validate({
-            "model": body.model, "inputs": body.inputs, "truncate": body.truncate,
-            "truncation_direction": body.truncation_direction,
+            "model": body.model, "inputs": body.inputs,
+            **body.model_dump(include={"truncate", "truncation_direction"}),
             **{key: value for key, value in fields.items() if value is not None}})
     except ValidationError as e:
         raise errors.ApiError(422, "invalid_request",
@@ -145,14 +145,8 @@ async def qa_answers(body: HfQaRequest, request: Request) -> tuple[list | dict, 
     """The question-answering pipeline's answer: an input's answers (/v1/qa's), or the one
     where there is one; a list of them for a list."""
     parameters = body.parameters
-    if parameters and (unserved := [name for name in ("doc_stride", "max_seq_len")
-                                    if getattr(parameters, name) is not None]):
-        raise errors.ApiError(422, "invalid_request", f"parameters.{unserved[0]}: not "
-                              "served: a context longer than the model's max_length tokens "
-                              "is cut (as truncate and truncation_direction say), never "
-                              "strided")
-    options = {} if parameters is None else parameters.model_dump(include={
-        "top_k", "max_answer_len", "handle_impossible_answer", "align_to_words"})
+    options = {} if parameters is None else parameters.model_dump(exclude={
+        "max_question_len"})  # (the pipeline's, unused with a fast tokenizer)
     _, results, result = await answered(_as(QaRequest, body, **options), request)
     each = [found[0] if len(found) == 1 else found for found in results]
     return each if isinstance(body.inputs, list) else each[0], result

@@ -51,11 +51,13 @@ ROUTES = {
         "hypothesis_template": [None, "It is about {}."], "truncate": [True, False]}),
     "/v1/qa": ({"inputs": [{"question": "Who sat?", "context": TEXTS[0]}] * 2}, {
         "top_k": [1, 3], "max_answer_len": [1, 15], "handle_impossible_answer": [True, False],
-        "align_to_words": [True, False], "truncate": [True, False]}),
+        "align_to_words": [True, False], "max_seq_len": [None, 24],
+        "doc_stride": [None, 4]}),
     "/": ({"inputs": TEXTS}, {"model": ["pooled", "tokens", "splade", "sentiment", "tagger"]}),
     "/ qa": ({"inputs": {"question": "Who sat?", "context": TEXTS[0]}, "model": "squad"}, {
         "parameters": [None, {"top_k": 2, "handle_impossible_answer": True,
-                              "max_question_len": 64, "align_to_words": False}]}),
+                              "max_question_len": 64, "align_to_words": False,
+                              "max_seq_len": 16, "doc_stride": 2}]}),
     "/ zero-shot": ({"inputs": TEXTS[0], "model": "nli"}, {"parameters": [
         {"candidate_labels": ["pets"]}, {"candidate_labels": ["pets", "towns"],
                                          "multi_label": True, "hypothesis_template": None}]}),

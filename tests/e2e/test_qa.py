@@ -79,18 +79,38 @@ def test_answers_equal_the_transformers_pipeline(url, checkpoints, family, optio
             assert context[a["start"]:a["end"]] == a["answer"]
 
 
-def test_a_long_context_is_cut_and_a_question_never(url):
-    context = "The tower is tall. " * 100 + "It stands in Paris."
-    cut = qa(url, model="bert", inputs={"question": "Where?", "context": context})
-    assert cut.status_code == 200
-    assert cut.json()["results"][0][0]["end"] <= len(context) // 2  # from its first tokens
-    refused = qa(url, model="bert", truncate=False,
-                 inputs={"question": "Where?", "context": context})
-    assert refused.status_code == 413 and "input 0" in refused.json()["error"]["message"]
-    long = qa(url, model="bert", inputs=[{"question": "q", "context": "c"},
-                                         {"question": "why " * 200, "context": "c"}])
-    assert long.status_code == 413
-    assert long.json()["error"]["message"].startswith("input 1: its question is 202 tokens")
+def test_a_long_context_is_read_in_windows_as_the_pipeline_reads_it(url, checkpoints):
+    context = " ".join(f"Line {i} says the tower is tall." for i in range(30))
+    context += " It stands in Paris, France."
+    reference = pipe(checkpoints, "bert")
+    for options in ({"max_seq_len": 64, "doc_stride": 16, "top_k": 3},
+                    {"max_seq_len": 48, "top_k": 2, "handle_impossible_answer": True}):
+        res = qa(url, model="bert", inputs={"question": "Where is it?", "context": context},
+                 **options)
+        assert res.status_code == 200, res.text
+        theirs = reference(question="Where is it?", context=context, **options)
+        (ours,) = res.json()["results"]
+        assert [(a["start"], a["end"], a["answer"]) for a in ours] == [
+            (a["start"], a["end"], a["answer"]) for a in theirs]
+        np.testing.assert_allclose([a["score"] for a in ours],
+                                   [a["score"] for a in theirs], atol=1e-5)
+    # every window was run: more tokens than one window holds
+    assert int(res.headers["x-compute-tokens"]) > 3 * 48
+    assert int(res.headers["x-compute-characters"]) == len("Where is it?") + len(context)
+
+
+def test_a_question_is_never_cut(url):
+    res = qa(url, model="bert", inputs=[{"question": "q", "context": "c"},
+                                        {"question": "why " * 200, "context": "c"}])
+    assert res.status_code == 413
+    assert res.json()["error"]["message"].startswith(
+        "input 1: its question is 202 tokens with [CLS] and [SEP], which leaves 0 of a "
+        "128-token window (max_seq_len) to its context")
+    res = qa(url, model="bert", inputs={"question": "why " * 40, "context": "c"},
+             max_seq_len=64, doc_stride=30)  # room for 21 tokens of context: not over 30
+    assert res.status_code == 413 and "not more than the windows' overlap, 30" in res.text
+    res = qa(url, model="bert", inputs={"question": "q", "context": "c"}, max_seq_len=129)
+    assert res.status_code == 422 and "more than model 'bert''s max_length, 128" in res.text
 
 
 @pytest.mark.parametrize("body, status, message", [
@@ -140,10 +160,9 @@ def test_huggingface_hubs_question_answering_at_the_root(checkpoints, tmp_path, 
         assert root == expected[0]
         listed = httpx.post(lone + "/", json={"inputs": inputs(), "parameters": {"top_k": 2}})
         assert listed.json()[0] == expected
-        strided = httpx.post(lone + "/", json={"inputs": inputs()[0],
-                                               "parameters": {"doc_stride": 64}})
-        assert strided.status_code == 422 and "parameters.doc_stride: not served" in \
-            strided.text
+        windows = {"max_seq_len": 24, "doc_stride": 4}  # the pipeline's parameters too
+        strided = httpx.post(lone + "/", json={"inputs": inputs()[1], "parameters": windows})
+        assert strided.json() == qa(lone, inputs=inputs()[1], **windows).json()["results"][0][0]
         info = httpx.get(lone + "/info")  # TEI describes no such model
         assert info.status_code == 400 and "does qa, which TEI's /info" in info.text
         # the suite sets HF_HUB_OFFLINE (nothing downloads), under which huggingface_hub's

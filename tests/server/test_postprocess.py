@@ -65,18 +65,28 @@ def test_answers_are_the_contexts_best_spans_as_the_pipeline_finds_them():
     logits[at] = [4.0, 4.0]  # Ecuador, alone
     logits[1] = [9.0, 9.0]  # the question's: never an answer
     logits[0] = [3.0, 3.0]  # [CLS]: no answer
-    (best,) = postprocess.answers(logits, encoding, context, 101, 1, 15, False, True)
+    (best,) = postprocess.answers([(logits, encoding)], context, 101, 1, 15, False, True)
     assert (best["answer"], best["start"], best["end"]) == ("Ecuador", 16, 23)
-    found = postprocess.answers(logits, encoding, context, 101, 3, 15, True, True)
+    found = postprocess.answers([(logits, encoding)], context, 101, 3, 15, True, True)
     assert found[0]["answer"] == "Ecuador" and "" in [a["answer"] for a in found]
     empty = next(a for a in found if a["answer"] == "")
     assert (empty["start"], empty["end"]) == (0, 0) and 0 < empty["score"] < best["score"]
     # a span no longer than max_answer_len tokens: "grow in Ecuador" is three
     logits[tokens.index("grow")] = [6.0, -5.0]
-    longest = postprocess.answers(logits, encoding, context, 101, 1, 3, False, True)[0]
+    longest = postprocess.answers([(logits, encoding)], context, 101, 1, 3, False, True)[0]
     assert longest["answer"] == "grow in Ecuador"
-    shorter = postprocess.answers(logits, encoding, context, 101, 1, 2, False, True)[0]
+    shorter = postprocess.answers([(logits, encoding)], context, 101, 1, 2, False, True)[0]
     assert shorter["answer"] == "Ecuador"
+    # windows: the best of each, the same text's scores summed, the least no-answer score
+    other = np.full_like(logits, -5.0)
+    other[at] = [4.0, 4.0]
+    other[0] = [8.0, 8.0]  # this window says "no answer" more strongly: the other counts
+    both = postprocess.answers([(logits, encoding), (other, encoding)], context, 101, 50,
+                               15, True, True)
+    alone = postprocess.answers([(logits, encoding)], context, 101, 50, 15, True, True)
+    scores = {a["answer"]: a["score"] for a in both}
+    assert scores["Ecuador"] > {a["answer"]: a["score"] for a in alone}["Ecuador"]
+    assert scores[""] == {a["answer"]: a["score"] for a in alone}[""]
 
 
 def test_base64_is_little_endian_float32():
