@@ -341,13 +341,19 @@ class Engine:
 
     # run ----------------------------------------------------------------------------
     async def infer(self, texts: list, truncation: str | None,
-                    encodings: list | None = None) -> Result:
+                    windows: tuple[int, int] | None = None) -> Result:
         """The texts' raw outputs, each cut to max_length as ``truncation`` says (see
-        tokenize); with None, an input longer is refused before anything is queued.
-        ``encodings``: the texts' own, made already (question answering's windows), run
-        as they are."""
-        tokenizing = 0.0
-        if encodings is None and truncation is None:
+        tokenize); with None, an input longer is refused before anything is queued. With
+        ``windows`` (size, stride), question answering's: each (question, context) pair
+        runs as its windows (see windows), each an input of the batches, and its outputs
+        are its windows' (a list of them)."""
+        encodings, tokenizing, groups = None, 0.0, None
+        if windows is not None:
+            began = time.perf_counter()
+            groups = await asyncio.to_thread(self.windows, texts, *windows)
+            tokenizing = time.perf_counter() - began
+            encodings = [window for group in groups for window in group]
+        elif truncation is None:
             began = time.perf_counter()
             try:
                 encodings = await asyncio.to_thread(self.tokenize, texts, None)
@@ -357,10 +363,12 @@ class Engine:
             for i, enc in enumerate(encodings):
                 if len(enc.ids) > self.max_length:
                     raise InputTooLong.of(i, len(enc.ids), self.max_length)
+        queued = texts if groups is None else [  # a pair's windows: each its pair's
+            pair for pair, group in zip(texts, groups) for _ in group]
         try:
-            items = self.batcher.submit(texts, truncation, encodings)
+            items = self.batcher.submit(queued, truncation, encodings)
         except QueueFull:
-            self.series.rejected.inc(len(texts))
+            self.series.rejected.inc(len(queued))
             raise
         except Stopped:  # unloaded or replaced (repository polling) since it was chosen
             raise ModelUnavailable("it was unloaded or replaced") from None
@@ -377,6 +385,9 @@ class Engine:
         outputs = [r[: len(e.ids)] if self.per_token else r for r, e in zip(raw, encodings)]
         if self.task in ("ner", "qa"):  # postprocessed with their encodings
             outputs = list(zip(outputs, encodings))
+        if groups is not None:  # each pair's windows
+            ran = iter(outputs)
+            outputs = [[next(ran) for _ in group] for group in groups]
         tokenized, waited, running = time_spent(items)
         tokenizing += tokenized  # before it was queued (truncation None), and on its thread
         characters = sum(len(t) if isinstance(t, str) else 0 if isinstance(t, list)

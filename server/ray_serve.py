@@ -89,8 +89,9 @@ class ModelReplica:
         path = Path(folder)
         self.engine = await open_engine(path.name, path, settings, Metrics())
 
-    async def infer(self, texts: list, truncation: str | None, encodings: list | None = None):
-        return await self.engine.infer(texts, truncation, encodings)
+    async def infer(self, texts: list, truncation: str | None,
+                    windows: tuple[int, int] | None = None):
+        return await self.engine.infer(texts, truncation, windows)
 
     def describe(self) -> dict:
         return self.engine.describe()
@@ -117,9 +118,10 @@ class RemoteEngine(Engine):
     async def stop(self) -> None:
         pass
 
-    async def infer(self, texts: list, truncation: str | None, encodings: list | None = None):
+    async def infer(self, texts: list, truncation: str | None,
+                    windows: tuple[int, int] | None = None):
         try:
-            return await self.handle.infer.remote(texts, truncation, encodings)
+            return await self.handle.infer.remote(texts, truncation, windows)
         except RayTaskError as e:  # the replica raised it: InputTooLong, QueueFull, ...
             raise e.cause from None
         except GONE as e:

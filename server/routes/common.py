@@ -246,9 +246,10 @@ def _on_client_gone(request: Request, callback: Callable[[], None]) -> Callable[
 
 
 async def infer(request: Request, engine: Engine, texts: list, truncation: str | None,
-                encodings: list | None = None) -> Result:
-    """Runs the texts (within the limits: check_limits) on the engine (``encodings``: made
-    already, Engine.infer's); drops them from the queue if the client goes away."""
+                windows: tuple[int, int] | None = None) -> Result:
+    """Runs the texts (within the limits: check_limits) on the engine (``windows``:
+    question answering's, Engine.infer's); drops them from the queue if the client goes
+    away."""
     task, running, gone = asyncio.current_task(), True, False
 
     def client_gone() -> None:
@@ -260,7 +261,7 @@ async def infer(request: Request, engine: Engine, texts: list, truncation: str |
     stop_watching = _on_client_gone(request, client_gone)
     result, began = None, time.perf_counter()
     try:
-        result = await engine.infer(texts, truncation, encodings)
+        result = await engine.infer(texts, truncation, windows)
         return result
     except asyncio.CancelledError:
         if not gone:

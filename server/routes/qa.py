@@ -38,24 +38,20 @@ async def answered(body: QaRequest, request: Request
         raise ApiError(422, "invalid_request", f"max_seq_len {size} is more than model "
                        f"{engine.name!r}'s max_length, {engine.max_length}")
     stride = min(STRIDE, size // 2) if body.doc_stride is None else body.doc_stride
-    windows = await asyncio.to_thread(_windows, engine, pairs, size, stride)
-    # each window an input; its pair's characters counted once
-    texts = [pair if i == 0 else ("", "") for pair, each in zip(pairs, windows)
-             for i in range(len(each))]
-    result = await infer(request, engine, texts, None, [w for each in windows for w in each])
-    outputs = iter(result.outputs)  # (logits [T, 2], encoding) per window
-    grouped = [[next(outputs) for _ in each] for each in windows]
+    await asyncio.to_thread(_check_questions, engine, pairs, size, stride)
+    result = await infer(request, engine, pairs, None, (size, stride))
     return engine, await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [postprocess.answers([(np.asarray(logits), encoding)
-                                      for logits, encoding in group], context,
+                                      for logits, encoding in windows], context,
                                      engine.cls_id, body.top_k, body.max_answer_len,
                                      body.handle_impossible_answer, body.align_to_words)
-                 for group, (_, context) in zip(grouped, pairs)]), result
+                 for windows, (_, context) in zip(result.outputs, pairs)]), result
 
 
-def _windows(engine: Engine, pairs: list[tuple[str, str]], size: int, stride: int) -> list:
-    """Engine.windows, after a 413 for a question that leaves its context no room past
-    the windows' overlap: a question is never cut."""
+def _check_questions(engine: Engine, pairs: list[tuple[str, str]], size: int,
+                     stride: int) -> None:
+    """A 413 for a question that leaves its context no room past the windows' overlap: a
+    question is never cut."""
     for i, encoding in enumerate(engine.tokenize([q for q, _ in pairs], None)):
         room = size - len(encoding.ids) - 1  # [CLS] question [SEP] ... [SEP]
         if room <= stride:
@@ -64,4 +60,3 @@ def _windows(engine: Engine, pairs: list[tuple[str, str]], size: int, stride: in
                            f"{max(room, 0)} of a {size}-token window (max_seq_len) to its "
                            f"context, not more than the windows' overlap, {stride} "
                            "(doc_stride): a question is never cut")
-    return engine.windows(pairs, size, stride)

@@ -178,6 +178,33 @@ def test_the_warm_up_is_not_counted(torch_model):
     assert (served["execution_count"], served["inference_count"]) == (1, 1)
 
 
+def test_question_answering_runs_each_pair_as_its_windows(tiny_checkpoints, tmp_path):
+    from models.io import checkpoint
+
+    folder = tmp_path / "squad"
+    export.export(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
+                  folder, "onnx")
+    engine = load_engine("squad", folder, Settings(), Metrics())
+    pairs = [("Where?", "word " * 60), ("Who?", "Ada.")]
+
+    async def go():
+        await engine.start(warmup=False)
+        try:
+            return await engine.infer(pairs, None, (24, 4))
+        finally:
+            await engine.stop()
+
+    result = asyncio.run(go())
+    long, short = result.outputs  # each pair's windows: (logits [T, 2], encoding)
+    expected = engine.windows(pairs[:1], 24, 4)[0]
+    assert len(long) == len(expected) > 3 and len(short) == 1
+    for (logits, encoding), window in zip(long, expected):
+        assert encoding.ids == window.ids and logits.shape == (len(window.ids), 2)
+    assert result.characters == sum(len(q) + len(c) for q, c in pairs)  # once each
+    assert result.tokens == sum(len(w.ids) for w in expected) + len(short[0][1].ids)
+    assert result.tokenize_s > 0  # the windows were made in it
+
+
 def test_an_input_too_long_is_refused_before_it_is_queued(torch_model):
     engine = load_engine("m", torch_model, Settings(), Metrics())
     submitted = []
