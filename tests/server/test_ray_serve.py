@@ -4,11 +4,12 @@ deployment options a Scaling gives."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 
 import pytest
 
 from models import export
-from server.engine import InputTooLong, ModelUnavailable, QueueFull
+from server.engine import InputTooLong, ModelUnavailable, QueueFull, load_engine
 from server.metrics import Metrics
 from server.settings import Settings
 
@@ -92,3 +93,37 @@ def test_a_local_instance_gives_the_proxy_a_minute_to_start_unless_told(monkeypa
         {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "300"}]
     assert all(c["_node_ip_address"] == "127.0.0.1" for c in calls)
     assert calls[0]["num_cpus"] == 2
+
+
+class LocalHandle:
+    """A DeploymentHandle whose replica is an engine here, its answers pickled as Ray's."""
+
+    def __init__(self, engine):
+        self.infer, self.engine = self, engine
+
+    def remote(self, *args):
+        async def run():
+            return pickle.loads(pickle.dumps(await self.engine.infer(*args)))
+        return run()
+
+
+def test_question_answering_makes_its_windows_on_the_replica(tmp_path):
+    from models.io import checkpoint
+
+    squad = tmp_path / "squad"
+    export.export(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
+                  squad, "onnx")
+    replica = load_engine("squad", squad, Settings(), Metrics())
+    engine = ray_serve.RemoteEngine(squad, Settings(), Metrics(), LocalHandle(replica),
+                                    replica.describe())
+    pairs = [("Where?", "word " * 60)]
+
+    async def go():
+        await replica.start(warmup=False)
+        try:
+            return await engine.infer(pairs, None, (24, 4))
+        finally:
+            await replica.stop()
+
+    (windows,) = asyncio.run(go()).outputs
+    assert [e.ids for _, e in windows] == [w.ids for w in engine.windows(pairs, 24, 4)[0]]
