@@ -74,3 +74,23 @@ def test_onnx_models_are_served_on_the_gpu_by_default(tiny_checkpoints, tmp_path
                 out[device, name] = np.array(r.json()["embeddings"])
     for name in names:
         assert (out["cpu", name] * out["auto", name]).sum(-1).min() >= 0.999, name
+
+
+def test_question_answering_on_cuda_answers_as_the_cpu(tmp_path):
+    """A long context's windows batched on the GPU (fp32 there, so that near ties of a
+    model with random weights keep their order) give the CPU's answers."""
+    folder = checkpoint.save(checkpoint.new("bert", "tiny", "qa", seed=3), tmp_path / "ck")
+    export.export(folder, tmp_path / "repo" / "squad", "torch")
+    body = {"inputs": [{"question": "Where is the tower?",
+                        "context": "The Eiffel Tower stands in Paris. " * 20}],
+            "top_k": 3, "max_seq_len": 64, "doc_stride": 16}
+    answers = {}
+    for device in ("cpu", "cuda"):
+        with running_server(tmp_path / "repo", device=device, dtype="fp32") as url:
+            r = httpx.post(url + "/v1/qa", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            answers[device] = r.json()["results"][0]
+    # (by text: spans of one text are one answer, its place the first of them found)
+    assert [a["answer"] for a in answers["cuda"]] == [a["answer"] for a in answers["cpu"]]
+    np.testing.assert_allclose([a["score"] for a in answers["cuda"]],
+                               [a["score"] for a in answers["cpu"]], rtol=1e-3)
