@@ -4,7 +4,7 @@ prometheus-client keeps every worker's values in files of that folder, and /metr
 whichever worker answers it, renders the sum over all of them. The same series, per
 model, are Triton's statistics (``statistics``: the Open Inference Protocol's
 /v2/models/stats) and Triton's own Prometheus series (nv_inference_*, for the dashboards
-made for Triton: ``TritonSeries``), so all of them say the same of every worker."""
+made for Triton: ``triton_series``), so all of them say the same of every worker."""
 
 from __future__ import annotations
 
@@ -143,8 +143,9 @@ class Metrics:
         return self.registry
 
     def render(self) -> bytes:
-        everyone = self._everyone()
-        return generate_latest(everyone) + generate_latest(TritonSeries(everyone))
+        """The series (every worker's), and Triton's names for them, collected once."""
+        families = list(self._everyone().collect())
+        return generate_latest(_Collected(families + triton_series(families)))
 
     def statistics(self, names: list[str]) -> list[dict]:
         """Triton's statistics (its statistics extension) of the models ``names``."""
@@ -215,22 +216,28 @@ TRITON_SERIES = [
 ]
 
 
-class TritonSeries:
-    """Triton's Prometheus series of every model with series in ``registry`` (labels model
-    and version), computed from its statistics when scraped, so that the dashboards
-    and alerts made for Triton read this service. Untyped: prometheus-client writes a
-    counter's name with _total, which Triton's names have not."""
+def triton_series(families: list) -> list:
+    """Triton's Prometheus series of every model in ``families`` (labels model and
+    version), computed from its statistics, so that the dashboards and alerts made for
+    Triton read this service. Untyped: prometheus-client writes a counter's name with
+    _total, which Triton's names have not."""
+    samples = [sample for family in families for sample in family.samples]
+    models = sorted({sample.labels["model"] for sample in samples if "model" in sample.labels})
+    statistics = triton_statistics(samples, models)
+    out = []
+    for name, help_text, value in TRITON_SERIES:
+        family = UnknownMetricFamily(name, help_text, labels=["model", "version"])
+        for stats in statistics:
+            family.add_metric([stats["name"], VERSION], value(stats))
+        out.append(family)
+    return out
 
-    def __init__(self, registry: CollectorRegistry):
-        self.registry = registry
+
+class _Collected:
+    """Metric families collected already, as generate_latest takes them (a registry)."""
+
+    def __init__(self, families: list):
+        self.families = families
 
     def collect(self):
-        samples = [sample for family in self.registry.collect() for sample in family.samples]
-        models = sorted({sample.labels["model"] for sample in samples
-                         if "model" in sample.labels})
-        statistics = triton_statistics(samples, models)
-        for name, help_text, value in TRITON_SERIES:
-            family = UnknownMetricFamily(name, help_text, labels=["model", "version"])
-            for stats in statistics:
-                family.add_metric([stats["name"], VERSION], value(stats))
-            yield family
+        return self.families
