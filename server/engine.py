@@ -237,6 +237,8 @@ class Engine:
             info["labels"] = self.labels
         if self.multi_label:
             info["multi_label"] = True
+        if self.entailment is not None:  # an NLI model: /v1/classify's candidate_labels
+            info["zero_shot"] = True
         return info
 
     async def start(self, warmup: bool = True) -> None:

@@ -68,6 +68,12 @@ def test_zero_shot_equals_the_transformers_pipeline(url, checkpoints, model, opt
                                             abs=1e-5)
 
 
+def test_the_models_list_says_which_classify_zero_shot(url):
+    models = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
+    assert models["nli"]["zero_shot"] and models["nli-cross"]["zero_shot"]
+    assert "zero_shot" not in models["sentiment"]
+
+
 def test_zero_shot_top_k_and_raw_scores(url, checkpoints):
     full = classify(url, model="nli", inputs=TEXTS[0], candidate_labels=LABELS).json()
     best = classify(url, model="nli", inputs=TEXTS[0], candidate_labels=LABELS, top_k=1).json()
