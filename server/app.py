@@ -248,10 +248,7 @@ def decompress(data: bytes, encoding: str, limit: int) -> bytes:
 
 class BodyLimit:
     """Refuses request bodies over the limit with 413: at once when Content-Length says
-    so, and while reading a body sent without one (chunked) once it passes the limit. A
-    body sent compressed (Content-Encoding gzip or deflate, as tritonclient's
-    request_compression_algorithm sends it) is read whole and decompressed here, within
-    the limit too; another encoding is a 415."""
+    so, and while reading a body sent without one (chunked) once it passes the limit."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -263,8 +260,7 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = Headers(scope=scope)
-        length = headers.get("content-length", "")
+        length = Headers(scope=scope).get("content-length", "")
         if length.isdecimal() and int(length) > self.limit:
             response = JSONResponse(errors.body("payload_too_large",
                                                 self._message(str(int(length)))), 413)
@@ -279,13 +275,25 @@ class BodyLimit:
                 raise HTTPException(413, self._message(f"over {self.limit}"))
             return message
 
-        encoding = headers.get("content-encoding", "identity").strip().lower()
-        if encoding != "identity":
-            return await self._decompressed(encoding, scope, receive_limited, send)
         return await self.app(scope, receive_limited, send)
 
-    async def _decompressed(self, encoding: str, scope, receive, send):
-        """The app, given the body decompressed (and its Content-Length), as if sent so."""
+
+class Decompress:
+    """A body sent compressed (Content-Encoding gzip or deflate, as tritonclient's
+    request_compression_algorithm sends it) is read whole and decompressed, within the
+    body limit too, and the app given it as if sent so; another encoding is a 415. Inside
+    the API key (nothing is decompressed for a client without it) and the body limit (what
+    is sent is held to it as it is read)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        encoding = "identity"
+        if scope["type"] == "http":
+            encoding = Headers(scope=scope).get("content-encoding", encoding).strip().lower()
+        if encoding == "identity":
+            return await self.app(scope, receive, send)
         try:
             if encoding not in ENCODINGS:
                 raise errors.ApiError(415, "unsupported_media_type", f"Content-Encoding "
@@ -299,7 +307,7 @@ class BodyLimit:
             else:  # gone before its body arrived
                 raise errors.client_closed()
             body = decompress(b"".join(sent), encoding, self.limit)
-        except HTTPException as e:  # over the limit as it was read
+        except HTTPException as e:  # over the limit as it was read (BodyLimit)
             return await errors.http_error(e)(scope, receive, send)
         except errors.ApiError as e:
             return await errors.api_error(e)(scope, receive, send)
@@ -444,6 +452,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     routes = [r for router in routers for r in router.routes]
     # the inference routes (the POST routes that run a model), without FastAPI's stack
     app.add_middleware(FastPath, routes=routes)
+    app.add_middleware(Decompress, limit=settings.max_body_bytes)
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     if origins := settings.cors_origins():  # outside the API key: a preflight carries none

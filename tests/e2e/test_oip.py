@@ -309,6 +309,12 @@ def test_a_compressed_request_is_answered_as_the_same_sent_plain(url, client, al
     res = httpx.post(url + "/v2/repository/index", content=body, headers={
         **HEADERS, "content-encoding": algorithm, "content-type": "application/json"})
     assert [m["name"] for m in res.json()] == ["classify", "embed", "ner"]
+    # nothing is decompressed for a client without the API key
+    garbage = {"content-encoding": algorithm, "content-type": "application/json"}
+    assert httpx.post(url + "/v2/repository/index", content=b"not " + body,
+                      headers=garbage).status_code == 401
+    assert httpx.post(url + "/v2/repository/index", content=b"not " + body,
+                      headers={**HEADERS, **garbage}).status_code == 422
 
 
 def test_a_models_one_version_answers_at_its_versions_paths(url, client):

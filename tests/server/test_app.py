@@ -14,7 +14,15 @@ from types import SimpleNamespace
 from starlette.exceptions import HTTPException
 
 from server import logs
-from server.app import ApiKey, BodyLimit, RequestId, RequestMetrics, Service, build_and_load
+from server.app import (
+    ApiKey,
+    BodyLimit,
+    Decompress,
+    RequestId,
+    RequestMetrics,
+    Service,
+    build_and_load,
+)
 from server.metrics import Metrics
 from server.routes import embed
 from server.settings import Settings
@@ -79,7 +87,7 @@ async def headers_and_body(scope, receive, send):
 
 
 def test_a_compressed_body_is_decompressed_within_the_limit():
-    app = BodyLimit(headers_and_body, limit=1000)
+    app = BodyLimit(Decompress(headers_and_body, limit=1000), limit=1000)  # as create_app
     text = b'{"inputs": "' + b"a" * 500 + b'"}'
     for encoding, packed in (("gzip", gzip.compress(text)), ("deflate", zlib.compress(text)),
                              ("GZip", gzip.compress(text))):
