@@ -118,17 +118,23 @@ class _Base:
 
     @staticmethod
     def _qa_body(inputs, model, top_k, max_answer_len, handle_impossible_answer,
-                 align_to_words, truncate, direction):
+                 align_to_words, max_seq_len, doc_stride):
         return {"inputs": inputs, "model": model, "top_k": top_k,
                 "max_answer_len": max_answer_len,
                 "handle_impossible_answer": handle_impossible_answer,
-                "align_to_words": align_to_words, "truncate": truncate,
-                "truncation_direction": direction}
+                "align_to_words": align_to_words, "max_seq_len": max_seq_len,
+                "doc_stride": doc_stride}
 
     @staticmethod
-    def _ner_body(inputs, model, aggregation_strategy, truncate, direction):
-        return {"inputs": inputs, "model": model, "truncate": truncate,
-                "truncation_direction": direction, "aggregation_strategy": aggregation_strategy}
+    def _ner_body(inputs, model, aggregation_strategy, truncate, direction, stride,
+                  ignore_labels):
+        """/v1/ner's body; ``stride``: a long text read whole, in overlapping windows."""
+        body = {"inputs": inputs, "model": model, "truncate": truncate,
+                "truncation_direction": direction, "aggregation_strategy": aggregation_strategy,
+                "stride": stride}
+        if ignore_labels is not None:  # else the service's (O)
+            body["ignore_labels"] = ignore_labels
+        return body
 
 
 class DistilServeClient(_Base):
@@ -193,17 +199,17 @@ class DistilServeClient(_Base):
         return self._call("POST", "/v1/classify", body)["results"]
 
     def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,
-            truncation_direction="right"):
+            truncation_direction="right", stride=None, ignore_labels=None):
         body = self._ner_body(inputs, model, aggregation_strategy, truncate,
-                              truncation_direction)
+                              truncation_direction, stride, ignore_labels)
         return self._call("POST", "/v1/ner", body)["results"]
 
     def qa(self, inputs, model=None, top_k=1, max_answer_len=15,
-           handle_impossible_answer=False, align_to_words=True, truncate=True,
-           truncation_direction="right") -> list[list[dict]]:
+           handle_impossible_answer=False, align_to_words=True, max_seq_len=None,
+           doc_stride=None) -> list[list[dict]]:
         """Each {"question", "context"}'s answers, best first: {score, start, end, answer}."""
         body = self._qa_body(inputs, model, top_k, max_answer_len, handle_impossible_answer,
-                             align_to_words, truncate, truncation_direction)
+                             align_to_words, max_seq_len, doc_stride)
         return self._call("POST", "/v1/qa", body)["results"]
 
     def models(self) -> list[dict]:
@@ -279,16 +285,16 @@ class AsyncDistilServeClient(_Base):
         return (await self._call("POST", "/v1/classify", body))["results"]
 
     async def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,
-                  truncation_direction="right"):
+                  truncation_direction="right", stride=None, ignore_labels=None):
         body = self._ner_body(inputs, model, aggregation_strategy, truncate,
-                              truncation_direction)
+                              truncation_direction, stride, ignore_labels)
         return (await self._call("POST", "/v1/ner", body))["results"]
 
     async def qa(self, inputs, model=None, top_k=1, max_answer_len=15,
-                 handle_impossible_answer=False, align_to_words=True, truncate=True,
-                 truncation_direction="right"):
+                 handle_impossible_answer=False, align_to_words=True, max_seq_len=None,
+                 doc_stride=None):
         body = self._qa_body(inputs, model, top_k, max_answer_len, handle_impossible_answer,
-                             align_to_words, truncate, truncation_direction)
+                             align_to_words, max_seq_len, doc_stride)
         return (await self._call("POST", "/v1/qa", body))["results"]
 
     async def models(self) -> list[dict]:

@@ -167,7 +167,7 @@ class Engine:
         # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
         self.tokenizer_digest = hashlib.sha256(spec.encode()).hexdigest()
         self.word_aware = postprocess.TokenInfo.marks_words(rust)
-        self._spec, self._windowing = spec, {}  # question answering's: windows()
+        self._spec, self._windowing = spec, {}  # windows()'s tokenizers
         self.tokenizers = {}
         for truncation in TRUNCATIONS:
             t = Tokenizer.from_str(spec)
@@ -298,19 +298,23 @@ class Engine:
         return [self._from_ids(t, truncation) if isinstance(t, list) else next(encoded)
                 for t in texts]
 
-    def windows(self, pairs: list[tuple[str, str]], size: int, stride: int) -> list[list]:
-        """Question answering: each (question, context) pair's encodings as transformers'
-        question-answering pipeline makes them, the question whole in each and the
-        context in windows, each of ``size`` tokens in all and ``stride`` tokens over the
-        one before (stride must be less than the room a question leaves)."""
-        tokenizer = self._windowing.get((size, stride))
+    def windows(self, texts: list, size: int, stride: int) -> list[list]:
+        """Each input's encodings in windows of ``size`` tokens in all, each sharing
+        ``stride`` tokens of its text with the one before, as transformers' pipelines make
+        them: a text whole in its windows (token classification's stride), or a (question,
+        context) pair's question whole in each and its context in windows (question
+        answering). stride must be less than the room the special tokens (and a question)
+        leave."""
+        strategy = "only_second" if isinstance(texts[0], tuple) else "longest_first"
+        tokenizer = self._windowing.get((size, stride, strategy))
         if tokenizer is None:
             if len(self._windowing) >= 8:  # sizes a client asked for: a few kept
                 self._windowing.clear()
-            tokenizer = self._windowing[size, stride] = Tokenizer.from_str(self._spec)
+            tokenizer = Tokenizer.from_str(self._spec)
             tokenizer.no_padding()
-            tokenizer.enable_truncation(size, stride=stride, strategy="only_second")
-        return [[encoding, *encoding.overflowing] for encoding in tokenizer.encode_batch(pairs)]
+            tokenizer.enable_truncation(size, stride=stride, strategy=strategy)
+            self._windowing[size, stride, strategy] = tokenizer
+        return [[encoding, *encoding.overflowing] for encoding in tokenizer.encode_batch(texts)]
 
     def _from_ids(self, ids: list[int], truncation: str | None) -> TokenIds:
         before, after = self.specials
@@ -346,9 +350,8 @@ class Engine:
                     windows: tuple[int, int] | None = None) -> Result:
         """The texts' raw outputs, each cut to max_length as ``truncation`` says (see
         tokenize); with None, an input longer is refused before anything is queued. With
-        ``windows`` (size, stride), question answering's: each (question, context) pair
-        runs as its windows (see windows), each an input of the batches, and its outputs
-        are its windows' (a list of them)."""
+        ``windows`` (size, stride): each input runs as its windows (see windows), each an
+        input of the batches, and its outputs are its windows' (a list of them)."""
         encodings, tokenizing, groups = None, 0.0, None
         if windows is not None:
             began = time.perf_counter()
@@ -365,8 +368,8 @@ class Engine:
             for i, enc in enumerate(encodings):
                 if len(enc.ids) > self.max_length:
                     raise InputTooLong.of(i, len(enc.ids), self.max_length)
-        queued = texts if groups is None else [  # a pair's windows: each its pair's
-            pair for pair, group in zip(texts, groups) for _ in group]
+        queued = texts if groups is None else [  # an input's windows: each its input's
+            text for text, group in zip(texts, groups) for _ in group]
         try:
             items = self.batcher.submit(queued, truncation, encodings)
         except QueueFull:
@@ -387,7 +390,7 @@ class Engine:
         outputs = [r[: len(e.ids)] if self.per_token else r for r, e in zip(raw, encodings)]
         if self.task in ("ner", "qa"):  # postprocessed with their encodings
             outputs = list(zip(outputs, encodings))
-        if groups is not None:  # each pair's windows
+        if groups is not None:  # each input's windows
             ran = iter(outputs)
             outputs = [[next(ran) for _ in group] for group in groups]
         tokenized, waited, running = time_spent(items)

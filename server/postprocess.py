@@ -316,3 +316,18 @@ def entities(text: str, info: TokenInfo, logits: np.ndarray, labels: list[str],
     if strategy == "none":
         return [t for t in tokens if t["entity"] not in ignore]
     return [g for g in _group(tokens, text) if g["entity_group"] not in ignore]
+
+
+def overlapping(entities: list[dict]) -> list[dict]:
+    """The entities of a text's overlapping windows, by start, where two overlap the longer
+    kept (of two as long, the higher score), as the token-classification pipeline merges
+    them."""
+    kept: list[dict] = []
+    for entity in sorted(entities, key=lambda e: e["start"]):
+        last = kept[-1] if kept else None
+        if last is None or not last["start"] <= entity["start"] < last["end"]:
+            kept.append(entity)
+        elif ((length := entity["end"] - entity["start"]) > last["end"] - last["start"]
+              or length == last["end"] - last["start"] and entity["score"] > last["score"]):
+            kept[-1] = entity
+    return kept

@@ -11,6 +11,7 @@ from pydantic import (
     Discriminator,
     Field,
     Tag,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -258,6 +259,22 @@ class InfinityClassifyRequest(_Truncated):
 class NerRequest(_Truncated):
     inputs: Texts
     aggregation_strategy: Strategy = "simple"
+    ignore_labels: list[str] = Field(["O"], description="entities of these labels left "
+                                     "out (the pipeline's; given, they replace O)")
+    stride: Annotated[int, Field(ge=0, le=LARGEST)] | None = Field(
+        None, description="read a text longer than max_length tokens whole, in windows of "
+        "max_length tokens each sharing this many with the one before (the "
+        "token-classification pipeline's stride; truncate and truncation_direction then do "
+        "not apply)")
+
+    @field_validator("stride")
+    @classmethod
+    def _aggregated(cls, stride: int | None, info: ValidationInfo) -> int | None:
+        if stride is not None and info.data.get("aggregation_strategy") == "none":
+            raise PydanticCustomError("stride_unaggregated", "a text read in windows needs "
+                                      "an aggregation_strategy other than none (a token's "
+                                      "index would be its window's)")
+        return stride
 
 
 # TEI's own bodies (server/routes/tei.py) -------------------------------------------------
@@ -475,10 +492,8 @@ class HfQaRequest(_Questions):
 class HfTokenParameters(BaseModel):
     model_config = _Request.model_config
     aggregation_strategy: Strategy | None = None  # (NerRequest's default)
-    ignore_labels: list[str] | None = Field(None, description="entities of these labels "
-                                            "left out (O always is)")
-    stride: int | None = Field(None, description="not served (a 422): a text longer than "
-                               "the model's max_length tokens is cut, as truncate says")
+    ignore_labels: list[str] | None = None  # (None: NerRequest's default)
+    stride: int | None = None
 
 
 class HfTokenRequest(_Truncated):

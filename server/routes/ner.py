@@ -1,4 +1,7 @@
-"""POST /v1/ner: entities with character offsets into the text as sent."""
+"""POST /v1/ner: entities with character offsets into the text as sent, as transformers'
+token-classification pipeline finds them. With ``stride``, a text longer than the model's
+max_length tokens is read whole, as the pipeline reads it: in overlapping windows, each an
+input of its own in the model's batches, their entities merged where they overlap."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from fastapi import APIRouter, Request
 
 from server import errors, postprocess
 from server.engine import Engine, Result
+from server.errors import ApiError
 from server.routes.common import check_limits, choose, infer, reply
 from server.schemas import NerRequest, NerResponse
 
@@ -23,20 +27,41 @@ async def ner(body: NerRequest, request: Request):
 
 async def recognised(body: NerRequest, request: Request
                      ) -> tuple[Engine, list[list[dict]], Result]:
-    """The NER model, each input's entities and the run (also the Open Inference
-    Protocol's infer)."""
+    """The NER model, each input's entities and the run (also POST /'s, the Hugging Face
+    Inference API's body, and the Open Inference Protocol's)."""
     engine = choose(request, body.model, "ner")
     check_limits(request, body.texts)
-    texts = body.texts
-    result = await infer(request, engine, texts, body.truncation)
+    texts, ignore = body.texts, tuple(body.ignore_labels)
+    if body.stride is None:
+        result = await infer(request, engine, texts, body.truncation)
+    else:
+        result = await infer(request, engine, texts, None, _windows(engine, body.stride))
     results = await asyncio.to_thread(  # postprocessing off the event loop
-        lambda: [entities(engine, text, output, body.aggregation_strategy)
+        lambda: [entities(engine, text, output, body.aggregation_strategy, ignore)
                  for text, output in zip(texts, result.outputs)])
     return engine, results, result
 
 
-def entities(engine, text: str, output, strategy: str) -> list[dict]:
-    """One text's token logits [T, C] and its encoding -> the pipeline's entities."""
+def _windows(engine: Engine, stride: int) -> tuple[int, int]:
+    """Windows of the model's max_length tokens, each ``stride`` over the one before (a 422
+    unless that leaves each window something new)."""
+    room = engine.max_length - sum(map(len, engine.specials))
+    if stride >= room:
+        raise ApiError(422, "invalid_request", f"stride {stride}: model {engine.name!r} "
+                       f"reads windows of {room} tokens of text (its max_length, "
+                       f"{engine.max_length}, less its special tokens); stride must be less")
+    return engine.max_length, stride
+
+
+def entities(engine: Engine, text: str, output, strategy: str,
+             ignore: tuple[str, ...]) -> list[dict]:
+    """One text's token logits [T, C] and its encoding, or a list of its windows' -> the
+    pipeline's entities (those of the windows merged where they overlap)."""
+    if isinstance(output, list):
+        found = [e for window in output for e in entities(engine, text, window, strategy,
+                                                          ignore)]
+        return postprocess.overlapping(found) if len(output) > 1 else found
     logits, encoding = output
     info = postprocess.TokenInfo.of(encoding, engine.unk_id, engine.word_aware)
-    return postprocess.entities(text, info, np.asarray(logits), engine.labels, strategy)
+    return postprocess.entities(text, info, np.asarray(logits), engine.labels, strategy,
+                                ignore)

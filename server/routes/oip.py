@@ -14,7 +14,7 @@ numbers (or texts) out:
 
 A request with one input takes it as the texts whatever its name (KServe's examples call
 it input-0). The request's ``parameters`` are the options of the route that does the task
-(normalize, dimensions, prompt_name; raw_scores; aggregation_strategy; top_k,
+(normalize, dimensions, prompt_name; raw_scores; aggregation_strategy, stride; top_k,
 max_answer_len, handle_impossible_answer, align_to_words, max_seq_len, doc_stride;
 truncate, truncation_direction); the models, queue, limits, errors and timing headers are those of
 the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's

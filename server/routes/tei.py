@@ -125,20 +125,11 @@ async def zero_shot_answers(body: HfZeroShotRequest, request: Request
 
 
 async def token_answers(body: HfTokenRequest, request: Request) -> tuple[list, Result]:
-    """The token-classification pipeline's answer: a text's entities (/v1/ner's), less
-    those of ``ignore_labels``; a list of them for a list."""
-    parameters = body.parameters
-    if parameters and parameters.stride is not None:
-        raise errors.ApiError(422, "invalid_request", "parameters.stride: not served: a "
-                              "text longer than the model's max_length tokens is cut (as "
-                              "truncate and truncation_direction say), never strided")
-    strategy = parameters and parameters.aggregation_strategy
-    ignored = set(parameters and parameters.ignore_labels or ())
-    _, results, result = await recognised(
-        _as(NerRequest, body, aggregation_strategy=strategy), request)
-    kept = [[e for e in entities if e.get("entity_group", e.get("entity")) not in ignored]
-            for entities in results]
-    return kept[0] if isinstance(body.inputs, str) else kept, result
+    """The token-classification pipeline's answer: a text's entities (/v1/ner's); a list
+    of them for a list."""
+    options = {} if body.parameters is None else body.parameters.model_dump()
+    _, results, result = await recognised(_as(NerRequest, body, **options), request)
+    return results[0] if isinstance(body.inputs, str) else results, result
 
 
 async def qa_answers(body: HfQaRequest, request: Request) -> tuple[list | dict, Result]:

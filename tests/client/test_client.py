@@ -67,6 +67,8 @@ def test_sync_client_mirrors_the_routes(url):
         assert abs(sum(r["score"] for r in probabilities) - 1) < 1e-5
         assert probabilities != logits
         assert isinstance(c.ner(long, truncation_direction="left")[0], list)
+        whole = c.ner(long, stride=8, ignore_labels=[])[0]  # read whole, O's groups too
+        assert whole[-1]["end"] == len(long) > c.ner(long, ignore_labels=[])[0][-1]["end"]
         assert len(c.rerank("q", [long], truncate=True, truncation_direction="left")) == 1
         with pytest.raises(BadRequest, match="truncation_direction"):
             c.embed("x", truncation_direction="middle")
@@ -127,6 +129,9 @@ def test_both_clients_answer_questions(tmp_path):
             assert c.qa(asked, top_k=2) == expected
             (one,) = c.qa(asked[0], handle_impossible_answer=True, top_k=50)
             assert "" in [a["answer"] for a in one]  # the empty answer, among all
+            windowed = {"inputs": asked, "max_seq_len": 12, "doc_stride": 2}
+            assert c.qa(asked, max_seq_len=12, doc_stride=2) == httpx.post(
+                url + "/v1/qa", json=windowed).json()["results"]
 
         async def go():
             async with AsyncDistilServeClient(url) as c:

@@ -45,7 +45,10 @@ ROUTES = {
     "/classify": ({"input": TEXTS}, {"raw_scores": [True, False]}),
     "/v1/ner": ({"inputs": TEXTS}, {
         "aggregation_strategy": ["none", "simple", "first", "average", "max"],
-        "truncation_direction": ["right", "left"]}),
+        "truncation_direction": ["right", "left"], "ignore_labels": [None, [], ["PER"]]}),
+    "/v1/ner strided": ({"inputs": TEXTS}, {  # (aggregation "none" is refused a stride)
+        "aggregation_strategy": ["simple", "first", "average", "max"], "stride": [0, 2],
+        "ignore_labels": [None, []], "truncate": [True, False]}),
     "/v1/classify zero-shot": ({"inputs": TEXTS, "candidate_labels": ["pets", "towns"]}, {
         "top_k": [None, 1], "raw_scores": [True, False], "multi_label": [True, False],
         "hypothesis_template": [None, "It is about {}."], "truncate": [True, False]}),
@@ -62,7 +65,8 @@ ROUTES = {
         {"candidate_labels": ["pets"]}, {"candidate_labels": ["pets", "towns"],
                                          "multi_label": True, "hypothesis_template": None}]}),
     "/ ner": ({"inputs": TEXTS, "model": "tagger"}, {"parameters": [
-        None, {}, {"aggregation_strategy": "first", "ignore_labels": ["PER"], "stride": None}]}),
+        None, {}, {"aggregation_strategy": "first", "ignore_labels": ["PER"], "stride": None},
+        {"aggregation_strategy": "max", "ignore_labels": [], "stride": 2}]}),
     "/v1/tokenize": ({"inputs": TEXTS}, {"add_special_tokens": [True, False]}),
 }
 

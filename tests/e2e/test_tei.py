@@ -154,9 +154,10 @@ def test_vertex_answers_each_instance_as_the_root(url):
     # an instance refused refuses them all, named by its index
     assert refused([{"inputs": "a"}, {"inputs": 5}])[0] == 422
     assert refused([{"inputs": "a"}, {"inputs": 5}])[1].startswith("instances.1: inputs")
-    assert refused([{"model": "tagger", "inputs": "a", "parameters": {"stride": 4}}]) == (
-        422, "instances.0: parameters.stride: not served: a text longer than the model's "
-        "max_length tokens is cut (as truncate and truncation_direction say), never strided")
+    assert refused([{"model": "tagger", "inputs": "a", "parameters": {
+        "stride": 4, "aggregation_strategy": "none"}}]) == (
+        422, "instances.0: parameters: stride: a text read in windows needs an "
+        "aggregation_strategy other than none (a token's index would be its window's)")
     code, message = refused([{"inputs": "a"}, {"inputs": ["x"] * 9}])
     assert code == 413 and message.startswith("instances.1: 9 inputs"), message
     assert refused([{"inputs": "a"}] * 9) == (413, "9 instances; at most 8 per request "

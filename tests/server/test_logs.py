@@ -24,13 +24,14 @@ def test_json_logs_are_one_object_a_line_with_the_access_logs_fields(
         "DISTILSERVE_WORKERS": workers})
     url = f"http://127.0.0.1:{port}"
     try:
+        # every worker has loaded the model (and said so) before it is asked (one still
+        # loading answers a 503) and before the service stops
+        wait_for(lambda: log.read_text().count("serving cmow") == int(workers),
+                 "every worker to load the model")
         ok = httpx.post(url + "/v1/embed", json={"inputs": "x"})
         refused = httpx.post(url + "/v1/embed", json={"inputs": []},
                              headers={"x-request-id": "from-the-ingress"})
         assert (ok.status_code, refused.status_code) == (200, 422)
-        # every worker has loaded the model (and said so) before the service stops
-        wait_for(lambda: log.read_text().count("serving cmow") == int(workers),
-                 "every worker to load the model")
         server.send_signal(signal.SIGTERM)
         assert server.wait(60) == 0
     finally:

@@ -2,6 +2,7 @@ import base64
 
 import numpy as np
 import pytest
+from transformers import TokenClassificationPipeline
 
 from server import postprocess
 from server.postprocess import TokenInfo
@@ -133,6 +134,24 @@ def test_first_uses_the_first_subword_and_none_keeps_tokens():
     none = postprocess.entities(TEXT, INFO, logits, LABELS, "none")
     assert [(e["entity"], e["word"], e["index"]) for e in none] == [
         ("B-PER", "Mer", 1), ("B-LOC", "kel", 2)]
+
+
+def test_overlapping_windows_entities_merge_as_the_pipeline_merges_them():
+    """The longer of two overlapping entities kept, of two as long the higher score; equal
+    to the pipeline's aggregate_overlapping_entities on random ones."""
+    entity = lambda start, end, score: {"start": start, "end": end, "score": score}  # noqa: E731
+    merged = postprocess.overlapping([entity(10, 14, 0.9), entity(0, 5, 0.5),
+                                      entity(3, 8, 0.7), entity(10, 16, 0.2),
+                                      entity(20, 24, 0.3), entity(20, 24, 0.4)])
+    assert merged == [entity(3, 8, 0.7), entity(10, 16, 0.2), entity(20, 24, 0.4)]
+    assert postprocess.overlapping([]) == []
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        starts = rng.integers(0, 30, size=rng.integers(1, 12))
+        found = [entity(int(s), int(s + rng.integers(1, 6)), float(rng.integers(0, 3)))
+                 for s in starts]
+        assert postprocess.overlapping(found) == \
+            TokenClassificationPipeline.aggregate_overlapping_entities(None, found)
 
 
 def test_unknown_strategy_is_refused():
