@@ -27,6 +27,7 @@ from models.runtime import open_backend
 from models.runtime.base import Backend, BackendError
 from server import postprocess
 from server.batching import (
+    CPU_PADDING,
     Batcher,
     InputTooLong,
     OverQueue,
@@ -211,8 +212,8 @@ class Engine:
             self.max_length, batch_size,
             batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
             on_depth=self.series.queue_depth.set,  # (on_batch once warmed up: start)
-            name=name,
-            collect=self.backend.collect if overlap else None)
+            name=name, collect=self.backend.collect if overlap else None,
+            max_padding=CPU_PADDING if self.backend.device.startswith("cpu") else None)
 
     def describe(self) -> dict:
         info = {"id": self.name, "object": "model", "created": self.created,

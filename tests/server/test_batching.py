@@ -83,6 +83,24 @@ def test_take_batch_respects_the_token_budget():
     assert [it.length for it in batch] == [10, 12]  # 100 would pad to 2 x 100
 
 
+def test_take_batch_on_the_cpu_leaves_out_an_input_whose_padding_costs_more_than_it():
+    """An input joins if the padded tokens it adds are at most its own and max_padding
+    more: a long one among short ones waits for its own batch, as a short one among long
+    ones does; near lengths still share (the last window of a long text beside its full
+    ones: 512 + 136 padded to 2 x 512 took longer than each at its own length)."""
+    windows = [_item(512), _item(512), _item(136)]
+    assert [it.length for it in take_batch(windows, 8, 4096, 32)] == [512, 512]
+    assert [it.length for it in take_batch(windows, 8, 4096)] == [512, 512, 136]  # GPU
+    assert [it.length for it in take_batch(windows[2:] + windows[:2], 8, 4096, 32)] == [136]
+    sentences = [_item(n) for n in (20, 22, 18, 25, 9, 60)]
+    # near enough to share: 22, 18, 25 (padding the three before it by 3 tokens each) and
+    # 9 (padded to 25); not 60, which would pad five inputs by 35 tokens each
+    assert [it.length for it in take_batch(sentences, 8, 4096, 32)] == [20, 22, 18, 25, 9]
+    assert len(take_batch(sentences, 8, 4096)) == 6
+    # the first input always runs, however long
+    assert take_batch([_item(300)], 8, 4096, 32)[0].length == 300
+
+
 def test_warmup_shapes_start_with_the_most_memory_and_stay_within_the_limits():
     shapes = warmup_shapes(256, 65_536, 512)
     assert shapes[0] == (128, 512)  # the longest inputs, as many as the budget allows

@@ -118,7 +118,8 @@ def test_cuda_graphs_asked_for_on_the_cpu_say_so_and_change_nothing(torch_model,
 
 
 def test_batch_limits_default_by_device():
-    assert Settings().batch_limits("cpu") == (32, 16_384)
+    assert Settings(threads=2).batch_limits("cpu") == (32, 1024)  # 512 per thread
+    assert Settings(threads=1).batch_limits("cpu") == (32, 512)
     assert Settings().batch_limits("cuda:0") == (256, 65_536)
     assert Settings(max_batch_size=8, max_batch_tokens=100).batch_limits("cuda:0") == (8, 100)
 
