@@ -359,6 +359,10 @@ class Engine:
             groups = await asyncio.to_thread(self.windows, texts, *windows)
             tokenizing = time.perf_counter() - began
             encodings = [window for group in groups for window in group]
+            if len(encodings) > self.batcher.max_queue:
+                raise OverQueue(f"{len(encodings)} windows of {len(texts)} input(s) are "
+                                f"more than its queue holds ({self.batcher.max_queue}, "
+                                "DISTILSERVE_MAX_QUEUE), a smaller stride makes fewer")
         elif truncation is None:
             began = time.perf_counter()
             try:

@@ -6,6 +6,7 @@ token_classification) and the Open Inference Protocol take both."""
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import huggingface_hub
@@ -120,3 +121,16 @@ def test_the_root_and_the_open_inference_protocol_take_stride_and_ignore_labels(
     assert oip.status_code == 200, oip.text
     assert json.loads(oip.json()["outputs"][0]["data"][0]) == ner(
         url, inputs=LONG, aggregation_strategy="first", stride=4).json()["results"][0]
+
+
+def test_more_windows_than_the_queue_holds_is_a_413_naming_them(tiny_checkpoints, tmp_path):
+    export.export(tiny_checkpoints["bert", "ner"], tmp_path / "tagger", "onnx",
+                  max_length=MAX_LENGTH)
+    with running_server(tmp_path, max_queue=20) as url:
+        res = ner(url, inputs=[LONG, "Dogs bark."], stride=21)  # one token on each time
+        assert res.status_code == 413
+        assert re.fullmatch(r"model 'tagger': \d+ windows of 2 input\(s\) are more than its "
+                            r"queue holds \(20, DISTILSERVE_MAX_QUEUE\), a smaller stride "
+                            r"makes fewer; send fewer per request",
+                            res.json()["error"]["message"])
+        assert ner(url, inputs=[LONG, "Dogs bark."], stride=0).status_code == 200
