@@ -10,6 +10,7 @@ import asyncio
 import gc
 import hmac
 import logging
+import os
 import time
 import uuid
 import zlib
@@ -410,9 +411,11 @@ class RequestMetrics:
 
 
 def create_app(settings: Settings | None = None, repository: Path | None = None,
-               loader=None) -> FastAPI:
+               loader=None, load_first: bool = False) -> FastAPI:
     """The service. Its lifespan loads the repository (None: the embedded default), or
-    runs ``await loader(service)`` instead (the Ray Serve ingress: server/ray_serve.py)."""
+    runs ``await loader(service)`` instead (the Ray Serve ingress: server/ray_serve.py):
+    while the port takes connections (/health answers, /ready says when it is done), or
+    with ``load_first`` before (a worker of several: app_from_environment)."""
     settings = settings or Settings()
     repository = repository or settings.model_repository  # None: the embedded default
     tracing = Tracing(  # the probes and /metrics: no spans
@@ -425,6 +428,8 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
         app.state.service = service
         loading = asyncio.create_task(loader(service) if loader else build_and_load(
             service, Path(repository) if repository else None))
+        if load_first:
+            await asyncio.wait([loading])
         yield
         service.draining = True
         loading.cancel()
@@ -491,5 +496,16 @@ def document_api_key(app: FastAPI) -> None:
 
 def app_from_environment() -> FastAPI:
     """The app of a worker process (``distilserve serve --workers N``): its settings come
-    from the DISTILSERVE_* variables the command set before starting the workers."""
-    return create_app(Settings())
+    from the DISTILSERVE_* variables the command set before starting the workers. The
+    service's first worker takes connections at once, so that /health answers while it
+    loads; every other one (the first's siblings, and a worker replacing one that died)
+    loads its models before it takes any, while the others serve: no request goes to a
+    worker still loading, to be answered 503."""
+    # the workers' shared folder (their metrics'; prometheus-client reads only its *.db)
+    claim = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]) / "first-worker"
+    try:
+        claim.touch(exist_ok=False)  # O_CREAT | O_EXCL: one worker makes it
+        first = True
+    except FileExistsError:
+        first = False
+    return create_app(Settings(), load_first=not first)

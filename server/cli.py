@@ -140,7 +140,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # background, with the port open: /health answers at once, /ready when they are loaded
     common = dict(settings=settings, host=settings.host, port=settings.port, log_level="info",
                   access_log=settings.access_log, timeout_graceful_shutdown=30,
-                  **({"log_config": log_config} if log_config else {}))
+                  log_config=log_config)
     if settings.workers == 1:
         Server(Config(create_app(settings, repository), **common)).run(sockets=[sock])
         return 0

@@ -6,10 +6,12 @@ answered with that request's id. python-json-logger writes them."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import logging.config
 from contextvars import ContextVar
 
+import uvicorn.config
 from pythonjsonlogger.core import RESERVED_ATTRS
 
 TEXT = "%(asctime)s %(levelname)s %(message)s"
@@ -64,12 +66,20 @@ def json_config() -> dict:
     }
 
 
-def configure(log_format: str) -> dict | None:
-    """Sets this process's logging up; returns what uvicorn's ``log_config`` should be,
-    so that its worker processes log alike (None: uvicorn's own text format)."""
-    if log_format == "json":
-        config = json_config()
-        logging.config.dictConfig(config)
-        return config
-    logging.basicConfig(level=logging.INFO, format=TEXT)
-    return None
+def text_config() -> dict:
+    """A logging.config.dictConfig: uvicorn's own, and every other record (distilserve's)
+    a line of TEXT on stderr."""
+    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
+    config["formatters"]["text"] = {"format": TEXT}
+    config["handlers"]["text"] = {"class": "logging.StreamHandler", "formatter": "text",
+                                  "stream": "ext://sys.stderr"}
+    config["root"] = {"handlers": ["text"], "level": "INFO"}
+    return config
+
+
+def configure(log_format: str) -> dict:
+    """Sets this process's logging up; returns it as uvicorn's ``log_config``, so that its
+    worker processes (which start afresh) log alike."""
+    config = json_config() if log_format == "json" else text_config()
+    logging.config.dictConfig(config)
+    return config

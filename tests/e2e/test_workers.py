@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -61,14 +62,19 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
 
         first, second = _workers(log)
         os.kill(first, signal.SIGKILL)
-        answered = []
-        for _ in range(20):  # the other worker keeps serving meanwhile
+        answered, deadline = [], time.monotonic() + 300
+        # the other worker serves meanwhile, and the replacement takes no connection before
+        # its model is loaded (it would answer 503): until it says so, and 20 requests
+        while (log.read_text().count("serving cmow") < 3 or len(answered) < 20) \
+                and time.monotonic() < deadline:
             try:
                 answered.append(httpx.post(url + "/v1/embed", json={"inputs": "x"},
                                            timeout=60).status_code)
             except httpx.TransportError:  # a connection the dead worker had accepted
                 answered.append(None)
-        assert answered.count(200) >= 19
+        assert log.read_text().count("serving cmow") == 3, "the replacement never loaded"
+        assert 503 not in answered, f"{answered.count(503)} of {len(answered)} answered 503"
+        assert answered.count(200) >= len(answered) - 1, answered
         replacement = wait_for(lambda: [p for p in _workers(log) if p not in (first, second)],
                                 "a replacement worker")
         assert "died" in log.read_text()
