@@ -1,5 +1,7 @@
 """``distilserve serve --workers 2``: two processes on one port, metrics summed over both,
-a worker that dies is replaced while the other serves, SIGTERM stops them all."""
+a worker that dies is replaced while the other serves (no request reaching the
+replacement before it has loaded), SIGHUP replaces them in turn with every request
+answered, SIGTERM stops them all."""
 
 from __future__ import annotations
 
@@ -27,6 +29,21 @@ def _embed_count(url: str) -> float:
     text = httpx.get(url + "/metrics", timeout=30).text
     return sum(float(v) for v in re.findall(
         r'distilserve_requests_total{route="/v1/embed",status="200"} ([0-9.e+]+)', text))
+
+
+def _until_loaded(url: str, log: Path, count: int) -> list[int | None]:
+    """Requests sent one after another until the log says ``count`` times in all that a
+    worker serves the model, and 20 at least: their statuses (None: no answer)."""
+    answered, deadline = [], time.monotonic() + 300
+    while (log.read_text().count("serving cmow") < count or len(answered) < 20) \
+            and time.monotonic() < deadline:
+        try:
+            answered.append(httpx.post(url + "/v1/embed", json={"inputs": "x"},
+                                       timeout=60).status_code)
+        except httpx.TransportError:  # a connection a dead worker had accepted
+            answered.append(None)
+    assert log.read_text().count("serving cmow") == count, "a new worker never loaded"
+    return answered
 
 
 def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
@@ -62,24 +79,21 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
 
         first, second = _workers(log)
         os.kill(first, signal.SIGKILL)
-        answered, deadline = [], time.monotonic() + 300
         # the other worker serves meanwhile, and the replacement takes no connection before
-        # its model is loaded (it would answer 503): until it says so, and 20 requests
-        while (log.read_text().count("serving cmow") < 3 or len(answered) < 20) \
-                and time.monotonic() < deadline:
-            try:
-                answered.append(httpx.post(url + "/v1/embed", json={"inputs": "x"},
-                                           timeout=60).status_code)
-            except httpx.TransportError:  # a connection the dead worker had accepted
-                answered.append(None)
-        assert log.read_text().count("serving cmow") == 3, "the replacement never loaded"
+        # its model is loaded (it would answer 503)
+        answered = _until_loaded(url, log, 3)
         assert 503 not in answered, f"{answered.count(503)} of {len(answered)} answered 503"
-        assert answered.count(200) >= len(answered) - 1, answered
+        assert answered.count(200) >= len(answered) - 1, answered  # (the dead worker's)
         replacement = wait_for(lambda: [p for p in _workers(log) if p not in (first, second)],
                                 "a replacement worker")
         assert "died" in log.read_text()
         wait_for(ready_everywhere, "the replacement ready")
         assert server.poll() is None and replacement
+        # uvicorn's SIGHUP: each worker replaced in turn, retired once its successor has
+        # loaded; every request answered meanwhile (4 of 498 were 503s before)
+        server.send_signal(signal.SIGHUP)
+        answered = _until_loaded(url, log, 5)
+        assert answered.count(200) == len(answered), answered
     finally:
         server.send_signal(signal.SIGTERM)
         try:
