@@ -68,15 +68,24 @@ def start_server(repository: Path, port: int, log: Path, env: dict | None = None
                  module: str = "server.cli") -> subprocess.Popen:
     """``distilserve serve`` on 127.0.0.1:``port`` (output to ``log``, extra variables in
     ``env``; ``module``: another command line that takes ``serve``, e.g.
-    loadtests.emulated_gpu), returned once /ready answers 200."""
+    loadtests.emulated_gpu), returned once /ready answers 200 and every worker
+    (DISTILSERVE_WORKERS) has started."""
     env = {**os.environ, "DISTILSERVE_HOST": "127.0.0.1", **(env or {})}
     process = subprocess.Popen(
         [sys.executable, "-m", module, "serve", "--model-repository", str(repository),
          "--port", str(port)], stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
         cwd=HERE.parent)
+    workers = int(env.get("DISTILSERVE_WORKERS", 1))
     try:
         wait_until_ready(f"http://127.0.0.1:{port}", lambda: process.poll() is None,
                          f"the service (log: {log})")
+        # the first worker answers /ready; each other takes connections once it has loaded
+        # its models (server.app.app_from_environment) and says so, as uvicorn does
+        while log.read_text().count("Application startup complete") < workers:
+            if process.poll() is not None:
+                raise RuntimeError(f"the service stopped before its workers started (log: "
+                                   f"{log})")
+            time.sleep(0.1)
     except RuntimeError:
         process.terminate()
         raise
