@@ -12,6 +12,8 @@ from models.heads import POOLINGS
 from models.io import checkpoint
 from training.distill import DEFAULT_STEPS as OBJECTIVES  # the families distillation knows
 
+WORKER_READY_S = 120  # how long a new worker of --workers N may take to load (see serve_workers)
+
 DESCRIPTION = """Serves compact, distilled text encoders (BERT, DistilBERT, TinyBERT, MiniLM,
 MobileBERT, MiniALBERT, F-ALBERT, CMOW): embeddings (OpenAI-compatible too),
 classification and NER over HTTP, on the CPU or a GPU.
@@ -164,8 +166,12 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     metrics = tempfile.mkdtemp(prefix="distilserve-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
     try:
+        # a new worker loads its models before it is ready (server.app.app_from_environment):
+        # SIGHUP's restart waits this long for each (uvicorn's 5 s, which a worker loading
+        # on a busy machine overran, aborted it); a hung worker is found as late
         config = Config("server.app:app_from_environment", factory=True,
-                        workers=settings.workers, **common)
+                        workers=settings.workers, timeout_worker_healthcheck=WORKER_READY_S,
+                        **common)
         Multiprocess(config, sockets=[sock]).run()
     finally:
         shutil.rmtree(metrics, ignore_errors=True)
