@@ -501,10 +501,12 @@ def app_from_environment() -> FastAPI:
     loads; every other one (the first's siblings, and a worker replacing one that died)
     loads its models before it takes any, while the others serve: no request goes to a
     worker still loading, to be answered 503."""
-    # the workers' shared folder (their metrics'; prometheus-client reads only its *.db)
-    claim = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]) / "first-worker"
+    # the workers' shared folder (their metrics'; prometheus-client reads only its *.db),
+    # which serve_workers makes (without it, run by hand: a worker on its own)
+    shared = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     try:
-        claim.touch(exist_ok=False)  # O_CREAT | O_EXCL: one worker makes it
+        if shared:
+            (Path(shared) / "first-worker").touch(exist_ok=False)  # O_EXCL: one makes it
         first = True
     except FileExistsError:
         first = False
