@@ -184,6 +184,8 @@ class Engine:
         probe = self.tokenizers[None].encode("a")
         at = probe.special_tokens_mask.index(0)
         self.specials = (probe.ids[:at], probe.ids[at + 1:])
+        # the tokens of text an input may have: max_length less its special tokens
+        self.room = max(0, self.max_length - len(self.specials[0]) - len(self.specials[1]))
         self.filler = probe.ids[at]  # a token of text, for warm-up batches
 
     def _open(self, settings: Settings, metrics: Metrics, cpu_thread: Executor | None) -> None:
@@ -319,12 +321,11 @@ class Engine:
 
     def _from_ids(self, ids: list[int], truncation: str | None) -> TokenIds:
         before, after = self.specials
-        room = max(0, self.max_length - len(before) - len(after))
         kept, overflowing = ids, []
         if truncation == "right":
-            kept, overflowing = ids[:room], ids[room:]
+            kept, overflowing = ids[:self.room], ids[self.room:]
         elif truncation == "left":
-            cut = max(0, len(ids) - room)
+            cut = max(0, len(ids) - self.room)
             kept, overflowing = ids[cut:], ids[:cut]
         ids = [*before, *kept, *after]
         return TokenIds(ids, [0] * len(ids), overflowing)

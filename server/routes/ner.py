@@ -45,10 +45,9 @@ async def recognised(body: NerRequest, request: Request
 def _windows(engine: Engine, stride: int) -> tuple[int, int]:
     """Windows of the model's max_length tokens, each ``stride`` over the one before (a 422
     unless that leaves each window something new)."""
-    room = engine.max_length - sum(map(len, engine.specials))
-    if stride >= room:
+    if stride >= engine.room:
         raise ApiError(422, "invalid_request", f"stride {stride}: model {engine.name!r} "
-                       f"reads windows of {room} tokens of text (its max_length, "
+                       f"reads windows of {engine.room} tokens of text (its max_length, "
                        f"{engine.max_length}, less its special tokens); stride must be less")
     return engine.max_length, stride
 
