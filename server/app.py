@@ -12,7 +12,6 @@ import hmac
 import logging
 import os
 import time
-import uuid
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -330,6 +329,14 @@ class ApiKey:
     def public(cls, method: str, path: str) -> bool:
         return path in cls.PUBLIC and method in ("GET", "HEAD")
 
+    @staticmethod
+    def accepts(key: bytes, authorization: str) -> bool:
+        """Whether an Authorization header (or gRPC's authorization metadata) is ``Bearer
+        KEY``."""
+        scheme, _, token = authorization.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            token.strip().encode("latin-1", "replace"), key)
+
     def __init__(self, app, key: str | None):
         self.app, self.key = app, key and key.encode()
 
@@ -337,9 +344,7 @@ class ApiKey:
         if (self.key is None or scope["type"] != "http"
                 or self.public(scope["method"], scope["path"])):
             return await self.app(scope, receive, send)
-        scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-                token.strip().encode("latin-1"), self.key):
+        if not self.accepts(self.key, Headers(scope=scope).get("authorization", "")):
             response = JSONResponse(
                 errors.body("unauthorized", "missing or wrong API key: send "
                             "'Authorization: Bearer KEY'"), 401,
@@ -360,9 +365,7 @@ class RequestId:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        given = Headers(scope=scope).get("x-request-id", "")
-        request_id = (given if 0 < len(given) <= 200 and given.isascii() and given.isprintable()
-                      else uuid.uuid4().hex)
+        request_id = logs.request_id(Headers(scope=scope).get("x-request-id", ""))
         logs.REQUEST_ID.set(request_id)  # in this request's own task
         header = (b"x-request-id", request_id.encode())
 
@@ -430,8 +433,15 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
             service, Path(repository) if repository else None))
         if load_first:
             await asyncio.wait([loading])
+        grpc_server = None
+        if settings.grpc_port is not None:  # the Open Inference Protocol's gRPC API too
+            from server.routes import oip_grpc
+
+            grpc_server = await oip_grpc.start(app, settings)
         yield
         service.draining = True
+        if grpc_server is not None:  # its calls in flight answered (new ones: refused)
+            await grpc_server.stop(grace=30)
         loading.cancel()
         await asyncio.gather(loading, return_exceptions=True)
         for engine in service.engines.values():

@@ -107,7 +107,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("model_repository", args.model_repository),
                                    ("host", args.host), ("port", args.port),
                                    ("device", args.device), ("dtype", args.dtype),
-                                   ("workers", args.workers))
+                                   ("workers", args.workers), ("grpc_port", args.grpc_port))
                  if v is not None}
     try:
         settings = Settings(**overrides)
@@ -122,15 +122,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except BackendError as e:
             print(f"distilserve serve: every model: {e}", file=sys.stderr)
             return 2
+    if settings.grpc_port is not None:
+        try:
+            import grpc  # noqa: F401
+            import tritonclient.grpc  # noqa: F401
+        except ImportError as e:
+            print(f"distilserve serve: --grpc-port needs the grpc extra (pip install "
+                  f"'distilserve[grpc]'): {e}", file=sys.stderr)
+            return 2
     repository = settings.model_repository
     if repository is not None and not repository.is_dir():
         print(f"distilserve serve: model repository {repository} is not a folder",
               file=sys.stderr)
         return 2
-    try:  # the port first: a port in use is a one-line error before anything loads
-        sock = listening_socket(settings.host, settings.port)
+    port = settings.port
+    try:  # the ports first: a port in use is a one-line error before anything loads
+        sock = listening_socket(settings.host, port)
+        if settings.grpc_port is not None:  # bound again by the app (each worker's)
+            port = settings.grpc_port
+            listening_socket(settings.host, port).close()
     except OSError as e:
-        print(f"distilserve serve: cannot listen on {settings.host}:{settings.port}: "
+        print(f"distilserve serve: cannot listen on {settings.host}:{port}: "
               f"{e.strerror or e}", file=sys.stderr)
         return 2
     log_config = logs.configure(settings.log_format)
@@ -389,6 +401,9 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int,
                        help="DISTILSERVE_WORKERS: processes serving the port, each with its "
                        "own copy of every model (default 1)")
+    serve.add_argument("--grpc-port", type=int,
+                       help="DISTILSERVE_GRPC_PORT: also serve the Open Inference Protocol "
+                       "over gRPC (tritonclient.grpc, KServe) on this port; default: none")
     serve.add_argument("--device", help="DISTILSERVE_DEVICE: cpu, cuda, cuda:N or auto "
                        "(default: a GPU when one is visible)")
     serve.add_argument("--dtype", help="DISTILSERVE_DTYPE: auto, fp32, fp16 or bf16 "

@@ -9,14 +9,23 @@ from __future__ import annotations
 import copy
 import logging
 import logging.config
+import uuid
 from contextvars import ContextVar
 
 import uvicorn.config
 from pythonjsonlogger.core import RESERVED_ATTRS
 
 TEXT = "%(asctime)s %(levelname)s %(message)s"
-# the id of the request being answered (server.app.RequestId sets it in the request's task)
+# the id of the request being answered (server.app.RequestId sets it in the request's task;
+# server/routes/oip_grpc.py in a gRPC call's)
 REQUEST_ID: ContextVar[str | None] = ContextVar("distilserve_request_id", default=None)
+
+
+def request_id(given: str) -> str:
+    """A request's id: the one its client gave (printable ASCII, at most 200 characters; a
+    proxy's, e.g. ingress-nginx's), else a new one."""
+    return (given if 0 < len(given) <= 200 and given.isascii() and given.isprintable()
+            else uuid.uuid4().hex)
 
 
 class RequestIds(logging.Filter):

@@ -132,28 +132,37 @@ def classes(scores: np.ndarray, labels: list[str], k: int) -> list[list[str]]:
     return [[f"{row[i]:f}:{i}:{labels[i]}" for i in order] for row, order in zip(scores, best)]
 
 
+def encoded(name: str, value: np.ndarray | list[str] | list[list[str]], binary: bool
+            ) -> tuple[dict, bytes | None]:
+    """An output tensor (name -> FP32 array, or texts: BYTES [N] or [N, k]): its JSON, with
+    its data there, or (``binary``) its binary data's size there and the bytes apart."""
+    if isinstance(value, np.ndarray):
+        value = np.ascontiguousarray(value, dtype="<f4")
+        tensor = {"name": name, "datatype": FP32, "shape": list(value.shape)}
+        raw = value.tobytes() if binary else None
+        flat = value.reshape(-1)
+    else:
+        rows = bool(value) and isinstance(value[0], list)  # [N, k]
+        flat = _flat(value, 2)
+        tensor = {"name": name, "datatype": BYTES,
+                  "shape": [len(value)] + ([len(value[0])] if rows else [])}
+        raw = _bytes_data(flat) if binary else None
+    if raw is None:
+        tensor["data"] = flat
+    else:
+        tensor["parameters"] = {"binary_data_size": len(raw)}
+    return tensor, raw
+
+
 def response(header: dict, outputs: dict[str, np.ndarray | list[str] | list[list[str]]],
              binary: set[str]) -> tuple[dict, bytes]:
-    """The response's JSON ``header`` with its ``outputs`` (name -> FP32 array, or texts:
-    BYTES [N] or [N, k]), those named in ``binary`` as binary data after the header (the
-    bytes returned, in the outputs' order)."""
+    """The response's JSON ``header`` with its ``outputs`` (encoded), those named in
+    ``binary`` as binary data after the header (the bytes returned, in the outputs'
+    order)."""
     tensors, data = [], []
     for name, value in outputs.items():
-        if isinstance(value, np.ndarray):
-            value = np.ascontiguousarray(value, dtype="<f4")
-            tensor = {"name": name, "datatype": FP32, "shape": list(value.shape)}
-            raw = value.tobytes() if name in binary else None
-            flat = value.reshape(-1)
-        else:
-            rows = bool(value) and isinstance(value[0], list)  # [N, k]
-            flat = _flat(value, 2)
-            tensor = {"name": name, "datatype": BYTES,
-                      "shape": [len(value)] + ([len(value[0])] if rows else [])}
-            raw = _bytes_data(flat) if name in binary else None
-        if raw is None:
-            tensor["data"] = flat
-        else:
-            tensor["parameters"] = {"binary_data_size": len(raw)}
-            data.append(raw)
+        tensor, raw = encoded(name, value, name in binary)
         tensors.append(tensor)
+        if raw is not None:
+            data.append(raw)
     return {**header, "outputs": tensors}, b"".join(data)

@@ -24,8 +24,9 @@ Triton's repository index lists every model folder and its state; its statistics
 the /metrics series of each model (server/metrics.py), and its model configuration says
 what a model takes and gives and how the service batches it. One version of each model is
 served, version 1: a model's routes answer at its /versions/1 paths too. Not served:
-loading and unloading by request (the service does it itself: DISTILSERVE_POLL_SECONDS),
-Triton's shared-memory extensions (shared memory is refused), and gRPC."""
+loading and unloading by request (the service does it itself: DISTILSERVE_POLL_SECONDS)
+and Triton's shared-memory extensions (shared memory is refused). The same protocol over
+gRPC runs these functions: server/routes/oip_grpc.py."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from server import errors, postprocess, tensors
-from server.engine import Engine
+from server.engine import Engine, Result
 from server.errors import ApiError
 from server.metrics import VERSION
 from server.routes import classify, health
@@ -121,7 +122,12 @@ async def repository_index(request: Request):
         ready = OipIndexRequest.model_validate_json(body or b"{}").ready
     except ValidationError as e:
         raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
-    svc = service(request)
+    return index(service(request), ready)
+
+
+def index(svc, ready: bool) -> list[dict]:
+    """The repository index: the served models, READY, and (unless ``ready``) the folders
+    that failed, UNAVAILABLE with the reason; by name."""
     models = [{"name": name, "state": "READY"} for name in svc.engines]
     if not ready:
         models += [{"name": name, "state": "UNAVAILABLE", "reason": why}
@@ -234,31 +240,47 @@ async def model_infer(model_name: str, request: Request):
     try:
         header, data = tensors.split(await request.body(), request.headers.get(HEADER_LENGTH))
         sent = orjson.loads(header)
-        call = OipInferRequest.model_validate(sent)
-        wanted = _wanted(engine, call)
-        raw = sent["inputs"]  # as sent (validated)
-        texts = _texts(engine, raw, dict(zip((t["name"] for t in raw),
-                                             tensors.binary_parts(raw, data))))
     except orjson.JSONDecodeError as e:
         raise ApiError(422, "invalid_request", f"malformed JSON: {e}") from None
-    except ValidationError as e:
-        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
     except tensors.TensorError as e:
         raise ApiError(422, "invalid_request", str(e)) from None
-    outputs, result = await RUN[engine.task](request, engine, texts, call.parameters)
+    call, outputs, result = await inferred(request, engine, sent, data)
     everything = call.parameters.get("binary_data_output") is True
     asked = {o.name: o.parameters for o in call.outputs or ()}
-    binary = {name for name in wanted if asked.get(name, {}).get("binary_data",
-                                                                 everything) is True}
+    binary = {name for name in outputs if asked.get(name, {}).get("binary_data",
+                                                                  everything) is True}
     answer, data = tensors.response(
         {"model_name": engine.name, **({"id": call.id} if call.id is not None else {})},
-        {name: _classified(engine, outputs[name], asked.get(name, {}).get("classification"))
-         for name in wanted}, binary)
+        outputs, binary)
     if not data:
         return reply(request, answer, result)
     head = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(head + data, media_type=BINARY,
                     headers={**timing(request, result), HEADER_LENGTH: str(len(head))})
+
+
+async def inferred(request: Request, engine: Engine, sent, data: memoryview
+                   ) -> tuple[OipInferRequest, dict, Result]:
+    """An inference request (``sent``: its JSON, as sent; ``data``: its inputs' binary
+    data) run on the engine: the request as read, its outputs (name -> value, those it
+    asks for, in the model's order or the request's; a classifier's scores as its
+    classification asks) and the run. For the HTTP route above and gRPC's ModelInfer
+    (server/routes/oip_grpc.py)."""
+    try:
+        call = OipInferRequest.model_validate(sent)
+        wanted = _wanted(engine, call)
+        raw = sent["inputs"]  # as sent (validated)
+        texts = _texts(engine, raw, dict(zip((t["name"] for t in raw),
+                                             tensors.binary_parts(raw, data))))
+    except ValidationError as e:
+        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
+    except tensors.TensorError as e:
+        raise ApiError(422, "invalid_request", str(e)) from None
+    outputs, result = await RUN[engine.task](request, engine, texts, call.parameters)
+    asked = {o.name: o.parameters for o in call.outputs or ()}
+    return call, {name: _classified(engine, outputs[name],
+                                    asked.get(name, {}).get("classification"))
+                  for name in wanted}, result
 
 
 def _wanted(engine: Engine, call: OipInferRequest) -> list[str]:
@@ -359,13 +381,20 @@ def _versioned(route: APIRoute):
     endpoint = route.endpoint
 
     async def versioned(model_name: str, model_version: str, request: Request):
-        if model_version != VERSION:
-            served(request, model_name)  # an unknown model: its 404 first
-            raise ApiError(404, "model_not_found", f"model {model_name!r} has one version, "
-                           f"{VERSION}, not {model_version!r}")
+        served_version(request, model_name, model_version)
         return await endpoint(model_name, request)
 
     return versioned
+
+
+def served_version(request: Request, name: str, version: str) -> Engine:
+    """The served model ``name`` at ``version`` (only VERSION is served): an unknown model's
+    404, else another version's."""
+    engine = served(request, name)
+    if version != VERSION:
+        raise ApiError(404, "model_not_found", f"model {name!r} has one version, {VERSION}, "
+                       f"not {version!r}")
+    return engine
 
 
 for _route in [r for r in router.routes if r.path.startswith("/v2/models/{model_name}")]:

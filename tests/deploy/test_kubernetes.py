@@ -32,7 +32,9 @@ def test_deployments_probe_the_service_and_services_reach_it(path):
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     container = pod["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert container["ports"][0]["containerPort"] == int(env["DISTILSERVE_PORT"])
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"http": int(env["DISTILSERVE_PORT"]),
+                     "grpc": int(env["DISTILSERVE_GRPC_PORT"])}
     assert env["DISTILSERVE_HOST"] == "0.0.0.0"
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
@@ -42,7 +44,7 @@ def test_deployments_probe_the_service_and_services_reach_it(path):
     assert pause[0] == "sleep" and pod["terminationGracePeriodSeconds"] > int(pause[1]) + 30
     service = docs["Service"]["spec"]
     assert service["selector"] == docs["Deployment"]["spec"]["selector"]["matchLabels"]
-    assert service["ports"][0]["targetPort"] == container["ports"][0]["name"]
+    assert [port["targetPort"] for port in service["ports"]] == ["http", "grpc"]
     if "HorizontalPodAutoscaler" in docs:
         target = docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
         assert target["name"] == docs["Deployment"]["metadata"]["name"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from loadtests import grpc_vs_http
 from loadtests import run as loadrun
 from models import export
 from server.cli import main
@@ -84,6 +85,21 @@ def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
     assert bulk["inputs"] == 2048 and bulk["bulk_client"]["requests"] >= 1
     assert bulk["queries"]["requests"] > 0 and bulk["queries"]["max_ms"] >= bulk["queries"]["p50_ms"]
     assert set(bulk["bulk_client"]["statuses"]) == set(bulk["queries"]["statuses"]) == {"200"}
+
+
+def test_grpc_beside_http_at_tiny_scale(tiny_checkpoints, tmp_path):
+    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
+    out = tmp_path / "grpc"
+    assert grpc_vs_http.main(["--model-repository", str(tmp_path / "repo"), "--output",
+                              str(out), "--clients", "4", "--seconds", "1",
+                              "--rounds", "2"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["model"] == "bert" and len(summary["rounds"]) == 2
+    for way in ("gRPC ModelInfer", "HTTP /v2 infer (JSON)", "HTTP /v1/embed"):
+        for r in summary["rounds"]:
+            assert r[way]["clients"]["requests"] > 0 and r[way]["lone"]["requests"] > 0
+            assert r[way]["clients"]["server_cpu_us"] > 0
+        assert f"| {way} |" in (out / "summary.md").read_text()
 
 
 def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from server.embedded_default import VERSION
 from tests.conftest import free_port, wait_for
@@ -56,13 +57,16 @@ def test_the_port_opens_while_the_default_is_built(tmp_path):
     assert not (tmp_path / "cache" / f"default-v{VERSION}").exists()  # nothing half-built is used
 
 
-def test_a_port_in_use_is_one_line_before_anything_loads(tmp_path):
+@pytest.mark.parametrize("which", ["http", "grpc"])
+def test_a_port_in_use_is_one_line_before_anything_loads(tmp_path, which):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
+        ports = ["--port", str(port)] if which == "http" else [
+            "--port", str(free_port()), "--grpc-port", str(port)]
         done = subprocess.run(
-            [sys.executable, "-m", "server.cli", "serve", "--port", str(port)], cwd=ROOT,
+            [sys.executable, "-m", "server.cli", "serve", *ports], cwd=ROOT,
             capture_output=True, text=True,
             env={**os.environ, "DISTILSERVE_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 2

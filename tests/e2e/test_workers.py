@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
+import tritonclient.grpc as triton
 
 from models import export
 from tests.conftest import free_port, wait_for
@@ -46,13 +48,28 @@ def _until_loaded(url: str, log: Path, count: int) -> list[int | None]:
     return answered
 
 
+GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def _grpc_embed(port: int) -> tuple[int, ...]:
+    """Two texts' embeddings over gRPC, on a connection of their own: their shape."""
+    client = triton.InferenceServerClient(f"127.0.0.1:{port}")
+    try:
+        text = triton.InferInput("text", [2], "BYTES")
+        text.set_data_from_numpy(np.array(["a text", "another"], dtype=object))
+        return client.infer("cmow", [text]).as_numpy("embedding").shape
+    finally:
+        client.close()
+
+
 def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
     export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
-    port = free_port()
+    port, grpc_port = free_port(), free_port()
     log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "server.cli", "serve", "--model-repository",
-         str(tmp_path / "repo"), "--port", str(port), "--workers", "2"],
+         str(tmp_path / "repo"), "--port", str(port), "--workers", "2",
+         "--grpc-port", str(grpc_port)],
         cwd=ROOT, env={**os.environ, "DISTILSERVE_THREADS": "1"},
         stdout=log.open("w"), stderr=subprocess.STDOUT)
 
@@ -76,6 +93,10 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
         assert stats["inference_count"] == 30 and stats["execution_count"] == 30
         assert 'nv_inference_request_success{model="cmow",version="1"} 30.0' in httpx.get(
             url + "/metrics", timeout=30).text  # and Triton's own series
+        # gRPC's port too is both workers' (each binds it): a new connection each call
+        assert [_grpc_embed(grpc_port) for _ in range(10)] == [(2, 48)] * 10
+        assert f'route="{GRPC_INFER}",status="200"}} 10.0' in httpx.get(
+            url + "/metrics", timeout=30).text
 
         first, second = _workers(log)
         os.kill(first, signal.SIGKILL)
@@ -94,6 +115,7 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
         server.send_signal(signal.SIGHUP)
         answered = _until_loaded(url, log, 5)
         assert answered.count(200) == len(answered), answered
+        assert [_grpc_embed(grpc_port) for _ in range(4)] == [(2, 48)] * 4  # the new ones'
     finally:
         server.send_signal(signal.SIGTERM)
         try:
