@@ -106,10 +106,13 @@ class _Base:
 
     @staticmethod
     def _classify_body(inputs, model, top_k, truncate, direction, raw_scores,
-                       candidate_labels=None, hypothesis_template=None, multi_label=False):
+                       candidate_labels=None, hypothesis_template=None, multi_label=False,
+                       function_to_apply=None):
         """/v1/classify's body; with ``candidate_labels``, zero-shot (an NLI model)."""
         body = {"inputs": inputs, "model": model, "top_k": top_k, "truncate": truncate,
                 "truncation_direction": direction, "raw_scores": raw_scores}
+        if function_to_apply is not None:  # else as the model's labels say
+            body["function_to_apply"] = function_to_apply
         if candidate_labels is not None:
             body.update(candidate_labels=candidate_labels, multi_label=multi_label)
             if hypothesis_template is not None:  # else the service's
@@ -190,12 +193,14 @@ class DistilServeClient(_Base):
 
     def classify(self, inputs, model=None, top_k=None, truncate=True,
                  truncation_direction="right", raw_scores=False, *, candidate_labels=None,
-                 hypothesis_template=None, multi_label=False) -> list[list[dict]]:
-        """Each input's labels and scores, best first; with ``candidate_labels``, those
+                 hypothesis_template=None, multi_label=False,
+                 function_to_apply=None) -> list[list[dict]]:
+        """Each input's labels and scores, best first (``function_to_apply``: softmax,
+        sigmoid or none, as transformers' pipeline's); with ``candidate_labels``, those
         labels scored zero-shot by an NLI model."""
         body = self._classify_body(inputs, model, top_k, truncate, truncation_direction,
                                    raw_scores, candidate_labels, hypothesis_template,
-                                   multi_label)
+                                   multi_label, function_to_apply)
         return self._call("POST", "/v1/classify", body)["results"]
 
     def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,
@@ -278,10 +283,11 @@ class AsyncDistilServeClient(_Base):
 
     async def classify(self, inputs, model=None, top_k=None, truncate=True,
                        truncation_direction="right", raw_scores=False, *,
-                       candidate_labels=None, hypothesis_template=None, multi_label=False):
+                       candidate_labels=None, hypothesis_template=None, multi_label=False,
+                       function_to_apply=None):
         body = self._classify_body(inputs, model, top_k, truncate, truncation_direction,
                                    raw_scores, candidate_labels, hypothesis_template,
-                                   multi_label)
+                                   multi_label, function_to_apply)
         return (await self._call("POST", "/v1/classify", body))["results"]
 
     async def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,

@@ -97,22 +97,21 @@ def embedding_payload(v: np.ndarray, encoding_format: str) -> np.ndarray | str:
 
 
 def label_scores(logits: np.ndarray, labels: list[str], multi_label: bool = False,
-                 raw: bool = False) -> np.ndarray:
-    """One input's score per label, in the labels' order: softmax, or as transformers'
-    pipeline the sigmoid of each logit for a single label or labels that are independent
-    (a multi-label model: problem_type multi_label_classification); ``raw``: the logits
-    (the pipeline's function_to_apply="none")."""
-    if raw:
-        return logits
-    if len(labels) == 1 or multi_label:
-        return sigmoid(logits)
-    return softmax(logits)
+                 function: str | None = None) -> np.ndarray:
+    """One input's score per label, in the labels' order, as transformers' text-
+    classification pipeline's ``function_to_apply`` says: "softmax", "sigmoid" (each
+    logit on its own), "none" (the logits); None, as the pipeline chooses: the sigmoid for
+    a single label or labels that are independent (a multi-label model: problem_type
+    multi_label_classification), else the softmax."""
+    if function is None:
+        function = "sigmoid" if len(labels) == 1 or multi_label else "softmax"
+    return {"softmax": softmax, "sigmoid": sigmoid, "none": lambda x: x}[function](logits)
 
 
 def classification(logits: np.ndarray, labels: list[str], top_k: int | None,
-                   multi_label: bool = False, raw: bool = False) -> list[dict]:
+                   multi_label: bool = False, function: str | None = None) -> list[dict]:
     """Scores for one input (label_scores), highest first, the best ``top_k``."""
-    return best(label_scores(logits, labels, multi_label, raw), labels, top_k)
+    return best(label_scores(logits, labels, multi_label, function), labels, top_k)
 
 
 def best(scores: np.ndarray, labels: list[str], top_k: int | None) -> list[dict]:

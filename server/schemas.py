@@ -153,12 +153,44 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool = True
 
 
-class ClassifyRequest(_Truncated):
+# transformers' text-classification pipeline's function_to_apply: how logits become scores
+Function = Literal["softmax", "sigmoid", "none"]
+FUNCTION = ("as transformers' text-classification pipeline's: softmax, sigmoid (each "
+            "label's logit on its own) or none (the logits); default: the sigmoid for one "
+            "label or a multi-label model, else the softmax")
+
+
+class _Scored(BaseModel):
+    """A classifier's request: how its logits become scores."""
+
+    model_config = _Request.model_config
+    raw_scores: bool = Field(False, description="the logits, not probabilities (TEI's field)")
+
+    def _function_to_apply(self) -> Function | None:
+        """The function_to_apply asked for, where the request can ask for one."""
+        return None
+
+    @property
+    def function(self) -> Function | None:
+        """The function_to_apply (postprocess.label_scores'): none for raw_scores; None:
+        as the model's labels say."""
+        return "none" if self.raw_scores else self._function_to_apply()
+
+    @model_validator(mode="after")
+    def _one_function(self):
+        if self.raw_scores and self._function_to_apply() not in (None, "none"):
+            raise PydanticCustomError(
+                "two_functions", "raw_scores asks for the logits and function_to_apply for "
+                "the {function}: send one", {"function": self._function_to_apply()})
+        return self
+
+
+class ClassifyRequest(_Scored, _Truncated):
     inputs: str | Annotated[list[str | Pair], Field(min_length=1)] = Field(
         description="a text, a list of texts, or text pairs as two-item lists")
     top_k: Count | None = Field(None, description="return the N most likely labels "
                                 "(default all)")
-    raw_scores: bool = Field(False, description="the logits, not probabilities (TEI's field)")
+    function_to_apply: Function | None = Field(None, description=FUNCTION)
     candidate_labels: Annotated[list[str], Field(min_length=1)] | None = Field(
         None, description="zero-shot classification, as transformers' zero-shot-"
         "classification pipeline: these labels, not the model's, each scored by an NLI "
@@ -186,12 +218,19 @@ class ClassifyRequest(_Truncated):
                                       "to go in")
         return template
 
+    def _function_to_apply(self) -> Function | None:
+        return self.function_to_apply
+
     @model_validator(mode="after")
     def _zero_shot(self):
         if self.candidate_labels is not None and any(not isinstance(text, str)
                                                      for text in self.texts):
             raise PydanticCustomError("zero_shot_pairs", "candidate_labels: zero-shot "
                                       "classification takes texts, not pairs")
+        if self.candidate_labels is not None and self.function_to_apply is not None:
+            raise PydanticCustomError("zero_shot_function", "function_to_apply: zero-shot "
+                                      "classification scores labels as multi_label says "
+                                      "(raw_scores: the entailment logits)")
         return self
 
     def hypotheses(self) -> list[str]:
@@ -245,11 +284,10 @@ class QaResponse(BaseModel):
     results: list[list[QaAnswer]] = Field(description="each input's answers, best first")
 
 
-class InfinityClassifyRequest(_Truncated):
+class InfinityClassifyRequest(_Scored, _Truncated):
     """Infinity's /classify."""
 
     input: Texts = Field(description="a text or a list of texts")
-    raw_scores: bool = Field(False, description="the logits, not probabilities")
 
     @property
     def inputs(self):
@@ -282,13 +320,24 @@ class NerRequest(_Truncated):
 Sequence = Annotated[list[str], Field(min_length=1, max_length=2)]
 
 
-class TeiPredictRequest(_Truncated):
-    """TEI's /predict: a text, a pair [text, text], or a batch [[text], [text, text], ...]."""
+class HfClassifyParameters(BaseModel):
+    model_config = _Request.model_config
+    top_k: Count | None = Field(None, description="the N most likely labels (default all)")
+    function_to_apply: Function | None = Field(None, description=FUNCTION)
+
+
+class TeiPredictRequest(_Scored, _Truncated):
+    """TEI's /predict: a text, a pair [text, text], or a batch [[text], [text, text], ...];
+    with the Hugging Face Inference API's ``parameters`` (huggingface_hub's
+    text_classification) too."""
 
     inputs: str | Sequence | Annotated[list[Sequence], Field(min_length=1)] = Field(
         description="a text, a pair of texts [text, text], or a batch of [text] and "
         "[text, text] items")
-    raw_scores: bool = Field(False, description="the logits, not probabilities")
+    parameters: HfClassifyParameters | None = None
+
+    def _function_to_apply(self) -> Function | None:
+        return self.parameters and self.parameters.function_to_apply
 
     @property
     def batch(self) -> bool:

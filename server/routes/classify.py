@@ -42,7 +42,7 @@ async def classified(body: ClassifyRequest | TeiPredictRequest | InfinityClassif
     ``top_k``), and the run (also TEI's /predict and Infinity's /classify)."""
     engine, result = await run(body, request)
     return engine, [postprocess.classification(logits, engine.labels, top_k,
-                                               engine.multi_label, body.raw_scores)
+                                               engine.multi_label, body.function)
                     for logits in result.outputs], result
 
 

@@ -14,10 +14,10 @@ numbers (or texts) out:
 
 A request with one input takes it as the texts whatever its name (KServe's examples call
 it input-0). The request's ``parameters`` are the options of the route that does the task
-(normalize, dimensions, prompt_name; raw_scores; aggregation_strategy, stride; top_k,
-max_answer_len, handle_impossible_answer, align_to_words, max_seq_len, doc_stride;
-truncate, truncation_direction); the models, queue, limits, errors and timing headers are those of
-the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's
+(normalize, dimensions, prompt_name; raw_scores, function_to_apply; aggregation_strategy,
+stride; top_k, max_answer_len, handle_impossible_answer, align_to_words, max_seq_len,
+doc_stride; truncate, truncation_direction); the models, queue, limits, errors and timing
+headers are those of the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's
 binary tensor data (server/tensors.py); a classifier's scores also as Triton's
 classification extension gives them (an output's ``classification``: its k best classes).
 Triton's repository index lists every model folder and its state; its statistics are
@@ -355,7 +355,7 @@ async def _classify(request: Request, engine: Engine, texts: list, parameters: d
     body = _options(ClassifyRequest, engine, texts, parameters)
     _, result = await classify.run(body, request)
     scores = [postprocess.label_scores(logits, engine.labels, engine.multi_label,
-                                       body.raw_scores) for logits in result.outputs]
+                                       body.function) for logits in result.outputs]
     return {"scores": np.stack(scores),
             "label": [engine.labels[int(s.argmax())] for s in scores]}, result
 

@@ -84,7 +84,8 @@ async def similarities(body: TeiSimilarityRequest, request: Request
 
 
 async def predictions(body: TeiPredictRequest, request: Request) -> tuple[list, Result]:
-    _, results, result = await classified(body, request)
+    _, results, result = await classified(body, request,
+                                          body.parameters and body.parameters.top_k)
     return results if body.batch else results[0], result
 
 

@@ -66,6 +66,10 @@ def test_sync_client_mirrors_the_routes(url):
         assert [r["label"] for r in logits] == [r["label"] for r in probabilities]
         assert abs(sum(r["score"] for r in probabilities) - 1) < 1e-5
         assert probabilities != logits
+        assert c.classify("text", function_to_apply="none")[0] == logits
+        independent = c.classify("text", function_to_apply="sigmoid")[0]
+        assert [r["label"] for r in independent] == [r["label"] for r in logits]
+        assert abs(sum(r["score"] for r in independent) - 1) > 1e-5
         assert isinstance(c.ner(long, truncation_direction="left")[0], list)
         whole = c.ner(long, stride=8, ignore_labels=[])[0]  # read whole, O's groups too
         assert whole[-1]["end"] == len(long) > c.ner(long, ignore_labels=[])[0][-1]["end"]
@@ -81,7 +85,7 @@ def test_async_client_mirrors_the_routes(url):
         async with AsyncDistilServeClient(url, api_key="k") as c:
             assert await c.health()
             vectors, results, ranked, tokens = await asyncio.gather(
-                c.embed("a", dimensions=4), c.classify([["a", "b"]]),
+                c.embed("a", dimensions=4), c.classify([["a", "b"]], function_to_apply="none"),
                 c.rerank("q", ["d1", "d2"]), c.tokenize(["x", "y z"], model="cmow-ner"))
             assert len(vectors) == 1 and len(vectors[0]) == 4 and len(results[0]) == 2
             assert sorted(r["index"] for r in ranked) == [0, 1]

@@ -125,6 +125,12 @@ def test_each_tasks_outputs_are_the_v1_routes_answers(url, client):
         assert {r["label"]: r["score"] for r in result} == pytest.approx(
             dict(zip(sorted(labels), row.tolist())), abs=1e-6)
     assert [b.decode() for b in got.as_numpy("label")] == [r[0]["label"] for r in results]
+    logits = client.infer("classify", [texts("text", TEXTS)], headers=KEY,
+                          parameters={"function_to_apply": "none"}).as_numpy("scores")
+    raw = v1(url, "/v1/classify", {"model": "classify", "inputs": TEXTS, "raw_scores": True})
+    for row, result in zip(logits, raw["results"]):
+        assert {r["label"]: r["score"] for r in result} == pytest.approx(
+            dict(zip(sorted(labels), row.tolist())), abs=1e-6)
     best = client.infer("classify", [texts("text", TEXTS)], headers=KEY, outputs=[
         triton.InferRequestedOutput("scores", class_count=1)]).as_numpy("scores")
     top = v1(url, "/v1/classify", {"model": "classify", "inputs": TEXTS})["results"]

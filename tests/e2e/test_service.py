@@ -181,12 +181,23 @@ def test_classify_equals_the_transformers_pipeline_for_texts_and_pairs(url, tiny
     top = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": "x",
                                      "top_k": 1}).json()["results"][0]
     assert len(top) == 1
-    # raw_scores: the logits, as the pipeline's function_to_apply="none"
-    raw = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": inputs[:3],
-                                     "raw_scores": True}).json()
-    for ours, ref in zip(raw["results"], pipe(TRICKY[:3], function_to_apply="none")):
-        assert [r["label"] for r in ours] == [r["label"] for r in ref]
-        assert np.allclose([r["score"] for r in ours], [r["score"] for r in ref], atol=1e-4)
+    # function_to_apply as the pipeline's; raw_scores: the logits, as its "none"
+    for options, function in (({"raw_scores": True}, "none"),
+                              ({"function_to_apply": "none"}, "none"),
+                              ({"function_to_apply": "sigmoid"}, "sigmoid"),
+                              ({"function_to_apply": "softmax"}, "softmax")):
+        got = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": inputs[:3],
+                                         **options}).json()
+        for ours, ref in zip(got["results"], pipe(TRICKY[:3], function_to_apply=function)):
+            assert [r["label"] for r in ours] == [r["label"] for r in ref]
+            assert np.allclose([r["score"] for r in ours], [r["score"] for r in ref],
+                               atol=1e-4)
+    both = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": "x",
+                                      "raw_scores": True, "function_to_apply": "softmax"})
+    assert both.status_code == 422 and "send one" in both.json()["error"]["message"]
+    zero = post(url, "/v1/classify", {"inputs": "x", "candidate_labels": ["a", "b"],
+                                      "function_to_apply": "none"})
+    assert zero.status_code == 422 and "multi_label" in zero.json()["error"]["message"]
 
 
 def test_a_multi_label_classifier_scores_each_label_as_the_pipeline_does(url, repository):
@@ -197,6 +208,11 @@ def test_a_multi_label_classifier_scores_each_label_as_the_pipeline_does(url, re
         assert [r["label"] for r in ours] == [r["label"] for r in ref]
         assert np.allclose([r["score"] for r in ours], [r["score"] for r in ref], atol=1e-4)
         assert abs(sum(r["score"] for r in ours) - 1) > 1e-3  # independent: no softmax
+    # the softmax when asked for, as the pipeline's function_to_apply
+    res = post(url, "/v1/classify", {"model": "multilabel", "inputs": TRICKY[:3],
+                                     "function_to_apply": "softmax"}).json()
+    for ours, ref in zip(res["results"], pipe(TRICKY[:3], function_to_apply="softmax")):
+        assert np.allclose([r["score"] for r in ours], [r["score"] for r in ref], atol=1e-4)
     assert httpx.get(url + "/v1/models/multilabel").json()["multi_label"] is True
 
 

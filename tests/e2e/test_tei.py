@@ -173,18 +173,26 @@ def test_a_lone_classifier_is_served_at_the_root(tiny_checkpoints, tmp_path, mon
         text = "The soup was delicious."
         expected = post(lone, "/predict", {"inputs": text})
         assert post(lone, "/", {"inputs": text}) == expected
+        # the Hugging Face Inference API's parameters, as the pipeline's
+        logits = post(lone, "/v1/classify", {"inputs": text, "raw_scores": True})["results"][0]
+        assert post(lone, "/", {"inputs": text, "parameters": {
+            "top_k": 1, "function_to_apply": "none"}}) == logits[:1]
         assert "classifier" in httpx.get(lone + "/info").json()["model_type"]
         hub = pytest.importorskip("huggingface_hub")
         monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)  # as above
         hub.utils.reset_sessions()
         try:
             got = hub.InferenceClient(model=lone).text_classification(text)
+            raw = hub.InferenceClient(model=lone).text_classification(
+                text, function_to_apply="none")
         finally:
             monkeypatch.undo()
             hub.utils.reset_sessions()
         # it keeps the first of the list TEI's / answers for one text: the best label
         assert (got.label, got.score) == (expected[0]["label"],
                                           pytest.approx(expected[0]["score"], abs=1e-6))
+        assert (raw.label, raw.score) == (logits[0]["label"],
+                                          pytest.approx(logits[0]["score"], abs=1e-6))
 
 
 def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_checkpoints,

@@ -25,9 +25,16 @@ def test_classification_is_sorted_probabilities_with_top_k():
     for logits, labels, multi in (([0.1, 2.0, -1.0], ["a", "b", "c"], False),
                                   ([-3.0], ["yes"], False), ([0.0, 2.0], ["a", "b"], True)):
         cooked = postprocess.classification(np.array(logits), labels, None, multi)
-        raw = postprocess.classification(np.array(logits), labels, None, multi, raw=True)
+        raw = postprocess.classification(np.array(logits), labels, None, multi, "none")
         assert [r["label"] for r in raw] == [r["label"] for r in cooked]
         assert sorted(r["score"] for r in raw) == sorted(logits)
+    # a function asked for, whatever the head
+    assert [r["score"] for r in postprocess.classification(
+        np.array([0.0, 2.0]), ["a", "b"], None, False, "sigmoid")] == pytest.approx(
+        [0.8808, 0.5], abs=1e-4)
+    assert [r["score"] for r in postprocess.classification(
+        np.array([0.0, 2.0]), ["a", "b"], None, True, "softmax")] == pytest.approx(
+        [0.8808, 0.1192], abs=1e-4)
     assert postprocess.relevance(np.array([[0.5, -2.0]]), ["a", "b"], 1, raw=True) == [-2.0]
 
 
