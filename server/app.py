@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.routing import Match
 
 from models.io.manifest import FILE as MANIFEST
@@ -467,6 +468,12 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     routes = [r for router in routers for r in router.routes]
     # the inference routes (the POST routes that run a model), without FastAPI's stack
     app.add_middleware(FastPath, routes=routes)
+    if settings.compress_min_bytes:  # outside the fast path: its answers too. Level 1:
+        # 150 KB of embeddings' JSON to 45% in 1.3 ms (Starlette's default, 9: to 39% in
+        # 24 ms); Triton's binary tensors shrink only to 93%, so they go as they are
+        app.add_middleware(GZipMiddleware, minimum_size=settings.compress_min_bytes,
+                           compresslevel=1, exclude_content_types=(
+                               "application/octet-stream", "text/event-stream"))
     app.add_middleware(Decompress, limit=settings.max_body_bytes)
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)

@@ -26,7 +26,7 @@ def url(tiny_checkpoints, tmp_path_factory):
     for task in ("embed", "classify", "ner"):
         export.export(tiny_checkpoints["bert", task], repo / task, "onnx")
     (repo / "broken").mkdir()  # no manifest: not served, and said so
-    with running_server(repo, max_inputs=8, api_key="sekret") as url:
+    with running_server(repo, max_inputs=8, api_key="sekret", compress_min_bytes=512) as url:
         yield url
 
 
@@ -295,8 +295,8 @@ def test_the_model_configuration_says_what_it_takes_and_gives(client):
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_a_compressed_request_is_answered_as_the_same_sent_plain(url, client, algorithm):
     """tritonclient's request_compression_algorithm (the body decompressed before the
-    routes: server/app.py's BodyLimit); the answer comes back plain whatever
-    response_compression_algorithm asks for, which tritonclient reads as well."""
+    routes: server/app.py's Decompress) and response_compression_algorithm (binary
+    tensors come back plain, JSON gzipped: DISTILSERVE_COMPRESS_MIN_BYTES)."""
     tensor = triton.InferInput("text", [2], "BYTES")
     tensor.set_data_from_numpy(np.array(TEXTS, dtype=object))
     plain = client.infer("embed", [tensor], headers=dict(HEADERS)).as_numpy("embedding")
@@ -304,6 +304,10 @@ def test_a_compressed_request_is_answered_as_the_same_sent_plain(url, client, al
                           request_compression_algorithm=algorithm,
                           response_compression_algorithm=algorithm).as_numpy("embedding")
     np.testing.assert_array_equal(packed, plain)
+    as_json = client.infer("embed", [tensor], headers=dict(HEADERS), outputs=[
+        triton.InferRequestedOutput("embedding", binary_data=False)],
+        response_compression_algorithm=algorithm).as_numpy("embedding")
+    np.testing.assert_allclose(as_json, plain, atol=1e-6)
     # FastAPI's routes read it so too (the repository index: no model runs)
     body = {"gzip": gzip.compress, "deflate": zlib.compress}[algorithm](b'{"ready": true}')
     res = httpx.post(url + "/v2/repository/index", content=body, headers={
@@ -315,6 +319,29 @@ def test_a_compressed_request_is_answered_as_the_same_sent_plain(url, client, al
                       headers=garbage).status_code == 401
     assert httpx.post(url + "/v2/repository/index", content=b"not " + body,
                       headers={**HEADERS, **garbage}).status_code == 422
+
+
+def test_answers_over_the_size_set_are_gzipped_for_a_client_that_takes_it(url):
+    """DISTILSERVE_COMPRESS_MIN_BYTES (512 here): a JSON answer that long is gzipped where
+    the client's Accept-Encoding takes gzip, the same once decoded; a shorter one, one to a
+    client that does not take it, and Triton's binary tensors go as they are."""
+    body = {"model": "embed", "inputs": TEXTS * 4}
+    plain = httpx.post(url + "/v1/embed", json=body, headers={
+        **HEADERS, "accept-encoding": "identity"}, timeout=60)
+    assert "content-encoding" not in plain.headers
+    packed = httpx.post(url + "/v1/embed", json=body, headers={
+        **HEADERS, "accept-encoding": "gzip"}, timeout=60)
+    assert packed.headers["content-encoding"] == "gzip" and packed.status_code == 200
+    assert int(packed.headers["content-length"]) < 0.6 * len(plain.content)
+    assert packed.json()["embeddings"] == plain.json()["embeddings"]  # httpx decodes
+    assert packed.headers["x-compute-tokens"] == plain.headers["x-compute-tokens"]
+    small = httpx.get(url + "/health", headers={"accept-encoding": "gzip"})
+    assert "content-encoding" not in small.headers
+    binary = httpx.post(url + "/v2/models/embed/infer", json={
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [8],
+                    "data": TEXTS * 4}], "parameters": {"binary_data_output": True}},
+        headers={**HEADERS, "accept-encoding": "gzip"}, timeout=60)
+    assert binary.status_code == 200 and "content-encoding" not in binary.headers
 
 
 def test_a_models_one_version_answers_at_its_versions_paths(url, client):
