@@ -39,6 +39,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 from server import logs, tensors
 from server.app import ApiKey
 from server.connections import DISCONNECT, ClientWatch
+from server.engine import Engine
 from server.errors import ApiError
 from server.metrics import STARTED, VERSION
 from server.routes import health, oip
@@ -127,20 +128,20 @@ class Inference(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_call
     async def ModelReady(self, message, request, context):
         try:
-            oip.served_version(request, message.name, message.version or VERSION)
+            _model(request, message.name, message.version)
         except ApiError:  # not served (or not yet), or another version
             return service_pb2.ModelReadyResponse(ready=False)
         return service_pb2.ModelReadyResponse(ready=True)
 
     @_call
     async def ModelMetadata(self, message, request, context):
-        oip.served_version(request, message.name, message.version or VERSION)
+        _model(request, message.name, message.version)
         return ParseDict(await oip.model_metadata(message.name, request),
                          service_pb2.ModelMetadataResponse())
 
     @_call
     async def ModelConfig(self, message, request, context):
-        oip.served_version(request, message.name, message.version or VERSION)
+        _model(request, message.name, message.version)
         config = await oip.model_config(message.name, request)
         return service_pb2.ModelConfigResponse(
             config=ParseDict(config, model_config_pb2.ModelConfig()))
@@ -148,7 +149,7 @@ class Inference(service_pb2_grpc.GRPCInferenceServiceServicer):
     @_call
     async def ModelStatistics(self, message, request, context):
         if message.name:
-            engine = oip.served_version(request, message.name, message.version or VERSION)
+            engine = _model(request, message.name, message.version)
             names = [engine.name]
         else:
             names = sorted(service(request).engines)
@@ -197,6 +198,11 @@ class Inference(service_pb2_grpc.GRPCInferenceServiceServicer):
             reading.cancel()
 
 
+def _model(request: Request, name: str, version: str) -> Engine:
+    """The served model ``name`` at ``version`` (none: its one version, VERSION)."""
+    return oip.served_version(request, name, version or VERSION)
+
+
 def _refused(name: str, why: str):
     """The RPC ``name``, not served: UNIMPLEMENTED, saying ``why``."""
     async def refused(self, message, request, context):
@@ -220,7 +226,7 @@ async def _inferred(message: service_pb2.ModelInferRequest, request: Request
                     ) -> tuple[service_pb2.ModelInferResponse, dict[str, str]]:
     """A ModelInferRequest run as the HTTP route runs its body (oip.inferred): the answer,
     its outputs in raw_output_contents, and the timing headers' values."""
-    engine = oip.served_version(request, message.model_name, message.model_version or VERSION)
+    engine = _model(request, message.model_name, message.model_version)
     try:
         sent = _sent(message)
     except tensors.TensorError as e:
@@ -264,7 +270,7 @@ def _sent(message: service_pb2.ModelInferRequest) -> dict:
                         for o in message.outputs] or None}
 
 
-def address(settings: Settings) -> str:
+def _address(settings: Settings) -> str:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     return f"{host}:{settings.grpc_port}"
 
@@ -279,8 +285,8 @@ async def start(app: FastAPI, settings: Settings) -> grpc.aio.Server:
     key = settings.api_key.get_secret_value() if settings.api_key else None
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(Inference(app, key), server)
     try:
-        server.add_insecure_port(address(settings))
+        server.add_insecure_port(_address(settings))
     except RuntimeError as e:
-        raise RuntimeError(f"cannot serve gRPC on {address(settings)}: {e}") from None
+        raise RuntimeError(f"cannot serve gRPC on {_address(settings)}: {e}") from None
     await server.start()
     return server
