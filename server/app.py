@@ -60,6 +60,67 @@ class Service:
     ready: bool = False
     draining: bool = False
     status: str = "starting"  # what is being built or loaded, for /ready
+    repository: Path | None = None  # the one served, once known (the default once built)
+    # loads and unloads by request (DISTILSERVE_MODEL_CONTROL=explicit), one at a time
+    controlling: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def unloaded(self) -> list[str]:
+        """The repository's model folders neither served nor failed: added since the
+        repository was read, or unloaded by request."""
+        if self.repository is None or not self.repository.is_dir():
+            return []
+        return [folder.name for folder in model_folders(self.repository)
+                if folder.name not in self.engines and folder.name not in self.failures]
+
+    def _controlled(self, name: str) -> Path:
+        """The folder of the model ``name`` of the repository, to load or unload by
+        request: a 400 unless DISTILSERVE_MODEL_CONTROL is explicit, a 503 while the
+        repository is read, a 404 for a name that is not one of its folders (nothing
+        outside it is ever read)."""
+        if self.settings.model_control != "explicit":
+            raise errors.ApiError(400, "invalid_request", "loading and unloading models by "
+                                  "request needs DISTILSERVE_MODEL_CONTROL=explicit (the "
+                                  "service serves its repository as it is"
+                                  + (": DISTILSERVE_POLL_SECONDS)" if self.settings.poll_seconds
+                                     else ")"))
+        if self.draining or not self.ready:
+            raise errors.ApiError(503, "unavailable", "the service is shutting down" if
+                                  self.draining else "the model repository is still being "
+                                  "read; retry shortly", {"Retry-After": "2"})
+        folders = {folder.name: folder for folder in model_folders(self.repository)}
+        if name not in folders:
+            raise errors.ApiError(404, "model_not_found", f"no model folder {name!r} in the "
+                                  f"repository; folders: {', '.join(folders) or 'none'}")
+        return folders[name]
+
+    async def load(self, name: str) -> None:
+        """Triton's explicit model control: the repository's folder ``name`` loaded and
+        served, in place of the one served before (which finishes what was queued for it).
+        One that fails to load is a 400 with the reason, listed UNAVAILABLE unless the
+        one before is still served."""
+        folder = self._controlled(name)
+        async with self.controlling:
+            try:
+                engine = await _open(self, folder)
+            except Exception as e:
+                if name not in self.engines:
+                    self.failures[name] = failure(e)
+                raise errors.ApiError(400, "invalid_request", f"model {name!r} failed to "
+                                      f"load: {failure(e)}") from None
+            await put_in_place(self, engine)
+            freeze_long_lived(thaw=True)
+
+    async def unload(self, name: str) -> None:
+        """Triton's explicit model control: the model ``name`` no longer served (what was
+        queued for it answered first); one not served is a 404."""
+        self._controlled(name)
+        async with self.controlling:
+            gone = self.engines.pop(name, None)
+            if gone is None:
+                raise errors.ApiError(404, "model_not_found", f"model {name!r} is not served")
+            log.info("model %s unloaded by request", name)
+            await gone.stop()
+            freeze_long_lived(thaw=True)
 
 
 class BuildCancelled(Exception):
@@ -105,6 +166,7 @@ async def load_repository(service: Service, repository: Path) -> None:
                   repository)
         return
 
+    service.repository = repository
     folders = model_folders(repository)
     if not folders:
         log.error("model repository %s holds no model folders", repository)
@@ -172,14 +234,20 @@ async def sync_repository(service: Service, repository: Path) -> bool:
                 service.failures[name] = failure(e)
                 log.error("model %s not served: %s", name, service.failures[name])
             continue
-        before = service.engines.get(name)
-        service.engines[name] = engine
-        service.failures.pop(name, None)
-        announce(engine, "reloaded" if before else "serving")
-        if before is not None:
-            await before.stop()
+        await put_in_place(service, engine)
         changed = True
     return changed
+
+
+async def put_in_place(service: Service, engine: Engine) -> None:
+    """``engine`` served under its name, in place of the one served before, which
+    finishes what was queued for it (a reload: by polling or by request)."""
+    before = service.engines.get(engine.name)
+    service.engines[engine.name] = engine
+    service.failures.pop(engine.name, None)
+    announce(engine, "reloaded" if before else "serving")
+    if before is not None:
+        await before.stop()
 
 
 def failure(error: Exception) -> str:

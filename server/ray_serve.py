@@ -172,8 +172,10 @@ def application(repository: Path, settings: Settings, scaling: Scaling,
         name="ingress", num_replicas=ingress_replicas, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=settings.max_connections, logging_config=logs).bind(
         # Ray Serve's proxy takes the HTTP requests; gRPC (DISTILSERVE_GRPC_PORT) is the
-        # service's own server's, not served here
-        settings.model_copy(update={"grpc_port": None}), folders, handles)
+        # service's own server's, not served here, and models are deployments, loaded and
+        # unloaded by redeploying (not DISTILSERVE_MODEL_CONTROL)
+        settings.model_copy(update={"grpc_port": None, "model_control": "none"}), folders,
+        handles)
 
 
 # Ray Serve gives a new HTTP proxy RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (5 s) to start,

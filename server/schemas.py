@@ -681,6 +681,14 @@ class OipIndexRequest(BaseModel):
     ready: bool = Field(False, description="the models served alone")
 
 
+class OipControlRequest(BaseModel):
+    """Triton's load and unload: an empty body, or its ``parameters`` (a load's config and
+    files are refused; an unload's unload_dependents is taken: a model has none)."""
+
+    model_config = _Request.model_config
+    parameters: OipParameters = {}
+
+
 class OipRepositoryModel(BaseModel):
     name: str
     state: Literal["READY", "UNAVAILABLE"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from models.runtime.cores import available_cores
@@ -34,6 +34,10 @@ class Settings(BaseSettings):
     poll_seconds: float = Field(0.0, ge=0, description="look at the model repository this "
                                 "often: load folders added or exported again, unload those "
                                 "removed, without a restart (Triton's poll mode); 0: never")
+    model_control: Literal["none", "explicit"] = Field(
+        "none", description="explicit: models loaded and unloaded by request too (Triton's "
+        "model control mode: POST /v2/repository/models/NAME/load and /unload, gRPC's "
+        "RepositoryModelLoad and RepositoryModelUnload); one worker, no polling")
     cors_allow_origins: str = Field("", description="origins whose web pages may call the "
                                     "service from a browser (CORS), comma-separated, or * "
                                     "for any; none by default")
@@ -102,6 +106,15 @@ class Settings(BaseSettings):
             return check_device(value)
         except BackendError as e:
             raise ValueError(str(e)) from None
+
+    @model_validator(mode="after")
+    def _one_controller(self):
+        """Models loaded by request are one process's: not with several workers (each
+        would load its own), nor with polling (which serves the repository as it is)."""
+        if self.model_control == "explicit" and (self.workers > 1 or self.poll_seconds):
+            raise ValueError("model_control explicit loads a model in one process, as "
+                             "asked: not with workers > 1 or poll_seconds")
+        return self
 
     def cors_origins(self) -> list[str]:
         return [o.strip() for o in self.cors_allow_origins.split(",") if o.strip()]

@@ -20,12 +20,12 @@ doc_stride; truncate, truncation_direction); the models, queue, limits, errors a
 headers are those of the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's
 binary tensor data (server/tensors.py); a classifier's scores also as Triton's
 classification extension gives them (an output's ``classification``: its k best classes).
-Triton's repository index lists every model folder and its state; its statistics are
-the /metrics series of each model (server/metrics.py), and its model configuration says
-what a model takes and gives and how the service batches it. One version of each model is
-served, version 1: a model's routes answer at its /versions/1 paths too. Not served:
-loading and unloading by request (the service does it itself: DISTILSERVE_POLL_SECONDS)
-and Triton's shared-memory extensions (shared memory is refused). The same protocol over
+Triton's repository index lists every model folder and its state, and with
+DISTILSERVE_MODEL_CONTROL=explicit its models are loaded and unloaded by request; its
+statistics are the /metrics series of each model (server/metrics.py), and its model
+configuration says what a model takes and gives and how the service batches it. One
+version of each model is served, version 1: a model's routes answer at its /versions/1
+paths too. Not served: Triton's shared-memory extensions (shared memory is refused). The same protocol over
 gRPC runs these functions: server/routes/oip_grpc.py."""
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
@@ -49,6 +50,7 @@ from server.schemas import (
     ClassifyRequest,
     EmbedRequest,
     NerRequest,
+    OipControlRequest,
     OipIndexRequest,
     OipInferRequest,
     OipInferResponse,
@@ -90,9 +92,11 @@ def _inlined(schema: dict) -> dict:
 @router.get("/v2", response_model=OipServerMetadata, responses=errors.responses(401))
 async def server_metadata(request: Request):
     return {"name": "distilserve", "version": request.app.version,
-            # (not model_repository: its index is here, but no loading or unloading)
+            # model_repository: its index, and loading and unloading by request
             "extensions": ["binary_tensor_data", "classification", "model_configuration",
-                           "parameters", "statistics"]}
+                           "parameters", "statistics"] + (
+                ["model_repository"] if service(request).settings.model_control == "explicit"
+                else [])}
 
 
 @router.get("/v2/health/live")
@@ -126,13 +130,65 @@ async def repository_index(request: Request):
 
 
 def index(svc, ready: bool) -> list[dict]:
-    """The repository index: the served models, READY, and (unless ``ready``) the folders
-    that failed, UNAVAILABLE with the reason; by name."""
+    """The repository index: the served models, READY, and (unless ``ready``) the other
+    folders, UNAVAILABLE with the reason: why they failed, or "unloaded" (unloaded by
+    request, or added since the repository was read); by name."""
     models = [{"name": name, "state": "READY"} for name in svc.engines]
     if not ready:
         models += [{"name": name, "state": "UNAVAILABLE", "reason": why}
                    for name, why in svc.failures.items() if name not in svc.engines]
+        models += [{"name": name, "state": "UNAVAILABLE", "reason": UNLOADED}
+                   for name in svc.unloaded()]
     return sorted(models, key=lambda m: m["name"])
+
+
+UNLOADED = "unloaded"
+CONTROLLED = errors.responses(400, 401, 404, 422, 503)
+
+
+@router.post("/v2/repository/models/{model_name}/load", response_model=OipRepositoryModel,
+             responses=CONTROLLED)
+async def load(model_name: str, request: Request):
+    """Triton's model control (DISTILSERVE_MODEL_CONTROL=explicit): the repository's
+    folder of that name loaded and served (again: it takes the place of the one served);
+    a config or files sent in the body (Triton's overrides) are refused."""
+    state = await loaded(service(request), model_name, (await _control_body(request)).parameters)
+    return JSONResponse(state)  # (a Response: the fast path takes every POST of a model)
+
+
+@router.post("/v2/repository/models/{model_name}/unload", response_model=OipRepositoryModel,
+             responses=CONTROLLED)
+async def unload(model_name: str, request: Request):
+    """Triton's model control (DISTILSERVE_MODEL_CONTROL=explicit): that model no longer
+    served, what was queued for it answered first (``unload_dependents``: it has none)."""
+    await _control_body(request)
+    return JSONResponse(await unloaded(service(request), model_name))
+
+
+async def loaded(svc, name: str, parameters: dict) -> dict:
+    """The load of the model ``name`` (``parameters``: the request's, which would override
+    the folder's files: refused), and its state after it (also gRPC's
+    RepositoryModelLoad)."""
+    if parameters:
+        raise ApiError(422, "invalid_request", f"parameters {', '.join(parameters)}: a "
+                       "model's configuration or files by request are not served; the "
+                       "repository's folder is loaded as it is")
+    await svc.load(name)
+    return {"name": name, "state": "READY"}
+
+
+async def unloaded(svc, name: str) -> dict:
+    """The unload of the model ``name``, and its state after it (also gRPC's
+    RepositoryModelUnload)."""
+    await svc.unload(name)
+    return {"name": name, "state": "UNAVAILABLE", "reason": UNLOADED}
+
+
+async def _control_body(request: Request) -> OipControlRequest:
+    try:
+        return OipControlRequest.model_validate_json(await request.body() or b"{}")
+    except ValidationError as e:
+        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
 
 
 @router.get("/v2/models/stats", response_model=OipStatistics,

@@ -18,8 +18,8 @@ ServerLive and ServerReady needs ``authorization: Bearer KEY`` metadata (tritonc
 
 Served: ServerLive, ServerReady, ServerMetadata, ModelReady, ModelMetadata, ModelConfig,
 ModelInfer, ModelStreamInfer (each request answered as it is done, by its id),
-ModelStatistics, RepositoryIndex. The others answer UNIMPLEMENTED: loading and unloading
-(the service serves its repository as it is: DISTILSERVE_POLL_SECONDS), shared memory,
+ModelStatistics, RepositoryIndex, RepositoryModelLoad and RepositoryModelUnload (with
+DISTILSERVE_MODEL_CONTROL=explicit). The others answer UNIMPLEMENTED: shared memory,
 traces and log settings. The protocol's messages are
 tritonclient's generated ones (``tritonclient.grpc.service_pb2``): the service Triton's
 clients call, by the package that ships it."""
@@ -162,6 +162,17 @@ class Inference(service_pb2_grpc.GRPCInferenceServiceServicer):
                          service_pb2.RepositoryIndexResponse())
 
     @_call
+    async def RepositoryModelLoad(self, message, request, context):
+        await oip.loaded(service(request), message.model_name,
+                         _parameters(message.parameters))
+        return service_pb2.RepositoryModelLoadResponse()
+
+    @_call
+    async def RepositoryModelUnload(self, message, request, context):
+        await oip.unloaded(service(request), message.model_name)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    @_call
     async def ModelInfer(self, message, request, context):
         answer, timed = await _inferred(message, request)
         context.set_trailing_metadata(tuple(timed.items()))
@@ -212,14 +223,11 @@ def _refused(name: str, why: str):
     return _call(refused)
 
 
-LOADING = ("loading and unloading by request are not served: the service serves its "
-           "repository as it is (DISTILSERVE_POLL_SECONDS)")
 SHARED_MEMORY = ("Triton's shared memory is not served: send the tensors in the request "
                  "(raw_input_contents)")
-for _name, _why in {"RepositoryModelLoad": LOADING, "RepositoryModelUnload": LOADING,
-                    **{f"{kind}SharedMemory{op}": SHARED_MEMORY for kind in ("System", "Cuda")
-                       for op in ("Status", "Register", "Unregister")}}.items():
-    setattr(Inference, _name, _refused(_name, _why))
+for _name in (f"{kind}SharedMemory{op}" for kind in ("System", "Cuda")
+              for op in ("Status", "Register", "Unregister")):
+    setattr(Inference, _name, _refused(_name, SHARED_MEMORY))
 
 
 async def _inferred(message: service_pb2.ModelInferRequest, request: Request

@@ -216,7 +216,8 @@ def test_raw_contents_must_be_one_for_each_input_and_whole(stub):
     assert code == grpc.StatusCode.UNAUTHENTICATED  # metadata needs the key, as over HTTP
     code, message = status_of(lambda: stub.RepositoryModelLoad(
         service_pb2.RepositoryModelLoadRequest(model_name="embed"), metadata=tuple(KEY.items())))
-    assert code == grpc.StatusCode.UNIMPLEMENTED and "DISTILSERVE_POLL_SECONDS" in message
+    assert code == grpc.StatusCode.INVALID_ARGUMENT  # by default the repository as it is
+    assert "DISTILSERVE_MODEL_CONTROL=explicit" in message
     code, message = status_of(lambda: stub.SystemSharedMemoryRegister(
         service_pb2.SystemSharedMemoryRegisterRequest(), metadata=tuple(KEY.items())))
     assert code == grpc.StatusCode.UNIMPLEMENTED and "shared memory" in message

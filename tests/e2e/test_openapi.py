@@ -53,7 +53,9 @@ def test_schemathesis_all_checks_on_every_operation(repository, tmp_path):
         # the Open Inference Protocol's
         "GET /v2", "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/{model_name}",
         "GET /v2/models/{model_name}/ready", "POST /v2/models/{model_name}/infer",
-        "POST /v2/repository/index", "GET /v2/models/stats", "GET /v2/models/{model_name}/stats",
+        "POST /v2/repository/index", "POST /v2/repository/models/{model_name}/load",
+        "POST /v2/repository/models/{model_name}/unload",
+        "GET /v2/models/stats", "GET /v2/models/{model_name}/stats",
         "GET /v2/models/{model_name}/config",
         *(f"{method} /v2/models/{{model_name}}/versions/{{model_version}}{path}"
           for method, path in (("GET", ""), ("GET", "/ready"), ("POST", "/infer"),
