@@ -80,9 +80,8 @@ class Service:
         if self.settings.model_control != "explicit":
             raise errors.ApiError(400, "invalid_request", "loading and unloading models by "
                                   "request needs DISTILSERVE_MODEL_CONTROL=explicit (the "
-                                  "service serves its repository as it is"
-                                  + (": DISTILSERVE_POLL_SECONDS)" if self.settings.poll_seconds
-                                     else ")"))
+                                  "service serves its repository as it is, or as "
+                                  "DISTILSERVE_POLL_SECONDS finds it)")
         if self.draining or not self.ready:
             raise errors.ApiError(503, "unavailable", "the service is shutting down" if
                                   self.draining else "the model repository is still being "
