@@ -37,6 +37,20 @@ def tiny_checkpoints(tmp_path_factory) -> dict[tuple[str, str], str]:
 
 
 @pytest.fixture(scope="session")
+def oip_repository(tiny_checkpoints, tmp_path_factory):
+    """A repository for the Open Inference Protocol's tests (HTTP and gRPC), read only: a
+    tiny BERT of each of embed, classify and ner in ONNX, and a broken folder (no
+    manifest: not served, and said so)."""
+    from models import export
+
+    repo = tmp_path_factory.mktemp("oip")
+    for task in ("embed", "classify", "ner"):
+        export.export(tiny_checkpoints["bert", task], repo / task, "onnx")
+    (repo / "broken").mkdir()
+    return repo
+
+
+@pytest.fixture(scope="session")
 def splade_checkpoint(tmp_path_factory):
     """A tiny SPLADE model as sentence-transformers saves one: a BERT masked-language model
     (random weights, the bert-base-uncased vocabulary) and its SpladePooling module."""

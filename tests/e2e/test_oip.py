@@ -14,19 +14,15 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from models import export
 from tests.conftest import running_server
 
 TEXTS = ["The cat sat on the mat.", "Dogs bark at night in the town of Springfield."]
 
 
 @pytest.fixture(scope="module")
-def url(tiny_checkpoints, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("oip")
-    for task in ("embed", "classify", "ner"):
-        export.export(tiny_checkpoints["bert", task], repo / task, "onnx")
-    (repo / "broken").mkdir()  # no manifest: not served, and said so
-    with running_server(repo, max_inputs=8, api_key="sekret", compress_min_bytes=512) as url:
+def url(oip_repository):
+    with running_server(oip_repository, max_inputs=8, api_key="sekret",
+                        compress_min_bytes=512) as url:
         yield url
 
 

@@ -16,7 +16,6 @@ from google.protobuf.json_format import MessageToDict
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from models import export
 from tests.conftest import free_port, running_server
 
 TEXTS = ["The cat sat on the mat.", "Dogs bark at night in the town of Springfield."]
@@ -25,13 +24,10 @@ HEADERS = {"Authorization": "Bearer sekret"}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoints, tmp_path_factory):
-    repo = tmp_path_factory.mktemp("grpc")
-    for task in ("embed", "classify", "ner"):
-        export.export(tiny_checkpoints["bert", task], repo / task, "onnx")
-    (repo / "broken").mkdir()  # no manifest: not served, and said so
+def server(oip_repository):
     port = free_port()
-    with running_server(repo, max_inputs=8, api_key="sekret", grpc_port=port) as url:
+    with running_server(oip_repository, max_inputs=8, api_key="sekret",
+                        grpc_port=port) as url:
         yield url, f"127.0.0.1:{port}"
 
 
