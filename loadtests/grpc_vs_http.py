@@ -25,7 +25,7 @@ import psutil
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from loadtests import lightload
-from loadtests.run import free_port, repository_or_default, start_server
+from loadtests.run import free_port, repository_or_default, start_server, unallocated_port
 from models import samples
 
 SENTENCE = samples.SENTENCES[0]
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.output.mkdir(parents=True, exist_ok=True)
     repository = repository_or_default(args.model_repository)
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_port(), unallocated_port()
     process = start_server(repository, port, args.output / "server.log",
                            {"DISTILSERVE_GRPC_PORT": str(grpc_port)})
     url, address = f"http://127.0.0.1:{port}", f"127.0.0.1:{grpc_port}"

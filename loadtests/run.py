@@ -14,6 +14,7 @@ import argparse
 import csv
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -34,6 +35,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def unallocated_port() -> int:
+    """A free port that no process binding port 0 gets: below the kernel's ephemeral range
+    (and above Ray's worker ports, 10002-19999), for a port chosen now and bound later by
+    another server (a free_port() port was taken meanwhile: by Ray's actors, by the HTTP
+    server's own port 0 beside a gRPC port)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    candidates = range(20_000, min(low, 32_768))
+    for port in random.sample(candidates, min(200, len(candidates))):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
 
 
 def wait_until_ready(url: str, alive, what: str, path: str = "/ready",

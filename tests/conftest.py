@@ -15,7 +15,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(2)
 
-from loadtests.run import free_port, wait_until_ready  # noqa: E402, F401 (tests' too)
+from loadtests.run import (  # noqa: E402, F401 (tests' too)
+    free_port,
+    unallocated_port,
+    wait_until_ready,
+)
 from models import families  # noqa: E402
 from models.io import checkpoint  # noqa: E402
 

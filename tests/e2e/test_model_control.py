@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from models import export
 from server.settings import Settings
-from tests.conftest import free_port, running_server
+from tests.conftest import running_server, unallocated_port
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def served(tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("control")
     for task in ("embed", "classify"):
         export.export(tiny_checkpoints["bert", task], repo / task, "onnx")
-    port = free_port()
+    port = unallocated_port()
     with running_server(repo, model_control="explicit", grpc_port=port) as url:
         yield repo, url, f"127.0.0.1:{port}"
 

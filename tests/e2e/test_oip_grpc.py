@@ -16,7 +16,7 @@ from google.protobuf.json_format import MessageToDict
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import free_port, running_server
+from tests.conftest import running_server, unallocated_port
 
 TEXTS = ["The cat sat on the mat.", "Dogs bark at night in the town of Springfield."]
 KEY = {"authorization": "Bearer sekret"}
@@ -25,7 +25,7 @@ HEADERS = {"Authorization": "Bearer sekret"}
 
 @pytest.fixture(scope="module")
 def server(oip_repository):
-    port = free_port()
+    port = unallocated_port()  # (free_port's could be the server's own port 0)
     with running_server(oip_repository, max_inputs=8, api_key="sekret",
                         grpc_port=port) as url:
         yield url, f"127.0.0.1:{port}"

@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -18,7 +15,7 @@ import pytest
 from models import export
 from server.ray_serve import Scaling, application, init_local
 from server.settings import Settings
-from tests.conftest import free_port, running_server, wait_for
+from tests.conftest import running_server, unallocated_port, wait_for
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -33,23 +30,6 @@ def repository(tiny_checkpoints, tmp_path_factory):
     return repo
 
 
-def _unallocated_port() -> int:
-    """A free port that no process binding port 0 gets: below the kernel's ephemeral range
-    (and above Ray's worker ports, 10002-19999). Ray's own actors, started after the port
-    is chosen, bind ephemeral ports: one took a free_port() port before Serve's proxy
-    could (its "Failed to bind to address", one full run in several)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    candidates = range(20_000, min(low, 32_768))
-    for port in random.sample(candidates, min(200, len(candidates))):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    return free_port()
-
-
 @pytest.fixture(scope="module")
 def ray_url(repository):
     # Ray starts its workers at nice 15 (to yield to its own GCS and raylet): beside other
@@ -58,7 +38,7 @@ def ray_url(repository):
     init_local(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
                log_to_driver=False, _system_config={"worker_niceness": 0})
     try:
-        port = _unallocated_port()
+        port = unallocated_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         # two replicas of each model (half a CPU each: this machine has two), one thread;
         # a batch waits up to 100 ms for company, so requests are in flight on a replica

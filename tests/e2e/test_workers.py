@@ -18,7 +18,7 @@ import numpy as np
 import tritonclient.grpc as triton
 
 from models import export
-from tests.conftest import free_port, wait_for
+from tests.conftest import free_port, unallocated_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,7 +64,7 @@ def _grpc_embed(port: int) -> tuple[int, ...]:
 
 def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
     export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
-    port, grpc_port = free_port(), free_port()
+    port, grpc_port = free_port(), unallocated_port()
     log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "server.cli", "serve", "--model-repository",
