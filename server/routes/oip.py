@@ -17,16 +17,17 @@ it input-0). The request's ``parameters`` are the options of the route that does
 (normalize, dimensions, prompt_name; raw_scores, function_to_apply; aggregation_strategy,
 stride; top_k, max_answer_len, handle_impossible_answer, align_to_words, max_seq_len,
 doc_stride; truncate, truncation_direction); the models, queue, limits, errors and timing
-headers are those of the /v1 routes (their functions run them). Tensors come and go as JSON or as Triton's
-binary tensor data (server/tensors.py); a classifier's scores also as Triton's
-classification extension gives them (an output's ``classification``: its k best classes).
+headers are those of the /v1 routes (their functions run them). Tensors come and go as
+JSON or as Triton's binary tensor data (server/tensors.py); a classifier's scores also as
+Triton's classification extension gives them (an output's ``classification``: its k best
+classes).
 Triton's repository index lists every model folder and its state, and with
 DISTILSERVE_MODEL_CONTROL=explicit its models are loaded and unloaded by request; its
 statistics are the /metrics series of each model (server/metrics.py), and its model
 configuration says what a model takes and gives and how the service batches it. One
 version of each model is served, version 1: a model's routes answer at its /versions/1
-paths too. Not served: Triton's shared-memory extensions (shared memory is refused). The same protocol over
-gRPC runs these functions: server/routes/oip_grpc.py."""
+paths too. Not served: Triton's shared-memory extensions (shared memory is refused). The
+same protocol over gRPC runs these functions: server/routes/oip_grpc.py."""
 
 from __future__ import annotations
 
@@ -437,7 +438,8 @@ def _versioned(route: APIRoute):
     endpoint = route.endpoint
 
     async def versioned(model_name: str, model_version: str, request: Request):
-        served_version(request, model_name, model_version)
+        if model_version != VERSION:  # its 404 (the route looks the model up itself)
+            served_version(request, model_name, model_version)
         return await endpoint(model_name, request)
 
     return versioned
