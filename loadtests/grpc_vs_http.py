@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
 import time
 from pathlib import Path
 
@@ -29,11 +28,6 @@ from loadtests.run import free_port, repository_or_default, start_server, unallo
 from models import samples
 
 SENTENCE = samples.SENTENCES[0]
-
-
-def _cpu_s() -> float:
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    return used.ru_utime + used.ru_stime
 
 
 def _grpc_request(model: str) -> service_pb2.ModelInferRequest:
@@ -62,9 +56,9 @@ def grpc_drive(address: str, model: str, clients: int, seconds: float) -> dict:
 
             await asyncio.gather(*(one() for _ in range(clients)))
 
-    cpu, wall = _cpu_s(), time.perf_counter()
+    cpu, wall = lightload.cpu_s(), time.perf_counter()
     asyncio.run(main())
-    wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
+    wall, cpu = time.perf_counter() - wall, lightload.cpu_s() - cpu
     ms = np.array(latencies) * 1000
     return {"requests": len(latencies), "requests_per_s": len(latencies) / wall,
             "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),

@@ -13,7 +13,7 @@ import time
 import numpy as np
 
 
-def _cpu_s() -> float:
+def cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
 
@@ -71,9 +71,9 @@ def beside_bulk(url: str, path: str, bulk: dict, queries: list[dict],
                     until, latencies, statuses)
             for payloads, (latencies, statuses) in zip(([bulk], queries), figures)))
 
-    cpu, wall = _cpu_s(), time.perf_counter()
+    cpu, wall = cpu_s(), time.perf_counter()
     asyncio.run(main())
-    wall, cpu = time.perf_counter() - wall, _cpu_s() - cpu
+    wall, cpu = time.perf_counter() - wall, cpu_s() - cpu
     return tuple(_summary(1, latencies, statuses, wall, cpu)
                  for latencies, statuses in figures)
 
@@ -116,6 +116,6 @@ def _drive(url: str, path: str, payloads: list[dict], clients: int,
         await asyncio.gather(*(_client(host, int(port), path, bodies, until, latencies,
                                        statuses) for _ in range(clients)))
 
-    cpu, wall = _cpu_s(), time.perf_counter()
+    cpu, wall = cpu_s(), time.perf_counter()
     asyncio.run(main())
-    return latencies, statuses, time.perf_counter() - wall, _cpu_s() - cpu
+    return latencies, statuses, time.perf_counter() - wall, cpu_s() - cpu
