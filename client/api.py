@@ -97,8 +97,9 @@ class _Base:
                 "truncation_direction": direction, "raw_scores": raw_scores}
 
     @staticmethod
-    def _tokenize_body(inputs, model, add_special_tokens):
-        return {"inputs": inputs, "model": model, "add_special_tokens": add_special_tokens}
+    def _tokenize_body(inputs, model, add_special_tokens, prompt_name):
+        return {"inputs": inputs, "model": model, "add_special_tokens": add_special_tokens,
+                "prompt_name": prompt_name}
 
     @staticmethod
     def _decode_body(ids, model, skip_special_tokens):
@@ -181,10 +182,12 @@ class DistilServeClient(_Base):
                                  truncation_direction, raw_scores)
         return self._call("POST", "/v1/rerank", body)["results"]
 
-    def tokenize(self, inputs, model=None, add_special_tokens=True) -> list[list[dict]]:
-        """Per input its tokens: {id, text, start, stop, special}."""
+    def tokenize(self, inputs, model=None, add_special_tokens=True,
+                 prompt_name=None) -> list[list[dict]]:
+        """Per input its tokens: {id, text, start, stop, special} (behind the model's
+        prompt ``prompt_name``, if named)."""
         return self._call("POST", "/v1/tokenize",
-                          self._tokenize_body(inputs, model, add_special_tokens))
+                          self._tokenize_body(inputs, model, add_special_tokens, prompt_name))
 
     def decode(self, ids, model=None, skip_special_tokens=True) -> list[str]:
         """The text of each list of token ids ([int] for one)."""
@@ -273,9 +276,9 @@ class AsyncDistilServeClient(_Base):
                                  truncation_direction, raw_scores)
         return (await self._call("POST", "/v1/rerank", body))["results"]
 
-    async def tokenize(self, inputs, model=None, add_special_tokens=True):
-        return await self._call("POST", "/v1/tokenize",
-                                self._tokenize_body(inputs, model, add_special_tokens))
+    async def tokenize(self, inputs, model=None, add_special_tokens=True, prompt_name=None):
+        return await self._call("POST", "/v1/tokenize", self._tokenize_body(
+            inputs, model, add_special_tokens, prompt_name))
 
     async def decode(self, ids, model=None, skip_special_tokens=True):
         return await self._call("POST", "/v1/decode",

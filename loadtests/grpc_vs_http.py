@@ -1,10 +1,10 @@
-"""The Open Inference Protocol over gRPC beside HTTP, on one service:
+"""gRPC (the Open Inference Protocol's and TEI's) beside HTTP, on one service:
 ``python -m loadtests.grpc_vs_http [--model-repository REPO]``.
 
 It starts the service on 127.0.0.1 with DISTILSERVE_GRPC_PORT (free ports) and, in
 interleaved rounds, sends one sentence a request to the embedding model over gRPC
-(ModelInfer, raw_input_contents, grpc's own clients), the HTTP /v2 infer (JSON) and
-/v1/embed (the light raw-socket client, loadtests/lightload.py): a lone client's latency,
+(ModelInfer with raw_input_contents, and tei.v1's Embed; grpc's own clients), the HTTP
+/v2 infer (JSON) and /v1/embed (the light raw-socket client, loadtests/lightload.py): a lone client's latency,
 then ``--clients`` clients' throughput, with the CPU the service and this client used per
 request (on a small machine they share the cores). Writes ``summary.json`` and
 ``summary.md``. Traffic goes to 127.0.0.1 only."""
@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from loadtests import lightload
 from loadtests.run import free_port, repository_or_default, start_server, unallocated_port
 from models import samples
+from server.routes.tei_grpc import pb, pb_grpc
 
 SENTENCE = samples.SENTENCES[0]
 
@@ -38,20 +39,21 @@ def _grpc_request(model: str) -> service_pb2.ModelInferRequest:
     return request
 
 
-def grpc_drive(address: str, model: str, clients: int, seconds: float) -> dict:
-    """``clients`` concurrent gRPC callers on one channel for ``seconds``, one request at
-    a time each: requests/s, latency p50/p99 and this process's CPU per request."""
+def grpc_drive(address: str, method, request, metadata: tuple, clients: int,
+               seconds: float) -> dict:
+    """``clients`` concurrent gRPC callers of ``method(channel)`` on one channel for
+    ``seconds``, one request at a time each: requests/s, latency p50/p99 and this
+    process's CPU per request."""
     latencies: list[float] = []
 
     async def main():
         async with grpc.aio.insecure_channel(address) as channel:
-            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer
-            request, until = _grpc_request(model), time.perf_counter() + seconds
+            call, until = method(channel), time.perf_counter() + seconds
 
             async def one():
                 while time.perf_counter() < until:
                     started = time.perf_counter()
-                    await call(request)
+                    await call(request, metadata=metadata)
                     latencies.append(time.perf_counter() - started)
 
             await asyncio.gather(*(one() for _ in range(clients)))
@@ -104,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
             "data"] if m["task"] == "embed")
         server = psutil.Process(process.pid)
         ways = {
-            "gRPC ModelInfer": lambda n, s: grpc_drive(address, model, n, s),
+            "gRPC ModelInfer": lambda n, s: grpc_drive(
+                address, lambda c: service_pb2_grpc.GRPCInferenceServiceStub(c).ModelInfer,
+                _grpc_request(model), (), n, s),
+            "gRPC tei.v1 Embed": lambda n, s: grpc_drive(
+                address, lambda c: pb_grpc.EmbedStub(c).Embed,
+                pb.EmbedRequest(inputs=SENTENCE, normalize=True), (("model", model),), n, s),
             "HTTP /v2 infer (JSON)": lambda n, s: http_drive(
                 url, f"/v2/models/{model}/infer", {"inputs": [
                     {"name": "text", "datatype": "BYTES", "shape": [1], "data": [SENTENCE]}]},

@@ -496,16 +496,16 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         service = Service(settings, Metrics())
-        app.state.service = service
+        app.state.service, app.state.tracing = service, tracing  # (tracing: gRPC's too)
         loading = asyncio.create_task(loader(service) if loader else build_and_load(
             service, Path(repository) if repository else None))
         if load_first:
             await asyncio.wait([loading])
         grpc_server = None
-        if settings.grpc_port is not None:  # the Open Inference Protocol's gRPC API too
-            from server.routes import oip_grpc
+        if settings.grpc_port is not None:  # the gRPC APIs too (OIP's, TEI's, health)
+            from server.routes import grpc_server as grpc_port
 
-            grpc_server = await oip_grpc.start(app, settings)
+            grpc_server = await grpc_port.start(app, settings)
         yield
         service.draining = True
         if grpc_server is not None:  # its calls in flight answered (new ones: refused)

@@ -124,7 +124,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 2
     if settings.grpc_port is not None:
         try:
-            import grpc  # noqa: F401
+            import grpc_health  # noqa: F401
+            import grpc_reflection  # noqa: F401
+            import grpc_tools  # noqa: F401
             import tritonclient.grpc  # noqa: F401
         except ImportError as e:
             print(f"distilserve serve: --grpc-port needs the grpc extra (pip install "
@@ -402,8 +404,9 @@ def parser() -> argparse.ArgumentParser:
                        help="DISTILSERVE_WORKERS: processes serving the port, each with its "
                        "own copy of every model (default 1)")
     serve.add_argument("--grpc-port", type=int,
-                       help="DISTILSERVE_GRPC_PORT: also serve the Open Inference Protocol "
-                       "over gRPC (tritonclient.grpc, KServe) on this port; default: none")
+                       help="DISTILSERVE_GRPC_PORT: also serve gRPC on this port: the Open "
+                       "Inference Protocol (tritonclient.grpc, KServe), Text Embeddings "
+                       "Inference's tei.v1, health checks and reflection; default: none")
     serve.add_argument("--device", help="DISTILSERVE_DEVICE: cpu, cuda, cuda:N or auto "
                        "(default: a GPU when one is visible)")
     serve.add_argument("--dtype", help="DISTILSERVE_DTYPE: auto, fp32, fp16 or bf16 "

@@ -151,6 +151,9 @@ class TokenizeRequest(_Request):
 
     inputs: Texts
     add_special_tokens: bool = True
+    prompt_name: str | None = Field(None, description="one of the model's prompts, put "
+                                    "before every input (offsets then count its "
+                                    "characters); default: none")
 
 
 # transformers' text-classification pipeline's function_to_apply: how logits become scores

@@ -19,9 +19,11 @@ class Settings(BaseSettings):
                                           "none: the embedded default")
     host: str = "127.0.0.1"
     port: int = 8000
-    grpc_port: int | None = Field(None, ge=1, le=65535, description="also serve the Open "
-                                  "Inference Protocol over gRPC (KServe's V2, Triton's) on "
-                                  "this port (Triton's is 8001); none: no gRPC")
+    grpc_port: int | None = Field(None, ge=1, le=65535, description="also serve gRPC on "
+                                  "this port (Triton's is 8001): the Open Inference "
+                                  "Protocol (KServe's V2, Triton's), Text Embeddings "
+                                  "Inference's tei.v1, grpc.health.v1 and reflection; none: "
+                                  "no gRPC")
     workers: int = Field(1, ge=1, description="processes serving the port, each with its "
                          "own copy of every model; one that dies is restarted")
     cache_dir: Path = Field(Path.home() / ".cache" / "distilserve",

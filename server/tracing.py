@@ -1,7 +1,8 @@
 """OpenTelemetry traces over OTLP/HTTP (DISTILSERVE_OTLP_ENDPOINT), as TEI's
 --otlp-endpoint sends them: a server span for every request but the probes and /metrics,
-named by its route ("POST /v1/embed"), with its status and X-Request-Id; for a request that
-ran a model, where its time went (tokenization, queue, inference, in milliseconds, as the
+named by its route ("POST /v1/embed"), with its status and X-Request-Id (and one for
+every gRPC call but the probes, named by its method: "tei.v1.Embed/Embed"); for a
+request that ran a model, where its time went (tokenization, queue, inference, in milliseconds, as the
 timing headers say) and its tokens. A request's W3C ``traceparent`` (and ``tracestate``)
 make its span a child of the caller's, so a trace runs from the client through the service.
 
@@ -51,18 +52,38 @@ class Tracing:
             return None
         carrier = {name.decode("latin-1"): value.decode("latin-1")
                    for name, value in scope["headers"] if name in CONTEXT_HEADERS}
-        attributes = {"http.request.method": method, "url.path": path}
+        return self._begun(f"{method} {path}", carrier,
+                           {"http.request.method": method, "url.path": path})
+
+    def start_rpc(self, service: str, method: str, metadata: dict[str, str]):
+        """The span of a gRPC call (``metadata``: its own, which may carry a traceparent),
+        begun now: named ``service/method``, as OpenTelemetry's gRPC conventions name it."""
+        carrier = {name: value for name, value in metadata.items()
+                   if name.encode() in CONTEXT_HEADERS}
+        return self._begun(f"{service}/{method}", carrier, {
+            "rpc.system": "grpc", "rpc.service": service, "rpc.method": method})
+
+    def _begun(self, name: str, carrier: dict[str, str], attributes: dict):
         if (request_id := logs.REQUEST_ID.get()) is not None:  # server.app.RequestId's
             attributes["distilserve.request_id"] = request_id
-        return self.tracer.start_span(f"{method} {path}", kind=self.server,
-                                      context=self.propagator.extract(carrier),
-                                      attributes=attributes)
+        return self.tracer.start_span(name, kind=self.server, attributes=attributes,
+                                      context=self.propagator.extract(carrier))
 
     def end(self, span, method: str, route: str, status: int) -> None:
         """Names the span by its route, records its status, and ends it."""
         span.update_name(f"{method} {route}")
         span.set_attribute("http.route", route)
         span.set_attribute("http.response.status_code", status)
+        self._ended(span, status)
+
+    def end_rpc(self, span, code: int, status: int) -> None:
+        """Records a gRPC call's status ``code`` (and ``status``, the HTTP one it stands
+        for), and ends its span."""
+        span.set_attribute("rpc.grpc.status_code", code)
+        span.set_attribute("http.response.status_code", status)
+        self._ended(span, status)
+
+    def _ended(self, span, status: int) -> None:
         if status >= 500:
             span.set_status(self.error)
         span.end()

@@ -75,6 +75,29 @@ async def embedding(body: EmbedRequest, request: Request) -> tuple[np.ndarray, R
     return vectors, result
 
 
+async def token_vectors(body: TeiInputsRequest, request: Request
+                        ) -> tuple[list[np.ndarray], Result]:
+    """/embed_all's answer: each input's token vectors [T_i, D]."""
+    engine = choose_giving(request, body.model, "token embeddings")
+    check_limits(request, body.texts)
+    check_answer_size(engine, len(body.texts), engine.max_length * engine.dimensions,
+                      f"numbers: {engine.max_length} tokens of {engine.dimensions}")
+    result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
+                         body.truncation)
+    return result.outputs, result
+
+
+async def sparse_vectors(body: TeiInputsRequest, request: Request
+                         ) -> tuple[list[list[dict]], Result]:
+    """/embed_sparse's answer: each input's non-zero entries, {index, value}."""
+    engine = choose_giving(request, body.model, "sparse embeddings")
+    check_limits(request, body.texts)
+    check_answer_size(engine, len(body.texts), 2 * engine.dimensions)  # index and value
+    result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
+                         body.truncation)
+    return [postprocess.sparse(v) for v in result.outputs], result
+
+
 async def similarities(body: TeiSimilarityRequest, request: Request
                        ) -> tuple[np.ndarray, Result]:
     parameters = body.parameters or TeiSimilarityParameters()
@@ -91,10 +114,14 @@ async def predictions(body: TeiPredictRequest, request: Request) -> tuple[list, 
 
 async def ranks(body: TeiRerankRequest, request: Request) -> tuple[list[dict], Result]:
     _, scores, result = await v1.scored(body, request)
-    texts = body.document_texts
+    return ranked(scores, body.document_texts, body.return_text), result
+
+
+def ranked(scores: np.ndarray, texts: list[str], return_text: bool) -> list[dict]:
+    """TEI's ranks: {index, score, text if asked}, highest first (ties in input order)."""
     return [{"index": r["index"], "score": r["relevance_score"],
-             **({"text": texts[r["index"]]} if body.return_text else {})}
-            for r in postprocess.ranked(scores, texts, None, False)], result
+             **({"text": texts[r["index"]]} if return_text else {})}
+            for r in postprocess.ranked(scores, texts, None, False)]
 
 
 def _as(model, body, **fields):
@@ -189,13 +216,7 @@ async def embed_all(body: TeiInputsRequest, request: Request):
     model's last hidden states): a list of them per input. For an embedding model exported
     with --token-embeddings; each input counted at max_length tokens in the answer's bound
     (check_answer_size)."""
-    engine = choose_giving(request, body.model, "token embeddings")
-    check_limits(request, body.texts)
-    check_answer_size(engine, len(body.texts), engine.max_length * engine.dimensions,
-                      f"numbers: {engine.max_length} tokens of {engine.dimensions}")
-    result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
-                         body.truncation)
-    return reply(request, result.outputs, result)  # each [T_i, D]
+    return reply(request, *await token_vectors(body, request))
 
 
 @router.post("/embed_sparse", response_model=list[list[TeiSparseValue]],
@@ -203,12 +224,7 @@ async def embed_all(body: TeiInputsRequest, request: Request):
 async def embed_sparse(body: TeiInputsRequest, request: Request):
     """Each input's SPLADE embedding as its non-zero entries, {index, value}, in index
     order: for a SPLADE model (a masked-language model exported with --pooling splade)."""
-    engine = choose_giving(request, body.model, "sparse embeddings")
-    check_limits(request, body.texts)
-    check_answer_size(engine, len(body.texts), 2 * engine.dimensions)  # index and value
-    result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
-                         body.truncation)
-    return reply(request, [postprocess.sparse(v) for v in result.outputs], result)
+    return reply(request, *await sparse_vectors(body, request))
 
 
 @router.post("/similarity", response_model=list[float], responses=errors.INFERENCE)
@@ -281,7 +297,7 @@ async def vertex(body: TeiVertexRequest, request: Request):
         raise failed.exceptions[0] from None
     answers = [task.result() for task in runs]
     return reply(request, {"predictions": [answer for answer, _ in answers]},
-                 _together([result for _, result in answers]))
+                 together([result for _, result in answers]))
 
 
 def _instance(i: int, error: errors.ApiError) -> errors.ApiError:
@@ -289,7 +305,7 @@ def _instance(i: int, error: errors.ApiError) -> errors.ApiError:
                            error.headers)
 
 
-def _together(results: list[Result]) -> Result:
+def together(results: list[Result]) -> Result:
     """One run's account of runs made at once (the timing headers): the counts summed,
     each time the longest."""
     return Result([], sum(r.tokens for r in results), sum(r.characters for r in results),
@@ -302,7 +318,12 @@ def _together(results: list[Result]) -> Result:
             responses=errors.responses(400, 401, 404, 422, 503))
 async def info(request: Request, model: str | None = None):
     """The model named in ``model``, else the one POST / serves, described as TEI does."""
-    engine = choose_root(request, model)
+    return described(request, choose_root(request, model))
+
+
+def described(request: Request, engine) -> dict:
+    """``engine`` as TEI's /info describes its model (a NER or question-answering model:
+    a 400, TEI has none)."""
     if engine.task in ("ner", "qa"):
         raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does "
                               f"{engine.task}, which TEI's /info does not describe: GET "

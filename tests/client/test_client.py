@@ -59,6 +59,8 @@ def test_sync_client_mirrors_the_routes(url):
             c.embed("x", dimensions=100_000)
         with pytest.raises(BadRequest, match="prompt_name 'query': model 'cmow-embed' has no"):
             c.embed("x", prompt_name="query")  # sent: this model has none
+        with pytest.raises(BadRequest, match="prompt_name 'query': model 'cmow-embed' has no"):
+            c.tokenize("x", model="cmow-embed", prompt_name="query")
         long = "word " * 600 + "the end"  # over max_length: which end is cut matters
         assert c.embed(long, truncation_direction="left") != c.embed(long)
         assert len(c.classify(long, truncation_direction="left")[0]) == 2

@@ -793,6 +793,13 @@ def test_prompts_and_cls_pooling_as_sentence_transformers_apply_them(url, reposi
     listed = httpx.get(url + "/v1/models/bge").json()
     assert (listed["pooling"], listed["prompts"], listed["default_prompt_name"]) == (
         "cls", BGE_PROMPTS, "passage")
+    # /tokenize: a prompt only where named (TEI's prompt_name), its characters counted
+    plain, prompted = (post(url, "/tokenize", {"model": "bge", "inputs": texts[0], **body}
+                            ).json()[0] for body in ({}, {"prompt_name": "query"}))
+    assert [t["id"] for t in plain] == reference.tokenizer(texts[0])["input_ids"]
+    assert [t["id"] for t in prompted] == reference.tokenizer(
+        BGE_PROMPTS["query"] + texts[0])["input_ids"]
+    assert prompted[-2]["stop"] == len(BGE_PROMPTS["query"] + texts[0])
     # the limits are on what the client sent: the prompt's characters and the rerank
     # query do not count (max_input_chars 2000, max_inputs 64 here)
     assert post(url, "/v1/embed", {"model": "bge", "inputs": "x" * 2000}).status_code == 200

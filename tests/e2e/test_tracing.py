@@ -85,3 +85,35 @@ def test_without_an_endpoint_nothing_is_traced():
 
     app = create_app(Settings())
     assert [m.kwargs["tracing"] for m in app.user_middleware if m.cls is RequestMetrics] == [None]
+
+
+def test_each_grpc_call_is_a_span_of_the_callers_trace(tiny_checkpoints, tmp_path, collector):
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    from server.routes.tei_grpc import pb, pb_grpc
+    from tests.conftest import unallocated_port
+
+    endpoint, spans = collector
+    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx")
+    port = unallocated_port()
+    with running_server(tmp_path / "repo", otlp_endpoint=endpoint, grpc_port=port):
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            pb_grpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="a sentence"), metadata=(
+                ("traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01"), ("x-request-id", "req-2")))
+            with pytest.raises(grpc.RpcError):
+                pb_grpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="x"),
+                                                 metadata=(("model", "nope"),))
+            inference = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            assert inference.ServerLive(service_pb2.ServerLiveRequest()).live  # a probe
+    assert sorted(s.name for _, s in spans) == ["tei.v1.Embed/Embed"] * 2
+    (span,) = [s for _, s in spans if s.trace_id.hex() == TRACE_ID]
+    assert span.parent_span_id.hex() == PARENT_ID and span.kind == span.SPAN_KIND_SERVER
+    attributes = _attributes(span)
+    assert (attributes["rpc.system"], attributes["rpc.service"], attributes["rpc.method"]) \
+        == ("grpc", "tei.v1.Embed", "Embed")
+    assert (attributes["rpc.grpc.status_code"], attributes["distilserve.request_id"]) == (
+        0, "req-2")
+    assert attributes["distilserve.tokens"] == 4 and attributes["distilserve.inference_ms"] > 0
+    (refused,) = [s for _, s in spans if s.trace_id.hex() != TRACE_ID]
+    assert _attributes(refused)["rpc.grpc.status_code"] == grpc.StatusCode.NOT_FOUND.value[0]
