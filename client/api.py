@@ -130,6 +130,11 @@ class _Base:
                 "doc_stride": doc_stride}
 
     @staticmethod
+    def _fill_mask_body(inputs, model, top_k, targets, truncate, direction):
+        return {"inputs": inputs, "model": model, "top_k": top_k, "targets": targets,
+                "truncate": truncate, "truncation_direction": direction}
+
+    @staticmethod
     def _ner_body(inputs, model, aggregation_strategy, truncate, direction, stride,
                   ignore_labels):
         """/v1/ner's body; ``stride``: a long text read whole, in overlapping windows."""
@@ -220,6 +225,14 @@ class DistilServeClient(_Base):
                              align_to_words, max_seq_len, doc_stride)
         return self._call("POST", "/v1/qa", body)["results"]
 
+    def fill_mask(self, inputs, model=None, top_k=5, targets=None, truncate=True,
+                  truncation_direction="right") -> list[list[list[dict]]]:
+        """Per input, per mask token, its likeliest tokens: {score, token, token_str,
+        sequence}."""
+        body = self._fill_mask_body(inputs, model, top_k, targets, truncate,
+                                    truncation_direction)
+        return self._call("POST", "/v1/fill-mask", body)["results"]
+
     def models(self) -> list[dict]:
         return self._call("GET", "/v1/models")["data"]
 
@@ -305,6 +318,12 @@ class AsyncDistilServeClient(_Base):
         body = self._qa_body(inputs, model, top_k, max_answer_len, handle_impossible_answer,
                              align_to_words, max_seq_len, doc_stride)
         return (await self._call("POST", "/v1/qa", body))["results"]
+
+    async def fill_mask(self, inputs, model=None, top_k=5, targets=None, truncate=True,
+                        truncation_direction="right"):
+        body = self._fill_mask_body(inputs, model, top_k, targets, truncate,
+                                    truncation_direction)
+        return (await self._call("POST", "/v1/fill-mask", body))["results"]
 
     async def models(self) -> list[dict]:
         return (await self._call("GET", "/v1/models"))["data"]

@@ -45,15 +45,27 @@ PRESETS = {
 }
 
 _AUTO = {"embed": AutoModel, "classify": AutoModelForSequenceClassification,
-         "ner": AutoModelForTokenClassification, "qa": AutoModelForQuestionAnswering}
+         "ner": AutoModelForTokenClassification, "qa": AutoModelForQuestionAnswering,
+         "fill-mask": AutoModelForMaskedLM}
+
+# a masked-language model's head up to its decoder (the projection onto the vocabulary,
+# get_output_embeddings()), by model type: hidden states [B, T, D] -> [B, T, E] (E: D, or
+# ALBERT's embedding size)
+MLM_TRANSFORMS = {
+    "bert": lambda m, h: m.cls.predictions.transform(h),
+    "distilbert": lambda m, h: m.vocab_layer_norm(m.activation(m.vocab_transform(h))),
+    "albert": lambda m, h: m.predictions.LayerNorm(m.predictions.activation(
+        m.predictions.dense(h))),
+}
 
 
 class HFEncoder(nn.Module):
     """A transformers model with the families' common forward and one task output:
     (input_ids, attention_mask, token_type_ids) [B, T] -> embed [B, D] (pooled: mean or
     cls; then a sentence-transformers Dense module's [B, D'] where it has one; SPLADE's
-    [B, V] from a masked-language model), classify logits [B, C], ner logits [B, T, C], or
-    qa's start and end logits [B, T, 2]."""
+    [B, V] from a masked-language model), classify logits [B, C], ner logits [B, T, C],
+    qa's start and end logits [B, T, 2], or fill-mask's vectors before the language-model
+    head's decoder [B, T, E] (``decoder()``: its weight and bias)."""
 
     def __init__(self, model: nn.Module, task: str, pooling: str = "mean"):
         super().__init__()
@@ -69,6 +81,9 @@ class HFEncoder(nn.Module):
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask}
         if self.uses_token_types:
             inputs["token_type_ids"] = token_type_ids
+        if self.task == "fill-mask":  # the head's decoder runs in the service (mask tokens)
+            hidden = self.model.base_model(**inputs).last_hidden_state  # [B, T, D]
+            return MLM_TRANSFORMS[self.config.model_type](self.model, hidden)  # [B, T, E]
         out = self.model(**inputs)
         if self.task == "qa":
             return torch.stack([out.start_logits, out.end_logits], -1)  # [B, T, 2]
@@ -79,6 +94,12 @@ class HFEncoder(nn.Module):
         return self.dense(heads.pool(out.last_hidden_state, attention_mask, self.pooling))
 
 
+def decoder(model: HFEncoder) -> dict[str, torch.Tensor]:
+    """A fill-mask model's decoder: ``weight`` [V, E] and ``bias`` [V], logits = x W^T + b."""
+    linear = model.model.get_output_embeddings()
+    return {"weight": linear.weight.detach(), "bias": linear.bias.detach()}
+
+
 def hf_config(config: dict) -> PretrainedConfig:
     fields = {k: v for k, v in config.items() if k != "model_type"}
     return AutoConfig.for_model(config["model_type"], **fields)
@@ -87,6 +108,9 @@ def hf_config(config: dict) -> PretrainedConfig:
 def build(config: dict, task: str, labels: list[str], pooling: str = "mean") -> HFEncoder:
     """A model with fresh weights from a config.json dict."""
     cfg = hf_config(config)
+    if task == "fill-mask" and cfg.model_type not in MLM_TRANSFORMS:
+        raise ValueError(f"fill-mask is served for {', '.join(MLM_TRANSFORMS)} models, not "
+                         f"{cfg.model_type}")
     if task in heads.LABELLED:
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {label: i for i, label in enumerate(labels)}

@@ -4,9 +4,12 @@ Tasks: ``embed`` -> sentence embedding [B, D] (or, exported with --token-embeddi
 the token vectors [B, T, D], pooled by the service; or SPLADE's sparse embedding [B, V]
 from a masked-language model's logits); ``classify`` -> logits [B, C];
 ``ner`` -> per-token logits [B, T, C]; ``qa`` (extractive question answering, the
-transformers families') -> each token's start and end logits [B, T, 2]. Normalisation and
-softmax happen after the model, in the server's postprocessing, so that exported graphs
-carry raw numbers.
+transformers families') -> each token's start and end logits [B, T, 2]; ``fill-mask``
+(a masked-language model of the transformers families) -> each token's vector through
+the language-model head up to its decoder [B, T, E]: the decoder, the projection onto
+the vocabulary, runs in the service on the mask tokens' vectors alone (the [B, T, V]
+logits would be 30522 numbers a token). Normalisation and softmax happen after the model,
+in the server's postprocessing, so that exported graphs carry raw numbers.
 """
 
 from __future__ import annotations
@@ -14,19 +17,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-TASKS = ("embed", "classify", "ner", "qa")
+TASKS = ("embed", "classify", "ner", "qa", "fill-mask")
 LABELLED = ("classify", "ner")  # the tasks whose outputs are labels' (id2label)
 # how an embedding model's token vectors are pooled (pool): sentence-transformers' names
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean")
 
 # Hugging Face architecture suffix <-> task, for config.json's "architectures".
 ARCHITECTURE_SUFFIX = {"embed": "Model", "classify": "ForSequenceClassification",
-                       "ner": "ForTokenClassification", "qa": "ForQuestionAnswering"}
+                       "ner": "ForTokenClassification", "qa": "ForQuestionAnswering",
+                       "fill-mask": "ForMaskedLM"}
 
 
 def task_of_architecture(name: str) -> str:
+    """The task of a checkpoint whose config.json names ``name``: a masked-language model
+    (``...ForMaskedLM``, as published base models are: bert-base-uncased,
+    distilbert-base-uncased) is an embedding model unless exported with --task fill-mask."""
     for task, suffix in ARCHITECTURE_SUFFIX.items():
-        if task != "embed" and name.endswith(suffix):
+        if task not in ("embed", "fill-mask") and name.endswith(suffix):
             return task
     return "embed"
 

@@ -30,7 +30,7 @@ from models.io.manifest import FILE as MANIFEST
 from server import errors, logs
 from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
 from server.metrics import STARTED, Metrics
-from server.routes import classify, embed, health, ner, oip, qa, rerank, tei, tokenize
+from server.routes import classify, embed, fill_mask, health, ner, oip, qa, rerank, tei, tokenize
 from server.routes import models as models_route
 from server.routes.fast_path import FastPath, replay
 from server.settings import Settings
@@ -530,8 +530,9 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     key = settings.api_key.get_secret_value() if settings.api_key else None
     if key:
         document_api_key(app)
-    routers = (embed.router, classify.router, ner.router, qa.router, rerank.router,
-               tokenize.router, tei.router, oip.router, models_route.router, health.router)
+    routers = (embed.router, classify.router, ner.router, qa.router, fill_mask.router,
+               rerank.router, tokenize.router, tei.router, oip.router, models_route.router,
+               health.router)
     routes = [r for router in routers for r in router.routes]
     # the inference routes (the POST routes that run a model), without FastAPI's stack
     app.add_middleware(FastPath, routes=routes)

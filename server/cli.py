@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from models import families
-from models.heads import POOLINGS
+from models.heads import POOLINGS, TASKS
 from models.io import checkpoint
 from training.distill import DEFAULT_STEPS as OBJECTIVES  # the families distillation knows
 
@@ -335,7 +335,7 @@ def parser() -> argparse.ArgumentParser:
         prog="distilserve", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    tasks = ["embed", "classify", "ner", "qa"]
+    tasks = list(TASKS)
 
     new = sub.add_parser("new", help="write a checkpoint of a family with fresh weights",
                          description="Writes a checkpoint (config.json, model.safetensors, "
@@ -347,7 +347,8 @@ def parser() -> argparse.ArgumentParser:
                      help="size preset, one of the family's (see --list; default tiny)")
     new.add_argument("--task", default="embed", choices=tasks,
                      help="task head: sentence embedding, sequence or token classification, "
-                     "extractive question answering (qa: the transformers families)")
+                     "extractive question answering or fill-mask (qa, fill-mask: the "
+                     "transformers families)")
     new.add_argument("--labels", help="comma-separated labels for classify and ner")
     new.add_argument("--seed", type=int, default=0, help="seed of the fresh weights")
     new.add_argument("--list", action="store_true", help="print families and presets")
@@ -372,7 +373,7 @@ def parser() -> argparse.ArgumentParser:
                      "serve it")
     exp.add_argument("--task", choices=tasks,
                      help="serve the checkpoint for this task (default: the one its config "
-                     "names)")
+                     "names; a ...ForMaskedLM is an embedding model unless fill-mask)")
     exp.add_argument("--max-length", type=int,
                      help="longest input in tokens (default: the length a "
                      "sentence-transformers model was trained for, else the model's maximum)")

@@ -18,11 +18,13 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+from models.io.manifest import DECODER, Manifest, ManifestError
 from models.io.manifest import FILE as manifest_file
-from models.io.manifest import Manifest, ManifestError
 from models.runtime import open_backend
 from models.runtime.base import Backend, BackendError
 from server import postprocess
@@ -103,6 +105,22 @@ def read_manifest(folder: Path) -> Manifest:
         raise ModelLoadError(str(e)) from None
 
 
+def read_decoder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    """A fill-mask model's decoder, (weight [V, E], bias [V]) in float32; a ModelLoadError
+    naming the file if it cannot be read."""
+    file = folder / DECODER
+    try:
+        tensors = load_file(str(file))
+        weight, bias = tensors["weight"].astype(np.float32), tensors["bias"].astype(np.float32)
+    except Exception as e:  # missing, not safetensors, or without those tensors
+        raise ModelLoadError(f"{file}: {type(e).__name__}: {e} (a fill-mask model's "
+                             "decoder, written by distilserve export)") from None
+    if weight.ndim != 2 or bias.shape != weight.shape[:1]:
+        raise ModelLoadError(f"{file}: weight {weight.shape} and bias {bias.shape} are not a "
+                             "decoder's [V, E] and [V]")
+    return weight, bias
+
+
 def open_runtime(folder: Path, manifest: Manifest, settings: Settings) -> Backend:
     """The runtime backend that serves a model folder: on the manifest's device and dtype,
     else the settings'; an ONNX model asked onto a GPU that its onnxruntime cannot use runs
@@ -139,8 +157,9 @@ class Engine:
         self.prompts: dict[str, str] = manifest.prompts
         # the service pools an embedding model's token vectors (export --token-embeddings)
         self.pools = manifest.pooling if manifest.token_embeddings else None
-        # [T, X] an input: NER's labels, QA's start and end, token vectors to pool
-        self.per_token = manifest.task in ("ner", "qa") or self.pools is not None
+        # [T, X] an input: NER's labels, QA's start and end, token vectors to pool,
+        # fill-mask's vectors before the decoder
+        self.per_token = manifest.task in ("ner", "qa", "fill-mask") or self.pools is not None
         # SPLADE's embeddings: a weight per vocabulary entry, mostly zero, ranked by dot product
         self.sparse = manifest.pooling == "splade"
         self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
@@ -160,6 +179,15 @@ class Engine:
                                  "tokenizer); re-export it with distilserve export")
         self.unk_id = tokenizer.unk_token_id
         self.cls_id = tokenizer.cls_token_id  # QA: the token that may answer "no answer"
+        # fill-mask: the token it fills, the language-model head's decoder (weight [V, E],
+        # bias [V]) and transformers' tokenizer, whose decode the pipeline's texts are
+        self.mask_token, self.mask_id, self.decoder, self.hf_tokenizer = None, None, None, None
+        if self.task == "fill-mask":
+            if tokenizer.mask_token_id is None:
+                raise ModelLoadError(f"{folder}: its tokenizer has no mask token to fill")
+            self.mask_token, self.mask_id = tokenizer.mask_token, tokenizer.mask_token_id
+            self.decoder, self.hf_tokenizer = read_decoder(folder), tokenizer
+            self.vocab = tokenizer.get_vocab()  # (built anew on every call)
         # the Rust tokenizer itself, set up once per truncation (transformers' wrapper
         # re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer
@@ -238,6 +266,8 @@ class Engine:
             info["quantization"] = "int8"
         if self.task in ("classify", "ner"):
             info["labels"] = self.labels
+        if self.mask_token is not None:
+            info["mask_token"] = self.mask_token
         if self.multi_label:
             info["multi_label"] = True
         if self.entailment is not None:  # an NLI model: /v1/classify's candidate_labels
@@ -343,6 +373,19 @@ class Engine:
                             enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)])
         return out
 
+    def target_ids(self, targets: list[str]) -> list[int]:
+        """fill-mask's targets as token ids, as the pipeline finds them: the vocabulary's
+        token, else the first token of the target's text (none: left out); each once."""
+        vocab, ids = self.vocab, []
+        for target in targets:
+            if (found := vocab.get(target)) is None:
+                tokens = self.tokenizers[None].encode(target, add_special_tokens=False).ids
+                if not tokens:
+                    continue
+                found = tokens[0]
+            ids.append(found)
+        return list(dict.fromkeys(ids))
+
     def decode(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
         """TEI's /decode: each list of token ids as text."""
         return self.tokenizers[None].decode_batch(ids, skip_special_tokens=skip_special_tokens)
@@ -394,7 +437,7 @@ class Engine:
         if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):
             self.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
         outputs = [r[: len(e.ids)] if self.per_token else r for r, e in zip(raw, encodings)]
-        if self.task in ("ner", "qa"):  # postprocessed with their encodings
+        if self.task in ("ner", "qa", "fill-mask"):  # postprocessed with their encodings
             outputs = list(zip(outputs, encodings))
         if groups is not None:  # each input's windows
             ran = iter(outputs)

@@ -1,5 +1,6 @@
 """Pure functions from model outputs to response items: pooling token vectors,
-normalising, softmax/top-k, token scores -> entity spans. Tested without a server.
+normalising, softmax/top-k, token scores -> entity spans, answer spans, a mask's
+likeliest tokens. Tested without a server.
 
 The NER functions reproduce transformers' token-classification pipeline (its
 ``gather_pre_entities``, ``aggregate`` and ``group_entities``), with one difference the
@@ -10,6 +11,7 @@ tokenizer's lower-cased, accent-stripped decoding.
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -175,6 +177,35 @@ def answers(windows: list, context: str, cls_id: int | None, top_k: int,
     if impossible:
         answered.append({"score": no_answer, "start": 0, "end": 0, "answer": ""})
     return sorted(answered, key=lambda a: a["score"], reverse=True)[:top_k]
+
+
+def fill_mask(vectors: np.ndarray, ids: list[int], mask_id: int, weight: np.ndarray,
+              bias: np.ndarray, top_k: int, targets: list[int] | None,
+              decode: Callable[[list[int], bool], str]) -> list[list[dict]]:
+    """One input's answer, as transformers' fill-mask pipeline gives it, from its token ids
+    [T] and its vectors before the language-model head's decoder [T, E] (the decoder:
+    ``weight`` [V, E], ``bias`` [V]): per mask token, the ``top_k`` likeliest tokens (of
+    ``targets`` alone, if given), each {score: its probability over the whole vocabulary,
+    token, token_str, sequence: the input with this mask filled}; with one mask the
+    sequence leaves the special tokens out, with several it keeps them (the other masks),
+    as the pipeline does. ``decode(ids, skip_special_tokens)``: the tokenizer's text."""
+    ids = np.asarray(ids)
+    masks = np.flatnonzero(ids == mask_id)
+    probs = softmax(vectors[masks].astype(np.float32) @ weight.T + bias)  # [M, V]
+    if targets is not None:
+        probs = probs[:, targets]  # [M, len(targets)]
+    single, filled = len(masks) == 1, []
+    for at, p in zip(masks, probs):
+        found = []
+        for j in np.argsort(-p, kind="stable")[:top_k]:
+            token = int(targets[j]) if targets is not None else int(j)
+            sequence = ids.copy()
+            sequence[at] = token
+            found.append({"score": float(p[j]), "token": token,
+                          "token_str": decode([token], False),
+                          "sequence": decode(sequence.tolist(), single)})
+        filled.append(found)
+    return filled
 
 
 def _best_spans(spans: np.ndarray, k: int) -> list[tuple[int, int]]:

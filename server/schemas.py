@@ -318,6 +318,49 @@ class NerRequest(_Truncated):
         return stride
 
 
+class _Fill(BaseModel):
+    model_config = _Request.model_config
+    top_k: Count = Field(5, description="the likeliest tokens of each mask (at most as many "
+                         "as targets)")
+    targets: str | Annotated[list[str], Field(min_length=1)] | None = Field(
+        None, description="score only these tokens (a word not in the vocabulary: its first "
+        "token, as the pipeline takes it)")
+
+    @property
+    def target_list(self) -> list[str] | None:
+        return [self.targets] if isinstance(self.targets, str) else self.targets
+
+
+class FillMaskRequest(_Fill, _Truncated):
+    """transformers' fill-mask pipeline: texts with the model's mask token ([MASK])."""
+
+    inputs: Texts
+
+
+class FillMaskToken(BaseModel):
+    score: float = Field(description="its probability at the mask, over the vocabulary")
+    token: int
+    token_str: str
+    sequence: str = Field(description="the input with the mask filled")
+
+
+class FillMaskResponse(BaseModel):
+    model: str
+    results: list[list[list[FillMaskToken]]] = Field(
+        description="per input, per mask token, the likeliest tokens first")
+
+
+class HfFillMaskParameters(_Fill):
+    top_k: Count | None = None  # (FillMaskRequest's default)
+
+
+class HfFillMaskRequest(_Truncated):
+    """huggingface_hub's fill_mask: /v1/fill-mask's, its options as ``parameters``."""
+
+    inputs: Texts
+    parameters: HfFillMaskParameters | None = None
+
+
 # TEI's own bodies (server/routes/tei.py) -------------------------------------------------
 # one input of TEI's /predict: [text] or [text, text]
 Sequence = Annotated[list[str], Field(min_length=1, max_length=2)]
@@ -559,7 +602,8 @@ class HfTokenRequest(_Truncated):
 # Hugging Face Inference API's zero-shot and token classification and question answering
 TeiAnswer = (list[list[float]] | list[float] | list[Score] | list[list[Score]] | list[TeiRank]
              | HfZeroShotAnswer | list[HfZeroShotAnswer] | list[dict] | list[list[dict]]
-             | QaAnswer | list[QaAnswer] | list[QaAnswer | list[QaAnswer]])
+             | QaAnswer | list[QaAnswer] | list[QaAnswer | list[QaAnswer]]
+             | list[list[list[FillMaskToken]]])
 
 
 class TeiVertexRequest(BaseModel):

@@ -101,6 +101,17 @@ def wait_for(condition, what: str, seconds: float = 600):
     raise AssertionError(f"gave up waiting for {what}")
 
 
+def transformers_pipeline(task: str, folder, family: str):
+    """transformers' pipeline for ``task`` on the checkpoint in ``folder``. The tokenizer
+    the tiny checkpoints carry is BERT's, whose token_type_ids DistilBERT does not take (a
+    published DistilBERT's tokenizer leaves them out)."""
+    from transformers import AutoTokenizer, pipeline
+
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if family == "bert" else [])
+    return pipeline(task, model=str(folder), device="cpu",
+                    tokenizer=AutoTokenizer.from_pretrained(str(folder), model_input_names=names))
+
+
 @contextlib.contextmanager
 def running_server(repository, until: str = "/ready", **settings):
     """A real uvicorn server on 127.0.0.1 and a free port, in a thread; yields its URL

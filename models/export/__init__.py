@@ -31,13 +31,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import torch
+from safetensors.torch import save_file
 
-from models import families
+from models import bert, families
 from models.export.artifacts import example_inputs, to_onnx, to_torchscript, trace
 from models.export.parity import TOLERANCE, agreement, compare, dtype_parity, parity_inputs
 from models.export.quantize import quantize_int8
 from models.io import checkpoint
-from models.io.manifest import Manifest
+from models.io.manifest import DECODER, Manifest
 from models.runtime import open_backend
 
 __all__ = ["ARTIFACT", "FORMATS", "ExportError", "example_inputs", "export", "replace",
@@ -136,7 +137,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     with torch.no_grad():
         if fmt == "onnx":
             to_onnx(model, folder / artifact, loop,
-                    per_token=ckpt.task in ("ner", "qa") or token_embeddings)
+                    per_token=ckpt.task in ("ner", "qa", "fill-mask") or token_embeddings)
         elif fmt == "torchscript":
             to_torchscript(model, folder / artifact, loop)
     depth = getattr(model, "num_iterations", None)
@@ -173,6 +174,10 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
                         **agreement(ckpt.task, references[-1], quantized,
                                     real["attention_mask"])}
         served = "model.int8.onnx"
+
+    if ckpt.task == "fill-mask":  # the vocabulary projection, run by the service
+        save_file({k: v.contiguous() for k, v in bert.decoder(model).items()},
+                  str(folder / DECODER))
 
     manifest = Manifest(
         task=ckpt.task, family=ckpt.family, labels=ckpt.labels,

@@ -77,7 +77,7 @@ def agreement(task: str, reference: np.ndarray, other: np.ndarray, mask: np.ndar
     if reference.ndim == 3:  # [B, T, X]: the real tokens' rows, [N, X]
         real = mask.astype(bool)
         reference, other = reference[real], other[real]
-    if task == "embed":
+    if task in ("embed", "fill-mask"):  # vectors (fill-mask's: before its decoder)
         a = reference / np.linalg.norm(reference, axis=-1, keepdims=True)
         b = other / np.linalg.norm(other, axis=-1, keepdims=True)
         cos = (a * b).sum(-1)
@@ -104,7 +104,7 @@ def dtype_parity(model: nn.Module, task: str, dtypes, batches: list[dict[str, np
             got = [half(*(torch.from_numpy(b[k]) for k in INPUT_NAMES)).float().numpy()
                    for b in batches]
         del half
-        if task == "embed":
+        if task in ("embed", "fill-mask"):
             cos = min(agreement(task, r, g, b["attention_mask"])["min_cosine"]
                       for r, g, b in zip(references, got, batches))
             result = {"min_cosine": cos, "passed": bool(cos >= DTYPE_MIN_COSINE),

@@ -120,9 +120,10 @@ def _build(family: str, config: dict, task: str, labels: list[str],
     kind = family_of(family)
     if kind.transformers:
         return bert.build(config, task, labels, pooling or kind.pooling)
-    if task == "qa":
-        raise CheckpointError(f"{family} has no question-answering head (none was published "
-                              "for it): qa is the transformers families' (bert, distilbert)")
+    if task in ("qa", "fill-mask"):
+        head = "question-answering" if task == "qa" else task
+        raise CheckpointError(f"{family} has no {head} head (none was published for it): "
+                              f"{task} is the transformers families' (bert, distilbert)")
     if pooling not in (None, kind.pooling):
         raise CheckpointError(f"{family} embeddings are pooled by {kind.pooling}, not "
                               f"{pooling} (another pooling is for the transformers families)")
@@ -292,9 +293,10 @@ def read_state_dict(path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
 
 
 def _droppable(key: str, top_level: set[str]) -> bool:
-    """A tensor a task model may ignore: another task's head, a pooler, a buffer."""
+    """A tensor a task model may ignore: another task's head (BERT's next-sentence head, in
+    a pre-training checkpoint beside its masked-language one), a pooler, a buffer."""
     return (key.split(".")[0] not in top_level or ".pooler." in f".{key}"
-            or key.endswith("position_ids"))
+            or ".seq_relationship." in f".{key}" or key.endswith("position_ids"))
 
 
 def _tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -419,10 +421,13 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
             load_weights(model.model, bert.normalise_keys(state, model.model), file,
                          unused="pooler." if task in ("embed", "qa") else None)
         except CheckpointError as e:
-            if model.pooling != "splade":
-                raise
-            raise CheckpointError(f"{e} (SPLADE pools a masked-language model's logits: its "
-                                  "checkpoint has that head)") from None
+            if model.pooling == "splade":
+                raise CheckpointError(f"{e} (SPLADE pools a masked-language model's logits: "
+                                      "its checkpoint has that head)") from None
+            if task == "fill-mask":
+                raise CheckpointError(f"{e} (fill-mask runs a masked-language model's head: "
+                                      "its checkpoint has it, as a ...ForMaskedLM's)") from None
+            raise
         if dense:
             model.dense = heads.Dense(dense.in_features, dense.out_features, dense.bias,
                                       dense.activation)

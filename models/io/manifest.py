@@ -11,6 +11,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 FILE = "manifest.json"
+# a fill-mask model's language-model decoder (weight [V, E], bias [V]), beside its artifact
+DECODER = "decoder.safetensors"
 
 
 class ManifestError(Exception):
@@ -21,7 +23,7 @@ class Manifest(BaseModel):
     # extra: what a newer export, or a builder (the embedded default's "training"), adds
     model_config = ConfigDict(extra="allow", protected_namespaces=())
 
-    task: Literal["embed", "classify", "ner", "qa"]
+    task: Literal["embed", "classify", "ner", "qa", "fill-mask"]
     family: str
     backend: Literal["onnx", "torchscript", "torch"]
     max_length: int = Field(gt=0, description="longest input in tokens")

@@ -45,11 +45,13 @@ from server.metrics import VERSION
 from server.routes import classify, health
 from server.routes.common import reply, served, service, timing
 from server.routes.embed import embedded
+from server.routes.fill_mask import filled
 from server.routes.ner import recognised
 from server.routes.qa import answered
 from server.schemas import (
     ClassifyRequest,
     EmbedRequest,
+    FillMaskRequest,
     NerRequest,
     OipControlRequest,
     OipIndexRequest,
@@ -67,7 +69,7 @@ router = APIRouter(tags=["open inference protocol"])
 TEXT, PAIR = "text", "text_pair"
 # a task's inputs: a classifier's second is optional (a text alone, or pairs)
 INPUTS = {"embed": [TEXT], "classify": [TEXT, PAIR], "ner": [TEXT],
-          "qa": ["question", "context"]}
+          "qa": ["question", "context"], "fill-mask": [TEXT]}
 # the platform and backend Triton names for a backend
 PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch", "torch": "pytorch"}
 BACKENDS = {"onnx": "onnxruntime", "torchscript": "pytorch", "torch": "python"}
@@ -226,6 +228,7 @@ OUTPUTS = {  # a task's outputs, described
                            {"name": "label", "datatype": tensors.BYTES, "shape": [-1]}],
     "ner": lambda e: [{"name": "entities", "datatype": tensors.BYTES, "shape": [-1]}],
     "qa": lambda e: [{"name": "answers", "datatype": tensors.BYTES, "shape": [-1]}],
+    "fill-mask": lambda e: [{"name": "tokens", "datatype": tensors.BYTES, "shape": [-1]}],
 }
 
 
@@ -430,7 +433,14 @@ async def _qa(request: Request, engine: Engine, pairs: list, parameters: dict):
     return {"answers": [orjson.dumps(r).decode() for r in results]}, result
 
 
-RUN = {"embed": _embed, "classify": _classify, "ner": _ner, "qa": _qa}  # by task
+async def _fill_mask(request: Request, engine: Engine, texts: list, parameters: dict):
+    _, results, result = await filled(_options(FillMaskRequest, engine, texts, parameters),
+                                      request)
+    return {"tokens": [orjson.dumps(r).decode() for r in results]}, result
+
+
+RUN = {"embed": _embed, "classify": _classify, "ner": _ner, "qa": _qa,  # by task
+       "fill-mask": _fill_mask}
 
 
 def _versioned(route: APIRoute):

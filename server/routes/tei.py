@@ -36,11 +36,14 @@ from server.routes.common import (
     with_prompt,
 )
 from server.routes.embed import embedded
+from server.routes.fill_mask import filled
 from server.routes.ner import recognised
 from server.routes.qa import answered
 from server.schemas import (
     ClassifyRequest,
     EmbedRequest,
+    FillMaskRequest,
+    HfFillMaskRequest,
     HfQaRequest,
     HfTokenRequest,
     HfZeroShotRequest,
@@ -160,6 +163,16 @@ async def token_answers(body: HfTokenRequest, request: Request) -> tuple[list, R
     return results[0] if isinstance(body.inputs, str) else results, result
 
 
+async def fill_mask_answers(body: HfFillMaskRequest, request: Request
+                            ) -> tuple[list, Result]:
+    """The fill-mask pipeline's answer: a text's likeliest tokens (a list of them per mask
+    where it has several, as /v1/fill-mask's); a list of those for a list."""
+    options = {} if body.parameters is None else body.parameters.model_dump()
+    _, results, result = await filled(_as(FillMaskRequest, body, **options), request)
+    each = [masks[0] if len(masks) == 1 else masks for masks in results]
+    return each[0] if isinstance(body.inputs, str) else each, result
+
+
 async def qa_answers(body: HfQaRequest, request: Request) -> tuple[list | dict, Result]:
     """The question-answering pipeline's answer: an input's answers (/v1/qa's), or the one
     where there is one; a list of them for a list."""
@@ -174,12 +187,12 @@ async def qa_answers(body: HfQaRequest, request: Request) -> tuple[list | dict, 
 ANSWERS = {EmbedRequest: embedding, TeiSimilarityRequest: similarities,
            TeiPredictRequest: predictions, TeiRerankRequest: ranks,
            HfZeroShotRequest: zero_shot_answers, HfTokenRequest: token_answers,
-           HfQaRequest: qa_answers}
+           HfQaRequest: qa_answers, HfFillMaskRequest: fill_mask_answers}
 # the body of POST /, by what its model does
 ROOT_BODIES = {"embed": TypeAdapter(TeiRootRequest), "classify": TypeAdapter(TeiPredictRequest),
                "rerank": TypeAdapter(TeiRerankRequest),
                "zero_shot": TypeAdapter(HfZeroShotRequest), "ner": TypeAdapter(HfTokenRequest),
-               "qa": TypeAdapter(HfQaRequest)}
+               "qa": TypeAdapter(HfQaRequest), "fill-mask": TypeAdapter(HfFillMaskRequest)}
 
 
 def parse_root(body: dict, request: Request):
@@ -324,7 +337,7 @@ async def info(request: Request, model: str | None = None):
 def described(request: Request, engine) -> dict:
     """``engine`` as TEI's /info describes its model (a NER or question-answering model:
     a 400, TEI has none)."""
-    if engine.task in ("ner", "qa"):
+    if engine.task in ("ner", "qa", "fill-mask"):
         raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does "
                               f"{engine.task}, which TEI's /info does not describe: GET "
                               f"/v1/models/{engine.name}")

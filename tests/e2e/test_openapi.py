@@ -43,7 +43,8 @@ def test_schemathesis_all_checks_on_every_operation(repository, tmp_path):
     tested = next(line for line in result.stdout.splitlines() if "Tested:" in line)
     operations = [
         "POST /v1/embeddings", "POST /v1/embed", "POST /v1/classify", "POST /v1/ner",
-        "POST /v1/rerank", "POST /v1/qa", "POST /v1/tokenize", "POST /v1/decode", "GET /v1/models",
+        "POST /v1/rerank", "POST /v1/qa", "POST /v1/fill-mask", "POST /v1/tokenize", "POST /v1/decode",
+        "GET /v1/models",
         "GET /v1/models/{model_id}", "GET /health", "GET /ready", "GET /metrics",
         # TEI's, Infinity's and SageMaker's
         "POST /embeddings", "POST /tokenize", "POST /decode", "POST /embed",

@@ -15,11 +15,10 @@ import huggingface_hub.utils
 import numpy as np
 import pytest
 import tritonclient.http as triton
-from transformers import AutoTokenizer, pipeline
 
 from models import export
 from models.io import checkpoint
-from tests.conftest import running_server
+from tests.conftest import running_server, transformers_pipeline
 
 QUESTIONS = [("Where is the tower?", "The Eiffel Tower stands in Paris, France, since 1889."),
              ("Who wrote it?", "Hamlet was written by William Shakespeare around 1600 in "
@@ -44,12 +43,7 @@ def url(checkpoints, tiny_checkpoints, tmp_path_factory):
 
 
 def pipe(checkpoints, family):
-    # the tokenizer these checkpoints carry is BERT's, whose token_type_ids DistilBERT
-    # does not take (a published DistilBERT's tokenizer leaves them out)
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if family == "bert" else [])
-    folder = str(checkpoints[family])
-    return pipeline("question-answering", model=folder, device="cpu",
-                    tokenizer=AutoTokenizer.from_pretrained(folder, model_input_names=names))
+    return transformers_pipeline("question-answering", checkpoints[family], family)
 
 
 def qa(url, **body):

@@ -70,3 +70,56 @@ def test_distilbert_ignores_token_types():
     ids, mask, types = batch()
     with torch.no_grad():
         assert torch.equal(ckpt.model(ids, mask, types), ckpt.model(ids, mask, types + 1))
+
+
+@pytest.mark.parametrize("family, overrides", [
+    ("bert", None), ("distilbert", None),
+    ("bert", {"model_type": "albert", "embedding_size": 16})])  # ALBERT's narrower head
+def test_fill_mask_gives_the_language_models_logits_through_its_decoder(tmp_path, family,
+                                                                        overrides):
+    """The model stops before the decoder; its vectors through the decoder are the masked
+    language model's logits, and the checkpoint (with its head) loads back as fill-mask."""
+    ckpt = checkpoint.new(family, "tiny", "fill-mask", seed=2, overrides=overrides)
+    ids, mask, types = batch()
+    with torch.no_grad():
+        vectors = ckpt.model(ids, mask, types)  # [B, T, E]
+        logits = ckpt.model.model(input_ids=ids, attention_mask=mask).logits  # [B, T, V]
+    decoder = bert.decoder(ckpt.model)
+    assert vectors.shape[-1] == decoder["weight"].shape[1] == (16 if overrides else 32)
+    torch.testing.assert_close(vectors @ decoder["weight"].T + decoder["bias"], logits)
+    loaded = checkpoint.load(checkpoint.save(ckpt, tmp_path / "mlm"), task="fill-mask")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids, mask, types), vectors)
+    # unnamed, a masked-language model is an embedding model (as before fill-mask)
+    assert checkpoint.load(tmp_path / "mlm").task == "embed"
+
+
+def test_fill_mask_refuses_what_has_no_language_model_head(tmp_path):
+    with pytest.raises(CheckpointError, match="its checkpoint has it"):
+        checkpoint.load(checkpoint.save(checkpoint.new("bert", "tiny", "embed"),
+                                        tmp_path / "base"), task="fill-mask")
+    with pytest.raises(CheckpointError, match="no fill-mask head"):
+        checkpoint.new("minialbert", "tiny", "fill-mask")
+
+
+def test_a_pre_training_checkpoint_fills_masks_as_its_language_model(tmp_path):
+    """bert-base-uncased's layout: BertForPreTraining, its next-sentence head and pooler
+    beside the masked-language head (left out, as transformers leaves them out)."""
+    import shutil
+
+    from transformers import BertConfig, BertForPreTraining
+
+    torch.manual_seed(0)
+    pretrained = BertForPreTraining(BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        max_position_embeddings=128)).eval()
+    pretrained.save_pretrained(tmp_path)
+    shutil.copy(checkpoint.default_tokenizer_dir() / "vocab.txt", tmp_path)
+    ckpt = checkpoint.load(tmp_path, task="fill-mask")
+    ids, mask, types = batch()
+    with torch.no_grad():
+        logits = ckpt.model(ids, mask, types) @ bert.decoder(ckpt.model)["weight"].T \
+            + bert.decoder(ckpt.model)["bias"]
+        expected = pretrained(input_ids=ids, attention_mask=mask,
+                              token_type_ids=types).prediction_logits
+    torch.testing.assert_close(logits, expected)

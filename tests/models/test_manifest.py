@@ -28,7 +28,7 @@ def test_a_manifest_round_trips_with_what_others_add(tmp_path):
 
 
 @pytest.mark.parametrize("change,words", [
-    ({"task": "translate"}, "task: Input should be 'embed', 'classify', 'ner' or 'qa'"),
+    ({"task": "translate"}, "task: Input should be 'embed', 'classify', 'ner', 'qa' or 'fill-mask'"),
     ({"max_length": 0}, "max_length: Input should be greater than 0"),
     ({"max_length": "long"}, "max_length: Input should be a valid integer"),
     ({"artifact": "../../etc/passwd"}, "artifact: Value error, '../../etc/passwd' must be a "

@@ -80,6 +80,24 @@ def test_an_int8_model_says_so(tiny_checkpoints, tmp_path):
     assert "quantization" not in load_engine("m", folder, Settings(), Metrics()).describe()
 
 
+def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(tmp_path):
+    from models.io import checkpoint
+    from models.io.manifest import DECODER
+
+    source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
+    folder = tmp_path / "model"
+    manifest = export.export(source, folder, "onnx", task="fill-mask")
+    assert manifest.task == "fill-mask" and DECODER in manifest.files
+    engine = load_engine("m", folder, Settings(), Metrics())
+    weight, bias = engine.decoder
+    assert weight.shape == (engine.vocab_size, 32) and bias.shape == (engine.vocab_size,)
+    assert engine.describe()["mask_token"] == "[MASK]"
+    assert engine.target_ids(["paris", "paris", "[MASK]"]) == [3000, engine.mask_id]
+    (folder / DECODER).write_bytes(b"not safetensors")
+    with pytest.raises(ModelLoadError, match=r"decoder\.safetensors: .*a fill-mask model's"):
+        load_engine("m", folder, Settings(), Metrics())
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_cuda_without_a_gpu_names_the_model(torch_model):
     with pytest.raises(ModelLoadError, match=r"falbert: device cuda asked for, but no GPU"):

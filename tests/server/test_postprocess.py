@@ -182,3 +182,27 @@ def test_sentence_embeddings_pool_token_vectors_as_the_graphs_do():
     assert np.array_equal(postprocess.sentence_embeddings(pooled, None), hidden[:, 0])
     with pytest.raises(ValueError, match="unknown pooling 'lasttoken'"):
         postprocess.sentence_embeddings(tokens, "lasttoken")
+
+
+def test_fill_mask_scores_each_mask_over_the_vocabulary():
+    """A vocabulary of 5 (4 is the mask), identity vectors: the logits are the vectors."""
+    weight, bias = np.eye(5, dtype=np.float32), np.zeros(5, dtype=np.float32)
+    vectors = np.array([[0, 0, 0, 0, 0], [0, 3, 1, 0, 0], [0, 0, 0, 0, 0], [2, 0, 0, 5, 0]],
+                       dtype=np.float32)
+    ids = [0, 4, 2, 4]
+
+    def decode(tokens, skip):
+        return " ".join(f"t{t}" for t in tokens if not (skip and t == 4)) + ("!" if skip else "")
+
+    first, second = postprocess.fill_mask(vectors, ids, 4, weight, bias, 2, None, decode)
+    expected = postprocess.softmax(vectors[1])
+    assert [t["token"] for t in first] == [1, 2]
+    np.testing.assert_allclose([t["score"] for t in first], expected[[1, 2]], rtol=1e-6)
+    # several masks: each sequence fills its own and keeps the other (special tokens shown)
+    assert first[0]["sequence"] == "t0 t1 t2 t4" and second[0]["sequence"] == "t0 t4 t2 t3"
+    assert first[0]["token_str"] == "t1"
+    (only,) = postprocess.fill_mask(vectors[:2], ids[:2], 4, weight, bias, 5, [0, 2], decode)
+    assert [t["token"] for t in only] == [2, 0]  # the targets alone, top_k capped to them
+    # probabilities over the whole vocabulary, not renormalised over the targets
+    np.testing.assert_allclose(only[0]["score"], expected[2], rtol=1e-6)
+    assert only[0]["sequence"] == "t0 t2!"  # one mask: special tokens left out
