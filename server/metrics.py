@@ -3,8 +3,9 @@
 prometheus-client keeps every worker's values in files of that folder, and /metrics,
 whichever worker answers it, renders the sum over all of them. The same series, per
 model, are Triton's statistics (``statistics``: the Open Inference Protocol's
-/v2/models/stats) and Triton's own Prometheus series (nv_inference_*, for the dashboards
-made for Triton: ``triton_series``), so all of them say the same of every worker."""
+/v2/models/stats), Triton's own Prometheus series (nv_inference_*, for the dashboards
+made for Triton: ``triton_series``) and Text Embeddings Inference's (te_*, for TEI's:
+``tei_series``), so all of them say the same of every worker."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from prometheus_client import (
     generate_latest,
     multiprocess,
 )
-from prometheus_client.core import UnknownMetricFamily
+from prometheus_client.core import Metric, UnknownMetricFamily
+from prometheus_client.samples import Sample
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -143,9 +145,11 @@ class Metrics:
         return self.registry
 
     def render(self) -> bytes:
-        """The series (every worker's), and Triton's names for them, collected once."""
+        """The series (every worker's), and Triton's and TEI's names for them, collected
+        once."""
         families = list(self._everyone().collect())
-        return generate_latest(_Collected(families + triton_series(families)))
+        return generate_latest(_Collected(families + triton_series(families)
+                                          + tei_series(families)))
 
     def statistics(self, names: list[str]) -> list[dict]:
         """Triton's statistics (its statistics extension) of the models ``names``."""
@@ -229,6 +233,54 @@ def triton_series(families: list) -> list:
         family = UnknownMetricFamily(name, help_text, labels=["model", "version"])
         for stats in statistics:
             family.add_metric([stats["name"], VERSION], value(stats))
+        out.append(family)
+    return out
+
+
+# TEI's series, each one of ours under TEI's name (labelled by model, which TEI, serving
+# one, has not): (TEI's name, ours, a label's value its samples must have, or None)
+TEI_SERIES = [
+    ("te_request_duration", "distilserve_model_request_seconds", ("outcome", "success")),
+    ("te_request_tokenization_duration", "distilserve_tokenize_seconds", None),
+    ("te_request_queue_duration", "distilserve_queue_seconds", None),
+    ("te_request_inference_duration", "distilserve_request_inference_seconds", None),
+    ("te_batch_next_size", "distilserve_batch_size", None),
+    ("te_queue_size", "distilserve_queue_depth", None),
+]
+# TEI's counters (untyped: Rust's exporter writes them without _total): requests with a
+# model, answered and failed, counted from our series of their time
+TEI_COUNTERS = [("te_request_count", ("success", "failure")),
+                ("te_request_success", ("success",)), ("te_request_failure", ("failure",))]
+
+
+def tei_series(families: list) -> list:
+    """Text Embeddings Inference's Prometheus series, so that the dashboards and alerts
+    made for TEI read this service: its request histograms (seconds) and queue size as
+    ours are, under its names, and its request counters."""
+    ours = {family.name: family for family in families}
+    out = []
+    for name, source, only in TEI_SERIES:
+        family = ours.get(source)
+        if family is None:
+            continue
+        renamed = Metric(name, family.documentation, family.type)
+        for s in family.samples:  # (their _created: left out, TEI has none)
+            if not s.name.endswith("_created") and (only is None
+                                                    or s.labels.get(only[0]) == only[1]):
+                labels = {k: v for k, v in s.labels.items() if only is None or k != only[0]}
+                renamed.samples.append(Sample(name + s.name[len(source):], labels, s.value,
+                                              s.timestamp, s.exemplar))
+        out.append(renamed)
+    counted: dict[tuple[str, str], float] = {}  # (model, outcome) -> requests
+    for s in ours["distilserve_model_request_seconds"].samples:
+        if s.name.endswith("_count"):
+            key = (s.labels["model"], s.labels["outcome"])
+            counted[key] = counted.get(key, 0) + s.value
+    for name, outcomes in TEI_COUNTERS:
+        family = UnknownMetricFamily(name, f"requests with a model: {' or '.join(outcomes)}",
+                                     labels=["model"])
+        for model in sorted({model for model, _ in counted}):
+            family.add_metric([model], sum(counted.get((model, o), 0) for o in outcomes))
         out.append(family)
     return out
 

@@ -91,8 +91,10 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
         (stats,) = httpx.get(url + "/v2/models/cmow/stats", timeout=30).json()["model_stats"]
         assert stats["inference_stats"]["success"]["count"] == 30
         assert stats["inference_count"] == 30 and stats["execution_count"] == 30
-        assert 'nv_inference_request_success{model="cmow",version="1"} 30.0' in httpx.get(
-            url + "/metrics", timeout=30).text  # and Triton's own series
+        scraped = httpx.get(url + "/metrics", timeout=30).text  # Triton's and TEI's series
+        assert 'nv_inference_request_success{model="cmow",version="1"} 30.0' in scraped
+        assert 'te_request_success{model="cmow"} 30.0' in scraped
+        assert 'te_request_duration_count{model="cmow"} 30.0' in scraped
         # gRPC's port too is both workers' (each binds it): a new connection each call
         assert [_grpc_embed(grpc_port) for _ in range(10)] == [(2, 48)] * 10
         assert f'route="{GRPC_INFER}",status="200"}} 10.0' in httpx.get(

@@ -37,13 +37,20 @@ def test_tritons_statistics_are_the_models_series():
     assert metrics.statistics(["nope"])[0]["inference_count"] == 0
 
 
-def test_tritons_own_series_are_the_statistics_when_scraped():
+def observed() -> Metrics:
+    """A model's series after a batch of 3, a request answered and one failed."""
     metrics = Metrics()
     series = metrics.model("m")
     series.observe_batch(3, 0.5)
     series.observe_result(SimpleNamespace(queued_s=0.125, tokenize_s=0.25, inference_s=0.5),
                           1.0)
     series.failed.observe(0.5)
+    series.queue_depth.set(4)
+    return metrics
+
+
+def test_tritons_own_series_are_the_statistics_when_scraped():
+    metrics = observed()
     lines = set(metrics.render().decode().splitlines())
     for name, value in (("request_success", "1.0"), ("request_failure", "1.0"),
                         ("count", "3.0"), ("exec_count", "1.0"),
@@ -53,3 +60,29 @@ def test_tritons_own_series_are_the_statistics_when_scraped():
                         ("compute_output_duration_us", "0.0")):
         assert f'nv_inference_{name}{{model="m",version="1"}} {value}' in lines, name
     assert "# TYPE nv_inference_request_success untyped" in lines  # no _total added
+
+
+def test_teis_series_are_ours_under_its_names():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    # the failed request: counted, but not in te_request_duration (TEI's: answered ones)
+    scraped = {f.name: f for f in text_string_to_metric_families(observed().render().decode())}
+
+    def value(name: str, sample: str) -> float:
+        return next(s.value for s in scraped[name].samples
+                    if s.name == sample and s.labels.get("model") == "m")
+
+    for tei, ours in (("te_request_duration", "distilserve_model_request_seconds"),
+                      ("te_request_tokenization_duration", "distilserve_tokenize_seconds"),
+                      ("te_request_queue_duration", "distilserve_queue_seconds"),
+                      ("te_request_inference_duration", "distilserve_request_inference_seconds"),
+                      ("te_batch_next_size", "distilserve_batch_size")):
+        assert scraped[tei].type == "histogram"
+        assert value(tei, tei + "_sum") == {"te_request_duration": 1.0}.get(
+            tei, value(ours, ours + "_sum")), tei
+        assert value(tei, tei + "_count") == 1.0
+    assert value("te_batch_next_size", "te_batch_next_size_sum") == 3.0
+    assert value("te_queue_size", "te_queue_size") == 4.0
+    assert [value(name, name) for name in ("te_request_count", "te_request_success",
+                                           "te_request_failure")] == [2.0, 1.0, 1.0]
+    assert scraped["te_request_count"].type == "unknown"  # untyped: no _total added
