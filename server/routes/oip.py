@@ -11,12 +11,14 @@ numbers (or texts) out:
                                               entities, as JSON)
     qa        question BYTES [N],             answers BYTES [N] (each input's /v1/qa
               context BYTES [N]               answers, as JSON)
+    fill-mask text BYTES [N]                  tokens BYTES [N] (each input's
+                                              /v1/fill-mask tokens, as JSON)
 
 A request with one input takes it as the texts whatever its name (KServe's examples call
 it input-0). The request's ``parameters`` are the options of the route that does the task
 (normalize, dimensions, prompt_name; raw_scores, function_to_apply; aggregation_strategy,
 stride; top_k, max_answer_len, handle_impossible_answer, align_to_words, max_seq_len,
-doc_stride; truncate, truncation_direction); the models, queue, limits, errors and timing
+doc_stride; top_k, targets; truncate, truncation_direction); the models, queue, limits, errors and timing
 headers are those of the /v1 routes (their functions run them). Tensors come and go as
 JSON or as Triton's binary tensor data (server/tensors.py); a classifier's scores also as
 Triton's classification extension gives them (an output's ``classification``: its k best

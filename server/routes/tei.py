@@ -3,8 +3,8 @@ InferenceClient, LangChain's HuggingFaceEndpointEmbeddings, Haystack's TEI compo
 LlamaIndex's TextEmbeddingsInference): POST /embed, /embed_all, /embed_sparse,
 /similarity, /predict and /rerank with TEI's bodies, POST / (and SageMaker's /invocations)
 as TEI serves its one model there (and, where TEI serves none, as the Hugging Face
-Inference API serves an NLI model's zero-shot classification, a NER model and a
-question-answering model), POST /vertex (Vertex AI's instances, each a body of /), and
+Inference API serves an NLI model's zero-shot classification, a NER model, a
+question-answering model and a fill-mask model), POST /vertex (Vertex AI's instances, each a body of /), and
 GET /info. The models, queue, limits, errors and timing headers are those of the /v1
 routes (their functions run them); only the bodies' shapes are TEI's. /rerank also takes
 the body that Infinity and vLLM take at that path (Cohere's, with ``documents``) and
