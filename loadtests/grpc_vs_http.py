@@ -3,8 +3,9 @@
 
 It starts the service on 127.0.0.1 with DISTILSERVE_GRPC_PORT (free ports) and, in
 interleaved rounds, sends one sentence a request to the embedding model over gRPC
-(ModelInfer with raw_input_contents, and tei.v1's Embed; grpc's own clients), the HTTP
-/v2 infer (JSON) and /v1/embed (the light raw-socket client, loadtests/lightload.py): a lone client's latency,
+(ModelInfer with raw_input_contents, tei.v1's Embed, and tei.v1's EmbedStream: one stream
+with as many messages in flight as there are clients; grpc's own clients), the HTTP /v2
+infer (JSON) and /v1/embed (the light raw-socket client, loadtests/lightload.py): a lone client's latency,
 then ``--clients`` clients' throughput, with the CPU the service and this client used per
 request (on a small machine they share the cores). Writes ``summary.json`` and
 ``summary.md``. Traffic goes to 127.0.0.1 only."""
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import time
 from pathlib import Path
@@ -58,6 +60,39 @@ def grpc_drive(address: str, method, request, metadata: tuple, clients: int,
 
             await asyncio.gather(*(one() for _ in range(clients)))
 
+    return _timed(main, latencies)
+
+
+def stream_drive(address: str, model: str, in_flight: int, seconds: float) -> dict:
+    """One tei.v1 EmbedStream for ``seconds``, ``in_flight`` messages sent and not yet
+    answered at most (its answers come in the order sent): as grpc_drive's figures."""
+    latencies: list[float] = []
+
+    async def main():
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = pb_grpc.EmbedStub(channel).EmbedStream(metadata=(("model", model),))
+            request = pb.EmbedRequest(inputs=SENTENCE, normalize=True)
+            sent, window = collections.deque(), asyncio.Semaphore(in_flight)
+            until = time.perf_counter() + seconds
+
+            async def write():
+                while time.perf_counter() < until:
+                    await window.acquire()
+                    sent.append(time.perf_counter())
+                    await call.write(request)
+                await call.done_writing()
+
+            writing = asyncio.create_task(write())
+            while await call.read() is not grpc.aio.EOF:
+                latencies.append(time.perf_counter() - sent.popleft())
+                window.release()
+            await writing
+
+    return _timed(main, latencies)
+
+
+def _timed(main, latencies: list[float]) -> dict:
+    """``main()`` run: its requests/s, latency p50/p99 and this process's CPU per request."""
     cpu, wall = lightload.cpu_s(), time.perf_counter()
     asyncio.run(main())
     wall, cpu = time.perf_counter() - wall, lightload.cpu_s() - cpu
@@ -112,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             "gRPC tei.v1 Embed": lambda n, s: grpc_drive(
                 address, lambda c: pb_grpc.EmbedStub(c).Embed,
                 pb.EmbedRequest(inputs=SENTENCE, normalize=True), (("model", model),), n, s),
+            "gRPC tei.v1 EmbedStream": lambda n, s: stream_drive(address, model, n, s),
             "HTTP /v2 infer (JSON)": lambda n, s: http_drive(
                 url, f"/v2/models/{model}/infer", {"inputs": [
                     {"name": "text", "datatype": "BYTES", "shape": [1], "data": [SENTENCE]}]},

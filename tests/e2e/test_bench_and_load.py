@@ -95,7 +95,8 @@ def test_grpc_beside_http_at_tiny_scale(tiny_checkpoints, tmp_path):
                               "--rounds", "2"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["model"] == "bert" and len(summary["rounds"]) == 2
-    for way in ("gRPC ModelInfer", "gRPC tei.v1 Embed", "HTTP /v2 infer (JSON)", "HTTP /v1/embed"):
+    for way in ("gRPC ModelInfer", "gRPC tei.v1 Embed", "gRPC tei.v1 EmbedStream",
+                "HTTP /v2 infer (JSON)", "HTTP /v1/embed"):
         for r in summary["rounds"]:
             assert r[way]["clients"]["requests"] > 0 and r[way]["lone"]["requests"] > 0
             assert r[way]["clients"]["server_cpu_us"] > 0
