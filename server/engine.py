@@ -180,14 +180,15 @@ class Engine:
         self.unk_id = tokenizer.unk_token_id
         self.cls_id = tokenizer.cls_token_id  # QA: the token that may answer "no answer"
         # fill-mask: the token it fills, the language-model head's decoder (weight [V, E],
-        # bias [V]) and transformers' tokenizer, whose decode the pipeline's texts are
-        self.mask_token, self.mask_id, self.decoder, self.hf_tokenizer = None, None, None, None
+        # bias [V]), transformers' tokenizer (whose decode the pipeline's texts are) and
+        # its vocabulary (get_vocab builds it anew on every call)
+        self.mask_token = self.mask_id = self.decoder = self.hf_tokenizer = self.vocab = None
         if self.task == "fill-mask":
             if tokenizer.mask_token_id is None:
                 raise ModelLoadError(f"{folder}: its tokenizer has no mask token to fill")
             self.mask_token, self.mask_id = tokenizer.mask_token, tokenizer.mask_token_id
             self.decoder, self.hf_tokenizer = read_decoder(folder), tokenizer
-            self.vocab = tokenizer.get_vocab()  # (built anew on every call)
+            self.vocab = tokenizer.get_vocab()
         # the Rust tokenizer itself, set up once per truncation (transformers' wrapper
         # re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer

@@ -2,9 +2,10 @@
 --otlp-endpoint sends them: a server span for every request but the probes and /metrics,
 named by its route ("POST /v1/embed"), with its status and X-Request-Id (and one for
 every gRPC call but the probes, named by its method: "tei.v1.Embed/Embed"); for a
-request that ran a model, where its time went (tokenization, queue, inference, in milliseconds, as the
-timing headers say) and its tokens. A request's W3C ``traceparent`` (and ``tracestate``)
-make its span a child of the caller's, so a trace runs from the client through the service.
+request that ran a model, where its time went (tokenization, queue, inference, in
+milliseconds, as the timing headers say) and its tokens. A request's W3C ``traceparent``
+(and ``tracestate``) make its span a child of the caller's, so a trace runs from the
+client through the service.
 
 The exporter sends spans in batches from a thread of its own; the service's shutdown
 sends what is left. The OpenTelemetry packages are imported only when an endpoint is set
