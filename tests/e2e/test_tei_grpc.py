@@ -290,3 +290,31 @@ def test_a_health_watch_ends_not_serving_when_the_service_stops(tiny_checkpoints
     channel.close()
     assert statuses == [health_pb2.HealthCheckResponse.SERVING,
                         health_pb2.HealthCheckResponse.NOT_SERVING]
+
+
+def test_the_messages_keep_teis_field_numbers():
+    """The wire format is the field numbers: those of TEI's tei.proto, which its clients'
+    generated stubs send."""
+    expected = {
+        "EmbedRequest": ["inputs", "truncate", "normalize", "truncation_direction",
+                         "prompt_name"],
+        "EmbedResponse": ["embeddings", "metadata"],
+        "Metadata": ["compute_chars", "compute_tokens", "total_time_ns",
+                     "tokenization_time_ns", "queue_time_ns", "inference_time_ns"],
+        "PredictPairRequest": ["inputs", "truncate", "raw_scores", "truncation_direction"],
+        "RerankRequest": ["query", "texts", "truncate", "raw_scores", "return_text",
+                          "truncation_direction"],
+        "Rank": ["index", "text", "score"],
+        "SimpleToken": ["id", "text", "special", "start", "stop"],
+        "InfoResponse": ["version", "sha", "docker_label", "model_id", "model_sha",
+                         "model_dtype", "model_type", "max_concurrent_requests",
+                         "max_input_length", "max_batch_tokens", "max_batch_requests",
+                         "max_client_batch_size", "tokenization_workers"]}
+    for message, names in expected.items():
+        fields = getattr(pb, message).DESCRIPTOR.fields_by_number
+        assert {n: f.name for n, f in fields.items()} == dict(enumerate(names, 1)), message
+    services = {s.full_name: sorted(m.name for m in s.methods)
+                for s in pb.DESCRIPTOR.services_by_name.values()}
+    assert services["tei.v1.Embed"] == ["Embed", "EmbedAll", "EmbedAllStream", "EmbedSparse",
+                                        "EmbedSparseStream", "EmbedStream"]
+    assert services["tei.v1.Rerank"] == ["Rerank", "RerankStream"]
