@@ -83,10 +83,10 @@ def test_embed_gives_embeds_embeddings_with_teis_metadata(url, channel):
                                                                                tokens)
     assert answer.metadata.total_time_ns >= answer.metadata.inference_time_ns > 0
     sent = dict(call.initial_metadata())  # TEI's headers, as TEI's gRPC server sends them
+    assert sent["x-compute-tokens"] == str(tokens) and "x-total-time" in sent
     zipped = stub.Embed(pb.EmbedRequest(inputs=TEXTS[0]), metadata=key("embedder"),
                         compression=grpc.Compression.Gzip)  # a request sent compressed
     np.testing.assert_allclose(zipped.embeddings, answer.embeddings, atol=1e-6)
-    assert sent["x-compute-tokens"] == str(tokens) and "x-total-time" in sent
     # left: the start is cut, so the text's end decides (a long text over 128 tokens)
     long = " ".join(["alpha"] * 100 + ["omega"] * 100)
     ends = {d: np.array(stub.Embed(pb.EmbedRequest(inputs=long, truncation_direction=d),
