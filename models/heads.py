@@ -19,6 +19,7 @@ from torch import nn
 
 TASKS = ("embed", "classify", "ner", "qa", "fill-mask")
 LABELLED = ("classify", "ner")  # the tasks whose outputs are labels' (id2label)
+PER_TOKEN = ("ner", "qa", "fill-mask")  # the tasks whose output is a row per token [B, T, X]
 # how an embedding model's token vectors are pooled (pool): sentence-transformers' names
 POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean")
 

@@ -23,6 +23,7 @@ from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer
 
+from models.heads import PER_TOKEN
 from models.io.manifest import DECODER, Manifest, ManifestError
 from models.io.manifest import FILE as manifest_file
 from models.runtime import open_backend
@@ -159,7 +160,7 @@ class Engine:
         self.pools = manifest.pooling if manifest.token_embeddings else None
         # [T, X] an input: NER's labels, QA's start and end, token vectors to pool,
         # fill-mask's vectors before the decoder
-        self.per_token = manifest.task in ("ner", "qa", "fill-mask") or self.pools is not None
+        self.per_token = manifest.task in PER_TOKEN or self.pools is not None
         # SPLADE's embeddings: a weight per vocabulary entry, mostly zero, ranked by dot product
         self.sparse = manifest.pooling == "splade"
         self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
@@ -180,15 +181,13 @@ class Engine:
         self.unk_id = tokenizer.unk_token_id
         self.cls_id = tokenizer.cls_token_id  # QA: the token that may answer "no answer"
         # fill-mask: the token it fills, the language-model head's decoder (weight [V, E],
-        # bias [V]), transformers' tokenizer (whose decode the pipeline's texts are) and
-        # its vocabulary (get_vocab builds it anew on every call)
-        self.mask_token = self.mask_id = self.decoder = self.hf_tokenizer = self.vocab = None
+        # bias [V]) and transformers' tokenizer, whose decode the pipeline's texts are
+        self.mask_token = self.mask_id = self.decoder = self.hf_tokenizer = None
         if self.task == "fill-mask":
             if tokenizer.mask_token_id is None:
                 raise ModelLoadError(f"{folder}: its tokenizer has no mask token to fill")
             self.mask_token, self.mask_id = tokenizer.mask_token, tokenizer.mask_token_id
             self.decoder, self.hf_tokenizer = read_decoder(folder), tokenizer
-            self.vocab = tokenizer.get_vocab()
         # the Rust tokenizer itself, set up once per truncation (transformers' wrapper
         # re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer
@@ -377,10 +376,10 @@ class Engine:
     def target_ids(self, targets: list[str]) -> list[int]:
         """fill-mask's targets as token ids, as the pipeline finds them: the vocabulary's
         token, else the first token of the target's text (none: left out); each once."""
-        vocab, ids = self.vocab, []
+        tokenizer, ids = self.tokenizers[None], []
         for target in targets:
-            if (found := vocab.get(target)) is None:
-                tokens = self.tokenizers[None].encode(target, add_special_tokens=False).ids
+            if (found := tokenizer.token_to_id(target)) is None:
+                tokens = tokenizer.encode(target, add_special_tokens=False).ids
                 if not tokens:
                     continue
                 found = tokens[0]
@@ -438,7 +437,7 @@ class Engine:
         if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):
             self.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
         outputs = [r[: len(e.ids)] if self.per_token else r for r, e in zip(raw, encodings)]
-        if self.task in ("ner", "qa", "fill-mask"):  # postprocessed with their encodings
+        if self.task in PER_TOKEN:  # postprocessed with their encodings
             outputs = list(zip(outputs, encodings))
         if groups is not None:  # each input's windows
             ran = iter(outputs)

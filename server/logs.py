@@ -17,7 +17,7 @@ from pythonjsonlogger.core import RESERVED_ATTRS
 
 TEXT = "%(asctime)s %(levelname)s %(message)s"
 # the id of the request being answered (server.app.RequestId sets it in the request's task;
-# server/routes/oip_grpc.py in a gRPC call's)
+# server/routes/grpc_server.py in a gRPC call's)
 REQUEST_ID: ContextVar[str | None] = ContextVar("distilserve_request_id", default=None)
 
 

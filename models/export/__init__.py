@@ -33,7 +33,7 @@ import onnx
 import torch
 from safetensors.torch import save_file
 
-from models import bert, families
+from models import bert, families, heads
 from models.export.artifacts import example_inputs, to_onnx, to_torchscript, trace
 from models.export.parity import TOLERANCE, agreement, compare, dtype_parity, parity_inputs
 from models.export.quantize import quantize_int8
@@ -137,7 +137,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     with torch.no_grad():
         if fmt == "onnx":
             to_onnx(model, folder / artifact, loop,
-                    per_token=ckpt.task in ("ner", "qa", "fill-mask") or token_embeddings)
+                    per_token=ckpt.task in heads.PER_TOKEN or token_embeddings)
         elif fmt == "torchscript":
             to_torchscript(model, folder / artifact, loop)
     depth = getattr(model, "num_iterations", None)

@@ -18,12 +18,12 @@ A request with one input takes it as the texts whatever its name (KServe's examp
 it input-0). The request's ``parameters`` are the options of the route that does the task
 (normalize, dimensions, prompt_name; raw_scores, function_to_apply; aggregation_strategy,
 stride; top_k, max_answer_len, handle_impossible_answer, align_to_words, max_seq_len,
-doc_stride; top_k, targets; truncate, truncation_direction); the models, queue, limits, errors and timing
-headers are those of the /v1 routes (their functions run them). Tensors come and go as
-JSON or as Triton's binary tensor data (server/tensors.py); a classifier's scores also as
-Triton's classification extension gives them (an output's ``classification``: its k best
-classes).
-Triton's repository index lists every model folder and its state, and with
+doc_stride; top_k, targets; truncate, truncation_direction); the models, queue, limits,
+errors and timing headers are those of the /v1 routes (their functions run them). Tensors
+come and go as JSON or as Triton's binary tensor data (server/tensors.py); a classifier's
+scores also as Triton's classification extension gives them (an output's
+``classification``: its k best classes). Triton's repository index lists every model
+folder and its state, and with
 DISTILSERVE_MODEL_CONTROL=explicit its models are loaded and unloaded by request; its
 statistics are the /metrics series of each model (server/metrics.py), and its model
 configuration says what a model takes and gives and how the service batches it. One

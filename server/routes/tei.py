@@ -337,7 +337,7 @@ async def info(request: Request, model: str | None = None):
 def described(request: Request, engine) -> dict:
     """``engine`` as TEI's /info describes its model (a NER or question-answering model:
     a 400, TEI has none)."""
-    if engine.task in ("ner", "qa", "fill-mask"):
+    if engine.task not in ("embed", "classify"):  # (NER, question answering, fill-mask)
         raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does "
                               f"{engine.task}, which TEI's /info does not describe: GET "
                               f"/v1/models/{engine.name}")
