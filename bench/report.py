@@ -1,8 +1,11 @@
 """REPORT.md and the PNG charts from the harness's results, with the papers' ratios
-next to the measured ones."""
+next to the measured ones. ``python -m bench.report FOLDER`` draws the charts again from
+FOLDER/results.json (for a run on a machine without matplotlib, such as the lent GPU's)."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 from models.runtime.cores import available_cores
@@ -132,7 +135,12 @@ def teacher_rows(results: list[dict], students: list[dict]) -> list[dict]:
 
 
 def charts(folder: Path, results: list[dict]) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:  # the report is written; the charts can be drawn elsewhere
+        print(f"bench: charts not drawn (matplotlib is not installed): `python -m bench.report "
+              f"{folder}` draws them from its results.json", file=sys.stderr)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -190,3 +198,19 @@ def charts(folder: Path, results: list[dict]) -> None:
     fig.tight_layout()
     fig.savefig(folder / "params.png", dpi=100)
     plt.close(fig)
+
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not (Path(args[0]) / "results.json").is_file():
+        print("usage: python -m bench.report FOLDER (a bench run's output: its results.json)",
+              file=sys.stderr)
+        return 2
+    folder = Path(args[0])
+    charts(folder, json.loads((folder / "results.json").read_text())["results"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

