@@ -200,7 +200,6 @@ def charts(folder: Path, results: list[dict]) -> None:
     plt.close(fig)
 
 
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not (Path(args[0]) / "results.json").is_file():

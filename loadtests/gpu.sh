@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The GPU figures, in few device calls. Prepare here with `bash loadtests/gpu_prepare.sh`
-# (../shared/gpu/prepare.sh --peer, the wheels it leaves out, py-spy for the profile step),
-# then e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer graphs",
-# carry=[".gpu"]), run(command="... bash loadtests/gpu.sh graphseager profile nofuser eager",
-# ...) and, with the device time left, run(command="... bash loadtests/gpu.sh workers
-# bench benchgraphs", ...): each stays within a call's 10 minutes (bench alone may need a
-# call of its own). Steps, run in the order given (the service steps use /tmp/minilm, a
-# MiniLM-shaped model that .gpu/setup.sh writes):
+# The GPU figures, in few device calls: a task's device time (15 minutes, the machine's
+# start and idle time included) fits one full call and a short one. Prepare here with
+# `bash loadtests/gpu_prepare.sh` (../shared/gpu/prepare.sh --peer, the wheels it leaves
+# out, py-spy for the profile step), then first what issue 15 asks, the service beside
+# Infinity, e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer graphs
+# workers", carry=[".gpu"], timeout_s=540), then with the time left `... gpu.sh bench` or
+# `... gpu.sh eager nofuser profile graphseager benchgraphs`. Steps, run in the order given
+# (the service steps use /tmp/minilm, a MiniLM-shaped model that .gpu/setup.sh writes):
 #   tests     the tests marked gpu
 #   peer      distilserve (TorchScript) beside Infinity 0.0.78 (.gpu/peer.sh), one after
 #             the other with the same clients (python -m loadtests.peer)
@@ -23,13 +23,15 @@
 #   bench     the papers' rows: fp32 and fp16 (every row), bf16 (DistilBERT and CMOW)
 #   benchgraphs  the papers' rows in fp16 again, each batch from a CUDA graph (a column
 #             "torch fp16 graphs" in the same report: launches no longer counted)
-# Each step writes under /tmp/gpu/STEP; a step that fails is said and the next one runs.
-# At the end /tmp/gpu goes to $OUT as one archive (a call brings back at most 8 files),
-# the tables are printed, and the exit status is the number of failed steps.
-# PHASE_SECONDS (10) is the length of each load phase.
+# Each step writes under /tmp/gpu/STEP; a step that fails, or runs past STEP_SECONDS (300),
+# is said and the next one runs. After each step /tmp/gpu goes to $OUT as one archive (a
+# call brings back at most 8 files; one cut short by its time limit still brings back the
+# steps it finished); at the end the tables are printed, and the exit status is the number
+# of failed steps. PHASE_SECONDS (10) is the length of each load phase.
 set -uo pipefail
 : "${OUT:?run on the device machine, where \$OUT is set}"
-PHASE_SECONDS=${PHASE_SECONDS:-10}
+export PHASE_SECONDS=${PHASE_SECONDS:-10}
+STEP_SECONDS=${STEP_SECONDS:-300}
 mkdir -p /tmp/gpu
 export PATH=/tmp/site/bin:$PATH  # .gpu/setup.sh installs the wheels' commands (py-spy) there
 cli() { python3 -m server.cli "$@"; }
@@ -92,10 +94,13 @@ step() {
 }
 
 failed=0
+archive="$OUT/gpu-$(IFS=-; echo "$*").tgz"
 for name in "$@"; do
   echo "== $name ($(date +%T))"
-  step "$name" || { echo "== $name FAILED ($?)"; failed=$((failed + 1)); }
+  # in a shell of its own, so that a step past its time is stopped (124) and the next runs
+  timeout -k 10 "$STEP_SECONDS" bash -c "$(declare -f cli repo load step); step $name" ||
+    { echo "== $name FAILED ($?)"; failed=$((failed + 1)); }
+  tar -czf "$archive" -C /tmp gpu
 done
 for table in /tmp/gpu/*/peer.md; do [ -e "$table" ] && cat "$table"; done
-tar -czf "$OUT/gpu-$(IFS=-; echo "$*").tgz" -C /tmp gpu
 exit $failed
