@@ -8,8 +8,8 @@ MiniLM-sized model on an H100 took about 1.5 ms) and queues the batch on the dev
 device runs batches one after another, each ``FIXED_S`` + ``PER_INPUT_S`` per input (so
 batches of 256 run at about 47,000 sentences/s, near the H100's 49,000 with TorchScript in
 fp16); ``collect`` waits for the batch. The outputs are zeros of the model's output shape
-(an embedding, a logit per label, or one per token and label): only timing is emulated.
-"""
+(an embedding, a logit per label, or a row per token: NER's labels, QA's start and end,
+fill-mask's vectors before the decoder): only timing is emulated."""
 
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from safetensors import safe_open
 
-from models.io.manifest import Manifest
+from models.io.manifest import DECODER, Manifest
 from models.runtime.base import INPUT_NAMES, Backend
 
 LAUNCH_S, FIXED_S, PER_INPUT_S = 0.0015, 0.0008, 18e-6
@@ -60,6 +61,11 @@ class EmulatedGpu(Backend):
         manifest = Manifest.read(folder)
         if manifest.task == "embed":
             return cls(manifest.dimensions or 384, per_token=manifest.token_embeddings)
+        if manifest.task == "qa":  # each token's start and end
+            return cls(2, per_token=True)
+        if manifest.task == "fill-mask":  # each token's vector before the decoder [V, E]
+            with safe_open(folder / DECODER, "np") as decoder:
+                return cls(decoder.get_slice("weight").get_shape()[1], per_token=True)
         return cls(len(manifest.labels), per_token=manifest.task == "ner")
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:

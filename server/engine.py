@@ -158,9 +158,10 @@ class Engine:
         self.prompts: dict[str, str] = manifest.prompts
         # the service pools an embedding model's token vectors (export --token-embeddings)
         self.pools = manifest.pooling if manifest.token_embeddings else None
-        # [T, X] an input: NER's labels, QA's start and end, token vectors to pool,
-        # fill-mask's vectors before the decoder
-        self.per_token = manifest.task in PER_TOKEN or self.pools is not None
+        # [T, X] an input: NER's labels, QA's start and end, token vectors to pool (not
+        # fill-mask's: the batch decodes its mask tokens, [M, V] an input; see decoding)
+        self.per_token = (manifest.task in PER_TOKEN and manifest.task != "fill-mask"
+                          or self.pools is not None)
         # SPLADE's embeddings: a weight per vocabulary entry, mostly zero, ranked by dot product
         self.sparse = manifest.pooling == "splade"
         self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
@@ -231,18 +232,21 @@ class Engine:
                      "TorchScript backends on a GPU", name, self.backend.name, self.backend.device)
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         run = self.backend.launch if overlap else self.backend.run
+        collect = self.backend.collect if overlap else None
         if cpu_thread is not None and self.backend.openmp:
             # the service's PyTorch models take turns on one thread: each on a thread of its
             # own had an OpenMP team of its own, and with more team threads than cores every
             # small op waited (on_own_thread); a lone request to one of two MiniLMs (torch
             # backend, 2 cores) took 17-22 ms at p50 against 10.5-12.2 (loadtests/RESULTS.md)
             run = functools.partial(_run_on, cpu_thread, run)
+        if self.task == "fill-mask":
+            run, collect = decoding(self, run, collect)
         self.batcher = Batcher(
             self.tokenize, run,
             self.max_length, batch_size,
             batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
             on_depth=self.series.queue_depth.set,  # (on_batch once warmed up: start)
-            name=name, collect=self.backend.collect if overlap else None,
+            name=name, collect=collect,
             max_padding=CPU_PADDING if self.backend.device.startswith("cpu") else None)
 
     def describe(self) -> dict:
@@ -448,6 +452,21 @@ class Engine:
                          else len(t[0]) + len(t[1]) for t in texts)  # text, ids, pair
         return Result(outputs, sum(len(e.ids) for e in encodings), characters,
                       tokenizing, waited, running, self.backend.device)
+
+
+def decoding(engine: Engine, run, collect) -> tuple:
+    """A fill-mask model's batches: ``run`` and ``collect`` (a GPU's, or None) such that a
+    batch's outputs are, per input, its mask tokens' logits [M, V], the language-model
+    head's decoder run once per batch on all its mask tokens (postprocess.decode_masks),
+    on the model's thread; with ``collect``, the batch's token ids go with what ``run``
+    started."""
+    def decode(ids: np.ndarray, vectors: np.ndarray) -> list[np.ndarray]:
+        return postprocess.decode_masks(ids, vectors, engine.mask_id, *engine.decoder)
+
+    if collect is None:
+        return (lambda arrays: decode(arrays["input_ids"], run(arrays))), None
+    return ((lambda arrays: (run(arrays), arrays["input_ids"])),
+            (lambda started: decode(started[1], collect(started[0]))))
 
 
 def _run_on(thread: Executor, run, arrays):

@@ -179,25 +179,37 @@ def answers(windows: list, context: str, cls_id: int | None, top_k: int,
     return sorted(answered, key=lambda a: a["score"], reverse=True)[:top_k]
 
 
-def fill_mask(vectors: np.ndarray, ids: list[int], mask_id: int, weight: np.ndarray,
-              bias: np.ndarray, top_k: int, targets: list[int] | None,
-              decode: Callable[[list[int], bool], str]) -> list[list[dict]]:
+def decode_masks(ids: np.ndarray, vectors: np.ndarray, mask_id: int, weight: np.ndarray,
+                 bias: np.ndarray) -> list[np.ndarray]:
+    """A fill-mask batch's mask tokens through the language-model head's decoder
+    (``weight`` [V, E], ``bias`` [V]) in one product, from the batch's token ids [B, T] and
+    vectors [B, T, E]: per input, the logits [M, V] of its M mask tokens, in order. One
+    product for the batch rather than one per input: the decoder's weights are read once
+    (a bert-base decoder is 94 MB, and one mask's product is bound by reading them)."""
+    rows, columns = np.nonzero(ids == mask_id)  # row by row, in order
+    logits = vectors[rows, columns].astype(np.float32) @ weight.T + bias  # [sum M, V]
+    return np.split(logits, np.cumsum(np.bincount(rows, minlength=len(ids)))[:-1])
+
+
+def fill_mask(logits: np.ndarray, ids: list[int], mask_id: int, top_k: int,
+              targets: list[int] | None, decode: Callable[[list[int], bool], str]
+              ) -> list[list[dict]]:
     """One input's answer, as transformers' fill-mask pipeline gives it, from its token ids
-    [T] and its vectors before the language-model head's decoder [T, E] (the decoder:
-    ``weight`` [V, E], ``bias`` [V]): per mask token, the ``top_k`` likeliest tokens (of
-    ``targets`` alone, if given), each {score: its probability over the whole vocabulary,
-    token, token_str, sequence: the input with this mask filled}; with one mask the
-    sequence leaves the special tokens out, with several it keeps them (the other masks),
-    as the pipeline does. ``decode(ids, skip_special_tokens)``: the tokenizer's text."""
+    [T] and its mask tokens' logits [M, V] (``decode_masks``): per mask token, the
+    ``top_k`` likeliest tokens (of ``targets`` alone, if given), each {score: its
+    probability over the whole vocabulary, token, token_str, sequence: the input with this
+    mask filled}; with one mask the sequence leaves the special tokens out, with several it
+    keeps them (the other masks), as the pipeline does. ``decode(ids,
+    skip_special_tokens)``: the tokenizer's text."""
     ids = np.asarray(ids)
     masks = np.flatnonzero(ids == mask_id)
-    probs = softmax(vectors[masks].astype(np.float32) @ weight.T + bias)  # [M, V]
+    probs = softmax(logits)  # [M, V]
     if targets is not None:
         probs = probs[:, targets]  # [M, len(targets)]
     single, filled = len(masks) == 1, []
     for at, p in zip(masks, probs):
         found = []
-        for j in np.argsort(-p, kind="stable")[:top_k]:
+        for j in largest(p, top_k):
             token = int(targets[j]) if targets is not None else int(j)
             sequence = ids.copy()
             sequence[at] = token
@@ -208,16 +220,19 @@ def fill_mask(vectors: np.ndarray, ids: list[int], mask_id: int, weight: np.ndar
     return filled
 
 
+def largest(x: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the ``k`` largest of ``x`` [N], largest first, ties in index order
+    (as a stable sort of all of ``x`` gives them), without sorting all of ``x``."""
+    if k >= len(x):
+        return np.argsort(-x, kind="stable")
+    kth = np.partition(x, len(x) - k)[len(x) - k]  # the k-th largest value
+    candidates = np.flatnonzero(x >= kth)  # the k largest, and any tied with the k-th
+    return candidates[np.argsort(-x[candidates], kind="stable")][:k]
+
+
 def _best_spans(spans: np.ndarray, k: int) -> list[tuple[int, int]]:
     """The ``k`` best (start, end) of a [T, T] table of scores, best first."""
-    flat = spans.ravel()
-    if k == 1:
-        best = np.array([flat.argmax()])
-    elif len(flat) <= k:
-        best = np.argsort(-flat)
-    else:
-        best = np.argpartition(-flat, k)[:k]
-        best = best[np.argsort(-flat[best])]
+    best = largest(spans.ravel(), k)
     return [(int(s), int(e)) for s, e in zip(*np.unravel_index(best, spans.shape))]
 
 

@@ -1,8 +1,9 @@
 """POST /v1/fill-mask: a masked-language model's likeliest tokens for each mask token of a
 text, as transformers' fill-mask pipeline gives them (BERT's and DistilBERT's language
 models: distilbert-base-uncased, the students of "How to Distill your BERT"). The model
-runs up to its language-model head's decoder; the decoder runs here, on the mask tokens'
-vectors alone (server/postprocess.fill_mask)."""
+runs up to its language-model head's decoder; the decoder runs after each batch, on the
+batch's mask tokens' vectors alone (server/postprocess.decode_masks, in the engine), and
+each input's logits [M, V] come here (server/postprocess.fill_mask)."""
 
 from __future__ import annotations
 
@@ -44,19 +45,18 @@ async def filled(body: FillMaskRequest, request: Request
             raise ApiError(422, "invalid_request", "targets: none has a token in model "
                            f"{engine.name!r}'s vocabulary")
     result = await infer(request, engine, texts, body.truncation)
-    weight, bias = engine.decoder
 
     def decode(ids: list[int], skip_special_tokens: bool) -> str:
         return engine.hf_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def each(i: int, vectors, encoding) -> list[list[dict]]:
+    def each(i: int, logits, encoding) -> list[list[dict]]:
         if engine.mask_id not in encoding.ids:
             raise ApiError(422, "invalid_request", f"input {i}: its {engine.mask_token} was "
                            f"cut, past model {engine.name!r}'s max_length "
                            f"({engine.max_length} tokens)")
-        return postprocess.fill_mask(vectors, encoding.ids, engine.mask_id, weight, bias,
-                                     body.top_k, targets, decode)
+        return postprocess.fill_mask(logits, encoding.ids, engine.mask_id, body.top_k, targets,
+                                     decode)
 
     return engine, await asyncio.to_thread(  # postprocessing off the event loop
-        lambda: [each(i, vectors, encoding)
-                 for i, (vectors, encoding) in enumerate(result.outputs)]), result
+        lambda: [each(i, logits, encoding)
+                 for i, (logits, encoding) in enumerate(result.outputs)]), result

@@ -15,6 +15,7 @@ import torch
 
 from models import export
 from models.io.manifest import Manifest
+from server.batching import pad
 from server.engine import InputTooLong, ModelLoadError, load_engine, on_own_thread
 from server.metrics import Metrics
 from server.settings import Settings
@@ -306,6 +307,47 @@ def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_las
     got = np.stack(_run(load_engine("m", torch_model, Settings(), Metrics()), texts).outputs)
     assert max(most) == 2 and not in_flight  # overlapped, and everything collected
     assert np.allclose(got, expected, atol=1e-6)
+
+
+def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collected(
+        tmp_path, monkeypatch):
+    """Each input's output is its mask tokens' logits [M, V]: the decoder applied to its
+    own mask vectors, in batches of several inputs, with a synchronous backend and with one
+    that starts a batch and collects it later (a GPU's; the token ids go with the batch)."""
+    import server.engine
+    from models.io import checkpoint
+
+    source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
+    folder = tmp_path / "model"
+    export.export(source, folder, "onnx", task="fill-mask")
+    texts = [f"word {i} [MASK] " + "[MASK] " * (i % 3) + "end" * (i % 2) for i in range(40)]
+    engine = load_engine("m", folder, Settings(), Metrics())
+    weight, bias = engine.decoder
+    vectors = engine.backend.run(pad(engine.tokenize(texts[:1], "right")))[0]  # [T, E]
+    ran = _run(engine, texts)  # outputs: (logits, encoding) each
+    assert [logits.shape[0] for logits, _ in ran.outputs] == [1 + i % 3 for i in range(40)]
+    # the first input's mask, as the decoder gives it on that input's vectors alone
+    mask = ran.outputs[0][1].ids.index(engine.mask_id)
+    np.testing.assert_allclose(ran.outputs[0][0][0], vectors[mask] @ weight.T + bias,
+                               rtol=1e-4, atol=1e-4)
+
+    class Deferred:  # runs a batch only when it is collected
+        asynchronous = True
+
+        def __init__(self, backend):
+            self.backend, self.device, self.dtype = backend, backend.device, backend.dtype
+
+        def launch(self, inputs):
+            return {**inputs}  # a copy: the batch's own ids must come back with it
+
+        def collect(self, inputs):
+            return self.backend.run(inputs)
+
+    opened = server.engine.open_backend
+    monkeypatch.setattr(server.engine, "open_backend", lambda *a, **k: Deferred(opened(*a, **k)))
+    collected = _run(load_engine("m", folder, Settings(), Metrics()), texts)
+    for (got, _), (expected, _) in zip(collected.outputs, ran.outputs):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(

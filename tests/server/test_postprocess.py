@@ -184,25 +184,47 @@ def test_sentence_embeddings_pool_token_vectors_as_the_graphs_do():
         postprocess.sentence_embeddings(tokens, "lasttoken")
 
 
+def test_a_batchs_masks_are_decoded_in_one_product_and_given_back_per_input():
+    """Two inputs of a batch [2, 4], with 1 and 2 masks (id 4) and one with none: each gets
+    the logits of its own masks, in order (weight [V=5, E=3], bias [V])."""
+    rng = np.random.default_rng(0)
+    weight, bias = rng.standard_normal((5, 3)), rng.standard_normal(5)
+    vectors = rng.standard_normal((3, 4, 3)).astype(np.float32)  # [B, T, E]
+    ids = np.array([[0, 4, 2, 3], [0, 2, 2, 3], [4, 1, 4, 3]])
+    first, none, third = postprocess.decode_masks(ids, vectors, 4, weight, bias)
+    np.testing.assert_allclose(first, vectors[0, [1]] @ weight.T + bias, rtol=1e-6)
+    assert none.shape == (0, 5)
+    np.testing.assert_allclose(third, vectors[2, [0, 2]] @ weight.T + bias, rtol=1e-6)
+
+
 def test_fill_mask_scores_each_mask_over_the_vocabulary():
-    """A vocabulary of 5 (4 is the mask), identity vectors: the logits are the vectors."""
-    weight, bias = np.eye(5, dtype=np.float32), np.zeros(5, dtype=np.float32)
-    vectors = np.array([[0, 0, 0, 0, 0], [0, 3, 1, 0, 0], [0, 0, 0, 0, 0], [2, 0, 0, 5, 0]],
-                       dtype=np.float32)
+    """A vocabulary of 5 (4 is the mask), each mask's logits given."""
+    logits = np.array([[0, 3, 1, 0, 0], [2, 0, 0, 5, 0]], dtype=np.float32)  # [M, V]
     ids = [0, 4, 2, 4]
 
     def decode(tokens, skip):
         return " ".join(f"t{t}" for t in tokens if not (skip and t == 4)) + ("!" if skip else "")
 
-    first, second = postprocess.fill_mask(vectors, ids, 4, weight, bias, 2, None, decode)
-    expected = postprocess.softmax(vectors[1])
+    first, second = postprocess.fill_mask(logits, ids, 4, 2, None, decode)
+    expected = postprocess.softmax(logits[0])
     assert [t["token"] for t in first] == [1, 2]
     np.testing.assert_allclose([t["score"] for t in first], expected[[1, 2]], rtol=1e-6)
     # several masks: each sequence fills its own and keeps the other (special tokens shown)
     assert first[0]["sequence"] == "t0 t1 t2 t4" and second[0]["sequence"] == "t0 t4 t2 t3"
     assert first[0]["token_str"] == "t1"
-    (only,) = postprocess.fill_mask(vectors[:2], ids[:2], 4, weight, bias, 5, [0, 2], decode)
+    (only,) = postprocess.fill_mask(logits[:1], ids[:2], 4, 5, [0, 2], decode)
     assert [t["token"] for t in only] == [2, 0]  # the targets alone, top_k capped to them
     # probabilities over the whole vocabulary, not renormalised over the targets
     np.testing.assert_allclose(only[0]["score"], expected[2], rtol=1e-6)
     assert only[0]["sequence"] == "t0 t2!"  # one mask: special tokens left out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 6, 9])
+def test_largest_gives_what_a_stable_sort_gives(k):
+    """The k largest, largest first, ties in index order, as the first k of a stable sort
+    of all: with ties inside, across and below the k-th place."""
+    x = np.array([1.0, 5.0, 3.0, 5.0, 3.0, 0.0, 3.0, -1.0])
+    assert postprocess.largest(x, k).tolist() == np.argsort(-x, kind="stable")[:k].tolist()
+    rng = np.random.default_rng(k)
+    y = rng.integers(0, 20, 1000).astype(np.float32)  # many ties
+    assert postprocess.largest(y, k).tolist() == np.argsort(-y, kind="stable")[:k].tolist()
