@@ -169,6 +169,7 @@ class Engine:
         # OpenAI's model object's "created": when the model was exported (Unix seconds)
         self.created = int((folder / manifest_file).stat().st_mtime)
         self.graph_tokens = 0  # batches up to that many padded tokens run from CUDA graphs
+        self.decoder = None  # fill-mask's, where its batches run (see _open)
         self.series = metrics.model(name)
         if local:  # first: a broken artifact is the likelier fault, and names the file
             self._open(settings, metrics, cpu_thread)
@@ -181,14 +182,14 @@ class Engine:
                                  "tokenizer); re-export it with distilserve export")
         self.unk_id = tokenizer.unk_token_id
         self.cls_id = tokenizer.cls_token_id  # QA: the token that may answer "no answer"
-        # fill-mask: the token it fills, the language-model head's decoder (weight [V, E],
-        # bias [V]) and transformers' tokenizer, whose decode the pipeline's texts are
-        self.mask_token = self.mask_id = self.decoder = self.hf_tokenizer = None
+        # fill-mask: the token it fills and transformers' tokenizer, whose decode the
+        # pipeline's texts are
+        self.mask_token = self.mask_id = self.hf_tokenizer = None
         if self.task == "fill-mask":
             if tokenizer.mask_token_id is None:
                 raise ModelLoadError(f"{folder}: its tokenizer has no mask token to fill")
             self.mask_token, self.mask_id = tokenizer.mask_token, tokenizer.mask_token_id
-            self.decoder, self.hf_tokenizer = read_decoder(folder), tokenizer
+            self.hf_tokenizer = tokenizer
         # the Rust tokenizer itself, set up once per truncation (transformers' wrapper
         # re-configures it on every call); the model's thread encodes in batches
         rust = tokenizer.backend_tokenizer
@@ -222,6 +223,9 @@ class Engine:
         model on the CPU runs on ``cpu_thread``, where one is given)."""
         name = self.name
         self.backend = open_runtime(self.folder, self.manifest, settings)
+        # fill-mask: the language-model head's decoder (weight [V, E], bias [V]), which its
+        # batches run (see decoding)
+        self.decoder = read_decoder(self.folder) if self.task == "fill-mask" else None
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         self.shapes = warmup_shapes(batch_size, batch_tokens, self.max_length)
         tokens = settings.cuda_graph_tokens

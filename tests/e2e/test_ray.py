@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from models import export
+from models.io import checkpoint
 from server.ray_serve import Scaling, application, init_local
 from server.settings import Settings
 from tests.conftest import running_server, unallocated_port, wait_for
@@ -26,6 +27,8 @@ def repository(tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("ray-repo")
     export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx")
     export.export(tiny_checkpoints["minialbert", "ner"], repo / "ner", "onnx")
+    mlm = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), repo.parent / "mlm")
+    export.export(mlm, repo / "mlm", "onnx", task="fill-mask")  # its replicas decode
     (repo / "broken").mkdir()  # no manifest: left out, as `distilserve serve` does
     return repo
 
@@ -35,14 +38,14 @@ def ray_url(repository):
     # Ray starts its workers at nice 15 (to yield to its own GCS and raylet): beside other
     # work at nice 0 they crawl (a replica took 230 s to start beside two busy loops);
     # this test's workers share the CPU as its server in this process does
-    init_local(num_cpus=2, include_dashboard=False, object_store_memory=100 * 2**20,
+    init_local(num_cpus=3, include_dashboard=False, object_store_memory=100 * 2**20,
                log_to_driver=False, _system_config={"worker_niceness": 0})
     try:
         port = unallocated_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        # two replicas of each model (half a CPU each: this machine has two), one thread;
-        # a batch waits up to 100 ms for company, so requests are in flight on a replica
-        # most of the time (when one is killed)
+        # two replicas of each model (half a CPU each, of the three Ray is told of: this
+        # machine has two), one thread; a batch waits up to 100 ms for company, so
+        # requests are in flight on a replica most of the time (when one is killed)
         settings = Settings(threads=1, max_wait_ms=100)
         serve.run(application(repository, settings, Scaling(replicas=2, replica_cpus=0.5)),
                   name="distilserve", route_prefix="/")
@@ -56,6 +59,8 @@ def ray_url(repository):
 
 
 TEXTS = ["Ray serves this sentence.", "Kenji Tanaka visited Osaka with Volkswagen."]
+FILL_MASK = ("/v1/fill-mask", {"model": "mlm", "inputs": ["Ray serves [MASK].",
+                                                         "[MASK] visited [MASK]."]})
 REQUESTS = [("/v1/embed", {"model": "embed", "inputs": TEXTS}),
             ("/v1/embeddings", {"model": "embed", "input": TEXTS[0], "dimensions": 8}),
             ("/v1/rerank", {"model": "embed", "query": "q", "documents": TEXTS}),
@@ -63,6 +68,7 @@ REQUESTS = [("/v1/embed", {"model": "embed", "inputs": TEXTS}),
             ("/v1/ner", {"model": "ner", "inputs": TEXTS, "aggregation_strategy": "none"}),
             ("/v2/models/ner/infer", {"inputs": [{"name": "text", "datatype": "BYTES",
                                                   "shape": [2], "data": TEXTS}]}),
+            FILL_MASK,
             # the same errors
             ("/v1/embed", {"model": "nope", "inputs": "x"}),
             ("/v1/embed", {"model": "ner", "inputs": "x"}),
@@ -76,6 +82,7 @@ def test_ray_serve_answers_as_distilserve_serve_does(ray_url, repository):
             direct = httpx.post(url + route, json=body, timeout=60)
             on_ray = httpx.post(ray_url + route, json=body, timeout=60)
             assert on_ray.status_code == direct.status_code, (route, body, on_ray.text)
+            assert on_ray.status_code == 200 or route != FILL_MASK[0], on_ray.text
             if direct.status_code == 200 and route in ("/v1/embed", "/v1/embeddings"):
                 key = "embeddings" if route == "/v1/embed" else "data"
                 a, b = direct.json()[key], on_ray.json()[key]
@@ -98,7 +105,7 @@ def test_ray_serve_answers_as_distilserve_serve_does(ray_url, repository):
                 f"{base}/v2/models/{name}/stats").json()["model_stats"][0][
                 "inference_stats"].items()} for base in (url, ray_url)]
             assert counts[0] == counts[1] and counts[0]["success"] >= 2, (name, counts)
-    assert httpx.get(ray_url + "/ready").json()["models"] == ["embed", "ner"]
+    assert httpx.get(ray_url + "/ready").json()["models"] == ["embed", "mlm", "ner"]
 
 
 def replica_pids(deployment: str) -> set[int]:
