@@ -29,9 +29,10 @@ uvicorn click orjson httptools opentelemetry-api importlib-metadata zipp"""
 # What gpu.sh's steps run: the service, the peer comparison and its profile, the bench, and
 # the test files of its tests step (with their conftest)
 STEPS = ["server.cli", "server.app", "loadtests.peer", "loadtests.profile", "bench.harness",
-         "bench.worker", "bench.report", "tests.conftest", "tests.models.test_runtime",
-         "tests.models.test_cuda_graphs", "tests.models.test_dtypes", "tests.e2e.test_gpu",
-         "tests.bench.test_harness"]
+         "bench.worker", "bench.report", "tests.conftest"] + [
+    file.removesuffix(".py").replace("/", ".") for file in
+    re.findall(r"(?<![\w/])tests/[\w/]+\.py", (ROOT / "loadtests" / "gpu.sh").read_text())]
+
 
 def extra() -> list[str]:
     """gpu_prepare.sh's EXTRA: the wheels it adds for the project."""
