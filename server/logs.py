@@ -16,8 +16,8 @@ import uvicorn.config
 from pythonjsonlogger.core import RESERVED_ATTRS
 
 TEXT = "%(asctime)s %(levelname)s %(message)s"
-# the id of the request being answered (server.app.RequestId sets it in the request's task;
-# server/routes/grpc_server.py in a gRPC call's)
+# the id of the request being answered (server.middleware.RequestId sets it in the
+# request's task; server/routes/grpc_server.py in a gRPC call's)
 REQUEST_ID: ContextVar[str | None] = ContextVar("distilserve_request_id", default=None)
 
 

@@ -65,7 +65,7 @@ class Tracing:
             "rpc.system": "grpc", "rpc.service": service, "rpc.method": method})
 
     def _begun(self, name: str, carrier: dict[str, str], attributes: dict):
-        if (request_id := logs.REQUEST_ID.get()) is not None:  # server.app.RequestId's
+        if (request_id := logs.REQUEST_ID.get()) is not None:  # server.middleware.RequestId's
             attributes["distilserve.request_id"] = request_id
         return self.tracer.start_span(name, kind=self.server, attributes=attributes,
                                       context=self.propagator.extract(carrier))

@@ -1,6 +1,6 @@
 """What the routes share: choosing the model, limits, and running a request on an engine
 until it finishes or its client goes away. (The API key is checked before any route, by
-server.app.ApiKey.)"""
+server.middleware.ApiKey.)"""
 
 from __future__ import annotations
 

@@ -32,10 +32,11 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from server import logs
-from server.app import ApiKey, Service
+from server.app import Service
 from server.connections import DISCONNECT, ClientWatch
 from server.errors import ApiError
 from server.metrics import STARTED
+from server.middleware import ApiKey
 from server.routes import health
 from server.routes.common import service
 from server.settings import Settings

@@ -80,7 +80,8 @@ def test_each_request_is_a_span_of_the_callers_trace(tiny_checkpoints, tmp_path,
 
 
 def test_without_an_endpoint_nothing_is_traced():
-    from server.app import RequestMetrics, create_app
+    from server.app import create_app
+    from server.middleware import RequestMetrics
     from server.settings import Settings
 
     app = create_app(Settings())
