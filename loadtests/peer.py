@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loadtests import lightload
 from loadtests.emulated_gpu import EmulatedGpu
 from loadtests.profile import Profile, py_spy
-from loadtests.run import HERE, InProcess, free_port, start_server
+from loadtests.run import HERE, InProcess, free_port, start_server, wait_until_ready
 from models import samples
 
 PHASES = [("1 client x 1 sentence", 1, 1), ("32 clients x 1", 32, 1),
@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peer-model", default="minilm")
     p.add_argument("--peer-path", default="/embeddings")
     p.add_argument("--peer-name", default="Infinity")
+    p.add_argument("--peer-health", default="/health",
+                   help="the peer's route that answers 200 once it is ready (waited for)")
     p.add_argument("--seconds", type=float, default=15.0, help="per phase")
     p.add_argument("--processes", type=int, default=4, help="client processes")
     p.add_argument("--out", type=Path, default=HERE / "reports")
@@ -183,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     peer = []
     if args.peer_url:
         print(args.peer_name, flush=True)
+        wait_until_ready(args.peer_url, lambda: True, args.peer_name, args.peer_health, 300)
         peer = measure(args.peer_url, args.peer_path, args.peer_model, args.seconds,
                        args.processes)
     result = {"model": model, "served": described, "in_process": inproc, "distilserve": ours,
