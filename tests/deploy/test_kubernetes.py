@@ -48,6 +48,11 @@ def test_deployments_probe_the_service_and_services_reach_it(path):
     if "HorizontalPodAutoscaler" in docs:
         target = docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
         assert target["name"] == docs["Deployment"]["metadata"]["name"]
+        assert "PodDisruptionBudget" in docs  # several pods: not all evicted at once
+    if "PodDisruptionBudget" in docs:  # the Deployment's pods, one at a time
+        budget = docs["PodDisruptionBudget"]["spec"]
+        assert budget["selector"] == docs["Deployment"]["spec"]["selector"]
+        assert budget["maxUnavailable"] == 1 < docs["Deployment"]["spec"]["replicas"]
 
 
 def test_the_gpu_variant_asks_for_a_gpu_and_runs_on_it():
