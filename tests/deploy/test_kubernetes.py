@@ -36,6 +36,9 @@ def test_deployments_probe_the_service_and_services_reach_it(path):
     assert ports == {"http": int(env["DISTILSERVE_PORT"]),
                      "grpc": int(env["DISTILSERVE_GRPC_PORT"])}
     assert env["DISTILSERVE_HOST"] == "0.0.0.0"
+    scrape = docs["Deployment"]["spec"]["template"]["metadata"]["annotations"]
+    assert (scrape["prometheus.io/port"], scrape["prometheus.io/path"]) == (
+        env["DISTILSERVE_PORT"], "/metrics")
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     # kube-proxy and ingresses stop sending to a terminating pod seconds after it is told
