@@ -132,7 +132,7 @@ def open_runtime(folder: Path, manifest: Manifest, settings: Settings) -> Backen
             manifest.backend, folder, manifest.artifact, settings.model_threads(),
             manifest.num_iterations, manifest.device or settings.device,
             manifest.dtype or settings.dtype, manifest.allowed_dtypes, checkpoint_on_gpu=True,
-            token_embeddings=manifest.token_embeddings)
+            token_embeddings=manifest.token_embeddings, task=manifest.task)
     except BackendError as e:
         raise ModelLoadError(f"{folder}: {e}") from None
 

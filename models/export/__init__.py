@@ -146,7 +146,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     progress("checking parity against PyTorch")
     batches = parity_inputs(tokenizer, max_length, ckpt.task)
     backend = open_backend(fmt, folder, artifact, num_iterations=depth,
-                           token_embeddings=token_embeddings)
+                           token_embeddings=token_embeddings, task=ckpt.task)
     try:
         parity, references = compare(model, backend, batches)
     except ValueError as e:  # a shape PyTorch does not give

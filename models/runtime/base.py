@@ -85,12 +85,13 @@ def choose_dtype(requested: str, device: str, allowed: Sequence[str]) -> str:
 def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: int = 0,
                  num_iterations: int | None = None, device: str = "cpu", dtype: str = "fp32",
                  allowed: Sequence[str] = DTYPES, checkpoint_on_gpu: bool = False,
-                 token_embeddings: bool = False) -> Backend:
+                 token_embeddings: bool = False, task: str | None = None) -> Backend:
     """``kind`` is the manifest's backend: onnx, torchscript or torch. ``device`` and
     ``dtype`` may be ``auto``; ``allowed`` are the dtypes the model may run in (its
     family's, less those that failed the export's parity check); ``token_embeddings``: an
-    embedding model exported to give its token vectors (a checkpoint run in its place
-    gives them too).
+    embedding model exported to give its token vectors, and ``task``: the manifest's (a
+    checkpoint run in its place, or traced at load, gives what the artifact gives: a
+    masked-language model's checkpoint loaded without its task is an embedding model).
 
     With ``checkpoint_on_gpu`` (the service), an ONNX model asked to run on a GPU (cuda,
     or auto with one visible) by an onnxruntime without the CUDA execution provider runs
@@ -102,7 +103,7 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
 
         if checkpoint_on_gpu and not has_cuda_provider() and _wants_gpu(device):
             backend = _checkpoint_instead(folder, threads, device, dtype, allowed,
-                                          token_embeddings)
+                                          token_embeddings, task)
             if backend is not None:
                 return backend
             device = "cpu"  # auto, and the checkpoint did not run on the GPU
@@ -111,12 +112,12 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
         from models.runtime.torchscript import TorchScriptBackend
 
         return TorchScriptBackend(folder / artifact, threads, device, dtype, allowed,
-                                  token_embeddings)
+                                  token_embeddings, task)
     if kind == "torch":
         from models.runtime.torch import TorchBackend
 
         return TorchBackend(folder / (artifact or "checkpoint"), threads, device, dtype, allowed,
-                            token_embeddings)
+                            token_embeddings, task)
     raise ValueError(f"unknown backend {kind!r} (onnx, torchscript, torch)")
 
 
@@ -129,7 +130,8 @@ def _wants_gpu(device: str) -> bool:
 
 
 def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
-                        allowed: Sequence[str], token_embeddings: bool) -> Backend | None:
+                        allowed: Sequence[str], token_embeddings: bool,
+                        task: str | None) -> Backend | None:
     """An ONNX model's checkpoint traced on the GPU; None (ONNX Runtime on the CPU) where
     that fails and ``device`` is auto, a BackendError where it is cuda (the torch
     backends' own where they refuse the device or the dtype)."""
@@ -139,7 +141,7 @@ def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
            "'distilserve[gpu]' for onnxruntime-gpu)")
     try:
         backend = TorchScriptBackend(folder / "checkpoint", threads, device, dtype, allowed,
-                                     token_embeddings)
+                                     token_embeddings, task)
     except Exception as e:
         if device != "auto":
             if isinstance(e, BackendError):

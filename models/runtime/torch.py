@@ -14,7 +14,8 @@ class TorchBackend(TorchRuntime):
     name = "torch"
 
     def __init__(self, path: Path, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
-                 allowed: Sequence[str] = DTYPES, token_embeddings: bool = False):
+                 allowed: Sequence[str] = DTYPES, token_embeddings: bool = False,
+                 task: str | None = None):
         super().__init__(threads, device, dtype, allowed)
-        model = checkpoint.load(path, token_embeddings=token_embeddings).model
+        model = checkpoint.load(path, task, token_embeddings=token_embeddings).model
         self.forward = model.to(self.place.device, self.place.dtype)

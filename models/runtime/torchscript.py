@@ -26,9 +26,11 @@ class TorchScriptBackend(TorchRuntime):
     name = "torchscript"
 
     def __init__(self, path: Path, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
-                 allowed: Sequence[str] = DTYPES, token_embeddings: bool = False):
+                 allowed: Sequence[str] = DTYPES, token_embeddings: bool = False,
+                 task: str | None = None):
         super().__init__(threads, device, dtype, allowed)
-        self.token_embeddings = token_embeddings  # a checkpoint traced here gives them too
+        # a checkpoint traced here gives what the artifact gives (see open_backend)
+        self.token_embeddings, self.task = token_embeddings, task
         if path.is_dir():
             module = self._trace(path)
         else:
@@ -42,7 +44,7 @@ class TorchScriptBackend(TorchRuntime):
         from models import export
         from models.io import checkpoint
 
-        model = checkpoint.load(folder, token_embeddings=self.token_embeddings).model
+        model = checkpoint.load(folder, self.task, token_embeddings=self.token_embeddings).model
         model = model.to(self.place.device, self.place.dtype)
         with torch.no_grad():
             return export.trace(model, self.place.device)

@@ -36,6 +36,7 @@ def url(checkpoints, tiny_checkpoints, tmp_path_factory):
     export.export(checkpoints["bert"], repo / "bert", "onnx", task="fill-mask", max_length=32)
     export.export(checkpoints["distilbert"], repo / "distilbert", "torchscript",
                   task="fill-mask")
+    export.export(checkpoints["bert"], repo / "bert-torch", "torch", task="fill-mask")
     export.export(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx")
     with running_server(repo, max_inputs=8) as url:
         yield url
@@ -56,11 +57,12 @@ def same(ours: list[dict], theirs: list[dict]) -> None:
                                rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("family", ["bert", "distilbert"])
+@pytest.mark.parametrize(("model", "family"), [("bert", "bert"), ("distilbert", "distilbert"),
+                                               ("bert-torch", "bert")])  # ONNX, TS, torch
 @pytest.mark.parametrize("options", [{}, {"top_k": 3}, {"targets": ["paris", "city",
                                                                      "capital", "zzzqx"]}])
-def test_tokens_equal_the_transformers_pipeline(url, checkpoints, family, options):
-    res = fill(url, model=family, inputs=TEXTS, **options)
+def test_tokens_equal_the_transformers_pipeline(url, checkpoints, model, family, options):
+    res = fill(url, model=model, inputs=TEXTS, **options)
     assert res.status_code == 200, res.text
     reference = pipe(checkpoints, family)
     one, two = res.json()["results"]

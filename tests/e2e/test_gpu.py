@@ -94,3 +94,25 @@ def test_question_answering_on_cuda_answers_as_the_cpu(tmp_path):
     assert [a["answer"] for a in answers["cuda"]] == [a["answer"] for a in answers["cpu"]]
     np.testing.assert_allclose([a["score"] for a in answers["cuda"]],
                                [a["score"] for a in answers["cpu"]], rtol=1e-3)
+
+
+def test_fill_mask_on_cuda_fills_as_the_cpu(tmp_path):
+    """A fill-mask model on the GPU (fp32, as above): each batch started, collected and
+    its mask tokens decoded together, with the token ids it was started with; the CPU's
+    tokens and scores."""
+    folder = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask", seed=3),
+                             tmp_path / "ck")
+    export.export(folder, tmp_path / "repo" / "mlm", "torch", task="fill-mask")
+    body = {"inputs": [f"sentence {i} has a [MASK] here" + " and [MASK]" * (i % 3)
+                       for i in range(12)], "top_k": 3}
+    results = {}
+    for device in ("cpu", "cuda"):
+        with running_server(tmp_path / "repo", device=device, dtype="fp32") as url:
+            r = httpx.post(url + "/v1/fill-mask", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            results[device] = r.json()["results"]
+    for cpu, cuda in zip(results["cpu"], results["cuda"]):
+        for on_cpu, on_cuda in zip(cpu, cuda, strict=True):  # each mask
+            assert [t["token"] for t in on_cuda] == [t["token"] for t in on_cpu]
+            np.testing.assert_allclose([t["score"] for t in on_cuda],
+                                       [t["score"] for t in on_cpu], rtol=1e-3)

@@ -123,6 +123,32 @@ def test_a_checkpoint_folder_is_traced_at_load_and_computes_what_the_onnx_model_
     assert half.dtype == "bf16" and _cosines(ref, half.run(inputs)).min() >= 0.999
 
 
+def test_a_fill_mask_models_checkpoint_gives_its_artifacts_token_vectors(tmp_path):
+    """Where a fill-mask model's checkpoint stands in for its artifact (the torch format; a
+    TorchScript artifact traced again in a half dtype; an ONNX model on a GPU without
+    onnxruntime-gpu), it is told its task: a masked-language checkpoint loaded without it
+    is an embedding model, and gave pooled [B, E] vectors where [B, T, E] are served."""
+    from models.io import checkpoint
+
+    source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
+    for fmt in ("onnx", "torchscript", "torch"):  # the torch format's parity check failed
+        export.export(source, tmp_path / fmt, fmt, task="fill-mask")
+    inputs = _inputs()
+    ref = open_backend("onnx", tmp_path / "onnx", "model.onnx").run(inputs)  # [B, T, E]
+    assert ref.shape == (3, 12, 32)
+    stand_ins = {
+        "torch": open_backend("torch", tmp_path / "torch", None, task="fill-mask"),
+        "checkpoint traced": TorchScriptBackend(tmp_path / "onnx" / "checkpoint",
+                                                task="fill-mask"),
+        "traced again in bf16": open_backend("torchscript", tmp_path / "torchscript",
+                                             "model.ts", dtype="bf16", task="fill-mask")}
+    for name, backend in stand_ins.items():
+        got = backend.run(inputs)
+        assert got.shape == ref.shape, name
+        assert _cosines(ref.reshape(-1, 32), got.reshape(-1, 32)).min() >= 0.99, name
+    assert TorchScriptBackend(tmp_path / "onnx" / "checkpoint").run(inputs).shape == (3, 32)
+
+
 NO_GPU = pytest.mark.skipif(torch.cuda.is_available() or has_cuda_provider(),
                             reason="a GPU is visible")
 
