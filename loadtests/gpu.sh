@@ -4,7 +4,8 @@
 # `bash loadtests/gpu_prepare.sh` (../shared/gpu/prepare.sh --peer, the wheels it leaves
 # out, py-spy for the profile step), then first what issue 15 asks, the service beside
 # Infinity, e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer graphs
-# workers", carry=[".gpu"], timeout_s=540), then with the time left `... gpu.sh bench` or
+# workers", carry=[".gpu"], timeout_s=540), then with the time left `... STEP_SECONDS=500
+# bash loadtests/gpu.sh bench` (rows are kept as measured: a rerun on the same machine goes on) or
 # `... gpu.sh eager nofuser profile graphseager benchgraphs`. Steps, run in the order given
 # (the service steps use /tmp/minilm, a MiniLM-shaped model that .gpu/setup.sh writes):
 #   tests     the tests marked gpu
