@@ -14,12 +14,13 @@ import pytest
 import torch
 
 from models import export
+from models.io import checkpoint
 from models.io.manifest import Manifest
 from server.batching import pad
 from server.engine import InputTooLong, ModelLoadError, load_engine, on_own_thread
 from server.metrics import Metrics
 from server.settings import Settings
-from tests.conftest import wait_for
+from tests.conftest import FAMILIES, TASKS, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,6 @@ def test_an_int8_model_says_so(tiny_checkpoints, tmp_path):
 
 
 def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(tmp_path):
-    from models.io import checkpoint
     from models.io.manifest import DECODER
 
     source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
@@ -199,7 +199,6 @@ def test_the_warm_up_is_not_counted(torch_model):
 
 
 def test_question_answering_runs_each_pair_as_its_windows(tiny_checkpoints, tmp_path):
-    from models.io import checkpoint
 
     folder = tmp_path / "squad"
     export.export(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
@@ -315,7 +314,6 @@ def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collecte
     own mask vectors, in batches of several inputs, with a synchronous backend and with one
     that starts a batch and collects it later (a GPU's; the token ids go with the batch)."""
     import server.engine
-    from models.io import checkpoint
 
     source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
     folder = tmp_path / "model"
@@ -450,3 +448,30 @@ def test_pytorch_models_on_the_cpu_take_turns_on_the_thread_given(torch_model):
     asyncio.run(go())
     cpu_thread.shutdown()
     assert ran_on == {"a": {"torch-cpu_0"}, "b": {"torch-cpu_0"}, "c": {"infer-c"}}
+
+
+HEADS = [(family, task) for family in FAMILIES for task in TASKS] + [
+    (family, task) for family in ("bert", "distilbert") for task in ("qa", "fill-mask")]
+
+
+@pytest.mark.parametrize("fmt", ["torch", "torchscript"])
+@pytest.mark.parametrize(("family", "task"), HEADS)
+def test_every_head_serves_in_the_half_dtypes_its_export_passed(family, task, fmt, tmp_path):
+    """What a GPU runs, on the CPU: each family and task, in each half dtype the export's
+    parity check passed (a TorchScript graph traced again at load in it; the torch
+    format's checkpoint), through the engine, gives fp32's outputs' shapes, finite. The
+    model-level checks (tests/models/test_dtypes.py) do not load a model folder."""
+    labels = ["a", "b", "c"] if task in ("classify", "ner") else None
+    source = checkpoint.save(checkpoint.new(family, "tiny", task, labels, seed=1),
+                             tmp_path / "ck")
+    manifest = export.export(source, tmp_path / "m", fmt, task=task)
+    texts = {"fill-mask": ["a [MASK] here", "two [MASK] and [MASK] words"],
+             "qa": [("who?", "a context of some words")]}.get(task, ["hello", "a b c d"])
+    outputs = {}
+    for dtype in ("fp32", *(d for d in ("fp16", "bf16") if d in manifest.allowed_dtypes)):
+        ran = _run(load_engine("m", tmp_path / "m", Settings(dtype=dtype), Metrics()), texts)
+        outputs[dtype] = [np.asarray(o[0] if isinstance(o, tuple) else o, dtype=np.float32)
+                          for o in ran.outputs]  # (output, encoding) for per-token tasks
+    for dtype, got in outputs.items():
+        assert [o.shape for o in got] == [o.shape for o in outputs["fp32"]], dtype
+        assert all(np.isfinite(o).all() for o in got), dtype
