@@ -41,15 +41,20 @@ def extra() -> list[str]:
 
 
 def lent_site(folder: Path, allowed: list[str]) -> Path:
-    """A site-packages of these distributions alone: links to their installed files here."""
+    """A site-packages of these distributions alone: a link to each of their installed
+    files here (file by file: a namespace package, such as opentelemetry, holds only the
+    allowed distributions' modules)."""
     for name in allowed:
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue  # not installed here, nothing for the steps to find either
-        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] != ".."}:
-            if not (folder / top).exists() and Path(dist.locate_file(top)).exists():
-                (folder / top).symlink_to(Path(dist.locate_file(top)))
+        for file in dist.files or []:
+            source = Path(dist.locate_file(file))
+            if file.parts[0] != ".." and source.is_file():
+                (folder / file).parent.mkdir(parents=True, exist_ok=True)
+                if not (folder / file).exists():
+                    (folder / file).symlink_to(source)
     return folder
 
 
