@@ -17,10 +17,14 @@ MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "kserve" / "inferenc
 VERSION = "1.37.0"
 
 
-def _predictor() -> dict:
+def _service() -> dict:
     (doc,) = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
     assert (doc["apiVersion"], doc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
-    return doc["spec"]["predictor"]
+    return doc
+
+
+def _predictor() -> dict:
+    return _service()["spec"]["predictor"]
 
 
 def test_the_predictors_containers_are_valid_kubernetes():
@@ -41,3 +45,7 @@ def test_the_container_serves_on_kserves_port_and_is_probed_on_the_v2_routes():
                                                                  "livenessProbe"))
     served = set(create_app(Settings()).openapi()["paths"])  # the service's routes
     assert probes == {"/v2/health/ready", "/v2/health/live"} and probes <= served
+    scrape = _service()["metadata"]["annotations"]  # KServe's Prometheus annotations
+    assert scrape["serving.kserve.io/enable-prometheus-scraping"] == "true"
+    assert int(scrape["prometheus.kserve.io/port"]) == port
+    assert scrape["prometheus.kserve.io/path"] == "/metrics" and "/metrics" in served
