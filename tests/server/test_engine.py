@@ -271,24 +271,42 @@ def test_a_long_input_is_cut_at_its_end_or_its_start_as_asked(torch_model):
     assert len(pair.ids) == n and pair.offsets[-2][1] == len(" ".join(words))
 
 
+class Deferred:
+    """A backend that runs a batch only when it is collected: the GPU path, emulated on
+    the CPU (``launch`` returns before the work is done)."""
+
+    asynchronous = True
+
+    def __init__(self, backend):
+        self.backend, self.device, self.dtype = backend, backend.device, backend.dtype
+
+    def launch(self, inputs):
+        return inputs
+
+    def collect(self, inputs):
+        return self.backend.run(inputs)
+
+
+def defer(monkeypatch, kind: type[Deferred]) -> None:
+    """Engines loaded from now on run their models behind ``kind``."""
+    import server.engine
+
+    opened = server.engine.open_backend
+    monkeypatch.setattr(server.engine, "open_backend", lambda *a, **k: kind(opened(*a, **k)))
+
+
 def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_last(
         torch_model, monkeypatch):
     """The GPU path, emulated on the CPU: a backend whose ``launch`` returns before the
     work is done (``asynchronous``) gets the next batch launched while one is in flight,
     never more than two; every input still gets its own output, the same as with a
     synchronous backend."""
-    import server.engine
 
     texts = [f"sentence {i} " + "word " * (i % 7) for i in range(40)]  # batches of 32 and 8
     expected = np.stack(_run(load_engine("m", torch_model, Settings(), Metrics()), texts).outputs)
     in_flight, most, both = [], [], threading.Event()
 
-    class Deferred:  # runs a batch only when it is collected
-        asynchronous = True
-
-        def __init__(self, backend):
-            self.backend, self.device, self.dtype = backend, backend.device, backend.dtype
-
+    class Overlapping(Deferred):
         def launch(self, inputs):
             in_flight.append(id(inputs))
             most.append(len(in_flight))
@@ -299,10 +317,9 @@ def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_las
         def collect(self, inputs):
             both.wait(60)  # the device still busy with the first when the second starts
             in_flight.remove(id(inputs))
-            return self.backend.run(inputs)
+            return super().collect(inputs)
 
-    opened = server.engine.open_backend
-    monkeypatch.setattr(server.engine, "open_backend", lambda *a, **k: Deferred(opened(*a, **k)))
+    defer(monkeypatch, Overlapping)
     got = np.stack(_run(load_engine("m", torch_model, Settings(), Metrics()), texts).outputs)
     assert max(most) == 2 and not in_flight  # overlapped, and everything collected
     assert np.allclose(got, expected, atol=1e-6)
@@ -313,7 +330,6 @@ def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collecte
     """Each input's output is its mask tokens' logits [M, V]: the decoder applied to its
     own mask vectors, in batches of several inputs, with a synchronous backend and with one
     that starts a batch and collects it later (a GPU's; the token ids go with the batch)."""
-    import server.engine
 
     source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
     folder = tmp_path / "model"
@@ -329,20 +345,11 @@ def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collecte
     np.testing.assert_allclose(ran.outputs[0][0][0], vectors[mask] @ weight.T + bias,
                                rtol=1e-4, atol=1e-4)
 
-    class Deferred:  # runs a batch only when it is collected
-        asynchronous = True
-
-        def __init__(self, backend):
-            self.backend, self.device, self.dtype = backend, backend.device, backend.dtype
-
+    class Copying(Deferred):
         def launch(self, inputs):
             return {**inputs}  # a copy: the batch's own ids must come back with it
 
-        def collect(self, inputs):
-            return self.backend.run(inputs)
-
-    opened = server.engine.open_backend
-    monkeypatch.setattr(server.engine, "open_backend", lambda *a, **k: Deferred(opened(*a, **k)))
+    defer(monkeypatch, Copying)
     collected = _run(load_engine("m", folder, Settings(), Metrics()), texts)
     for (got, _), (expected, _) in zip(collected.outputs, ran.outputs):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
