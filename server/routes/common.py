@@ -167,12 +167,14 @@ def choose_tokenizer(request: Request, name: str | None) -> Engine:
 ANSWER_NUMBERS = 2**25
 
 
-def check_answer_size(engine: Engine, count: int, each: int, unit: str = "numbers") -> None:
-    """A 413 when ``count`` inputs, each answered with up to ``each`` numbers, could make
-    an answer of more than ANSWER_NUMBERS (``unit`` says what ``each`` counts)."""
+def check_answer_size(engine: Engine, count: int, each: int, unit: str = "numbers",
+                      what: str = "inputs") -> None:
+    """A 413 when ``count`` inputs (or ``what``), each answered with up to ``each`` numbers
+    (or ``unit``: a text's tokens count as numbers), could make an answer of more than
+    ANSWER_NUMBERS."""
     most = ANSWER_NUMBERS // each
     if count > most:
-        raise ApiError(413, "payload_too_large", f"{count} inputs; model {engine.name!r} "
+        raise ApiError(413, "payload_too_large", f"{count} {what}; model {engine.name!r} "
                        f"answers at most {most} at once (each up to {each} {unit})")
 
 

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from server import errors, postprocess
 from server.engine import Engine, Result
 from server.errors import ApiError
-from server.routes.common import check_limits, choose, infer, reply
+from server.routes.common import check_answer_size, check_limits, choose, infer, reply
 from server.schemas import FillMaskRequest, FillMaskResponse
 
 router = APIRouter(tags=["fill-mask"])
@@ -44,6 +44,11 @@ async def filled(body: FillMaskRequest, request: Request
         if not targets:
             raise ApiError(422, "invalid_request", "targets: none has a token in model "
                            f"{engine.name!r}'s vocabulary")
+    # each answer holds its input's tokens (the sequence with the mask filled)
+    masks = sum(min(text.count(engine.mask_token), engine.max_length) for text in texts)
+    k = min(body.top_k, engine.vocab_size if targets is None else len(targets))
+    check_answer_size(engine, masks * k, engine.max_length, "tokens",
+                      f"answers ({masks} masks x top_k {k})")
     result = await infer(request, engine, texts, body.truncation)
 
     def decode(ids: list[int], skip_special_tokens: bool) -> str:

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from server import errors, postprocess
 from server.engine import Engine, Result
 from server.errors import ApiError
-from server.routes.common import check_limits, choose, infer, reply
+from server.routes.common import check_answer_size, check_limits, choose, infer, reply
 from server.schemas import QaRequest, QaResponse
 
 router = APIRouter(tags=["question answering"])
@@ -38,6 +38,8 @@ async def answered(body: QaRequest, request: Request
         raise ApiError(422, "invalid_request", f"max_seq_len {size} is more than model "
                        f"{engine.name!r}'s max_length, {engine.max_length}")
     stride = min(STRIDE, size // 2) if body.doc_stride is None else body.doc_stride
+    check_answer_size(engine, len(pairs) * body.top_k, min(body.max_answer_len, size),
+                      "tokens", f"answers ({len(pairs)} inputs x top_k {body.top_k})")
     await asyncio.to_thread(_check_questions, engine, pairs, size, stride)
     result = await infer(request, engine, pairs, None, (size, stride))
     return engine, await asyncio.to_thread(  # postprocessing off the event loop

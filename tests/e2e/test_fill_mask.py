@@ -118,6 +118,20 @@ def test_refusals(url):
     assert res.status_code == 400 and "fill-mask" in res.text
 
 
+def test_answers_are_bounded_as_the_other_answers(url):
+    # each answer holds its input's tokens; masks x top_k answers of max_length (32) tokens
+    # are counted as numbers against the answer's bound (2^25): 1048576 answers here
+    texts = ["[MASK] " * 20] * 2
+    res = fill(url, model="bert", inputs=texts, top_k=30522)
+    assert res.status_code == 413, res.text
+    assert res.json()["error"]["message"] == (
+        "1220880 answers (40 masks x top_k 30522); model 'bert' answers at most 1048576 at "
+        "once (each up to 32 tokens)")
+    res = fill(url, model="bert", inputs=texts, top_k=30522, targets=["paris", "city"])
+    assert res.status_code == 200, res.text  # targets bound each mask's answers: 80 here
+    assert [len(answers) for answers in res.json()["results"][0]] == [2] * 20
+
+
 def test_the_clients_fill_mask(url):
     from client.api import AsyncDistilServeClient, DistilServeClient
 

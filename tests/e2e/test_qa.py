@@ -115,6 +115,8 @@ def test_a_question_is_never_cut(url):
     ({"model": "bert", "inputs": {"question": "q"}}, 422, "inputs.context"),
     ({"model": "bert", "top_k": 0}, 422, "top_k"),
     ({"model": "bert", "inputs": [{"question": "q", "context": "c"}] * 9}, 413, "9 inputs"),
+    ({"model": "bert", "top_k": 2**31 - 1}, 413, "2147483647 answers (1 inputs x top_k "
+     "2147483647); model 'bert' answers at most 2236962 at once (each up to 15 tokens)"),
 ])
 def test_errors(url, body, status, message):
     res = qa(url, **{"inputs": inputs()[0], **body})
