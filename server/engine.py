@@ -14,6 +14,7 @@ import functools
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -104,6 +105,21 @@ def read_manifest(folder: Path) -> Manifest:
         return Manifest.read(folder)
     except ManifestError as e:
         raise ModelLoadError(str(e)) from None
+
+
+def open_decoder(folder: Path, backend: Backend) -> Callable[[np.ndarray], np.ndarray]:
+    """A fill-mask model's decoder: its vectors [N, E] -> logits [N, V], float32 numpy
+    both; where the model runs on a GPU, computed there in the model's dtype
+    (models/runtime/torch_device.linear), else on the host."""
+    weight, bias = read_decoder(folder)
+    if backend.device.startswith("cuda"):
+        import torch
+
+        if torch.cuda.is_available():  # (an ONNX model on onnxruntime's GPU: torch's too)
+            from models.runtime.torch_device import linear
+
+            return linear(weight, bias, backend.device, backend.dtype)
+    return lambda vectors: vectors @ weight.T + bias
 
 
 def read_decoder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -223,9 +239,9 @@ class Engine:
         model on the CPU runs on ``cpu_thread``, where one is given)."""
         name = self.name
         self.backend = open_runtime(self.folder, self.manifest, settings)
-        # fill-mask: the language-model head's decoder (weight [V, E], bias [V]), which its
-        # batches run (see decoding)
-        self.decoder = read_decoder(self.folder) if self.task == "fill-mask" else None
+        # fill-mask: the language-model head's decoder, which its batches run (see decoding)
+        self.decoder = (open_decoder(self.folder, self.backend) if self.task == "fill-mask"
+                        else None)
         batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         self.shapes = warmup_shapes(batch_size, batch_tokens, self.max_length)
         tokens = settings.cuda_graph_tokens
@@ -465,7 +481,7 @@ def decoding(engine: Engine, run, collect) -> tuple:
     on the model's thread; with ``collect``, the batch's token ids go with what ``run``
     started."""
     def decode(ids: np.ndarray, vectors: np.ndarray) -> list[np.ndarray]:
-        return postprocess.decode_masks(ids, vectors, engine.mask_id, *engine.decoder)
+        return postprocess.decode_masks(ids, vectors, engine.mask_id, engine.decoder)
 
     if collect is None:
         return (lambda arrays: decode(arrays["input_ids"], run(arrays))), None

@@ -179,15 +179,15 @@ def answers(windows: list, context: str, cls_id: int | None, top_k: int,
     return sorted(answered, key=lambda a: a["score"], reverse=True)[:top_k]
 
 
-def decode_masks(ids: np.ndarray, vectors: np.ndarray, mask_id: int, weight: np.ndarray,
-                 bias: np.ndarray) -> list[np.ndarray]:
-    """A fill-mask batch's mask tokens through the language-model head's decoder
-    (``weight`` [V, E], ``bias`` [V]) in one product, from the batch's token ids [B, T] and
+def decode_masks(ids: np.ndarray, vectors: np.ndarray, mask_id: int,
+                 decoder: Callable[[np.ndarray], np.ndarray]) -> list[np.ndarray]:
+    """A fill-mask batch's mask tokens through the language-model head's ``decoder`` (its
+    vectors [N, E] -> logits [N, V]) in one product, from the batch's token ids [B, T] and
     vectors [B, T, E]: per input, the logits [M, V] of its M mask tokens, in order. One
     product for the batch rather than one per input: the decoder's weights are read once
     (a bert-base decoder is 94 MB, and one mask's product is bound by reading them)."""
     rows, columns = np.nonzero(ids == mask_id)  # row by row, in order
-    logits = vectors[rows, columns].astype(np.float32) @ weight.T + bias  # [sum M, V]
+    logits = decoder(vectors[rows, columns].astype(np.float32))  # [sum M, V]
     return np.split(logits, np.cumsum(np.bincount(rows, minlength=len(ids)))[:-1])
 
 

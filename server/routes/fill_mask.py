@@ -2,8 +2,9 @@
 text, as transformers' fill-mask pipeline gives them (BERT's and DistilBERT's language
 models: distilbert-base-uncased, the students of "How to Distill your BERT"). The model
 runs up to its language-model head's decoder; the decoder runs after each batch, on the
-batch's mask tokens' vectors alone (server/postprocess.decode_masks, in the engine), and
-each input's logits [M, V] come here (server/postprocess.fill_mask)."""
+batch's mask tokens' vectors alone (server/postprocess.decode_masks, in the engine; on the
+model's GPU where it runs on one), and each input's logits [M, V] come here
+(server/postprocess.fill_mask)."""
 
 from __future__ import annotations
 

@@ -224,3 +224,22 @@ def test_traced_graphs_keep_no_device_so_they_run_on_a_gpu(family):
         model = checkpoint.new(family, "tiny", task).model
         traced = torch.jit.trace(model, export.example_inputs(), check_trace=False)
         assert 'value="cpu"' not in str(traced.inlined_graph), (family, task)
+
+
+@pytest.mark.parametrize(("device", "dtype", "tolerance"), [
+    ("cpu", "fp32", 1e-5), ("cpu", "fp16", 2e-2), ("cpu", "bf16", 1e-1),
+    pytest.param("cuda", "fp32", 1e-3, marks=[pytest.mark.gpu, CUDA]),  # (TF32 allowed)
+    pytest.param("cuda", "fp16", 2e-2, marks=[pytest.mark.gpu, CUDA])])
+def test_linear_on_a_device_gives_the_hosts_product_as_float32(device, dtype, tolerance):
+    """A fill-mask decoder's product where its model runs: [N, E] float32 in, [N, V]
+    float32 out, the weights placed once; equal to numpy's within the dtype's precision."""
+    rng = np.random.default_rng(0)
+    weight = rng.standard_normal((50, 16)).astype(np.float32)  # [V, E]
+    bias = rng.standard_normal(50).astype(np.float32)  # [V]
+    product = torch_device.linear(weight, bias, device, dtype)
+    for n in (1, 7):  # one mask, several
+        x = rng.standard_normal((n, 16)).astype(np.float32)
+        got = product(x)
+        assert got.dtype == np.float32 and got.shape == (n, 50)
+        expected = x @ weight.T + bias
+        assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max()

@@ -17,7 +17,14 @@ from models import export
 from models.io import checkpoint
 from models.io.manifest import Manifest
 from server.batching import pad
-from server.engine import InputTooLong, ModelLoadError, load_engine, on_own_thread
+from server.engine import (
+    InputTooLong,
+    ModelLoadError,
+    load_engine,
+    on_own_thread,
+    open_decoder,
+    read_decoder,
+)
 from server.metrics import Metrics
 from server.settings import Settings
 from tests.conftest import FAMILIES, TASKS, wait_for
@@ -90,13 +97,37 @@ def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(tmp_path):
     manifest = export.export(source, folder, "onnx", task="fill-mask")
     assert manifest.task == "fill-mask" and DECODER in manifest.files
     engine = load_engine("m", folder, Settings(), Metrics())
-    weight, bias = engine.decoder
+    weight, bias = read_decoder(folder)
     assert weight.shape == (engine.vocab_size, 32) and bias.shape == (engine.vocab_size,)
+    vectors = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
+    np.testing.assert_allclose(engine.decoder(vectors), vectors @ weight.T + bias, rtol=1e-6)
     assert engine.describe()["mask_token"] == "[MASK]"
     assert engine.target_ids(["paris", "paris", "[MASK]"]) == [3000, engine.mask_id]
     (folder / DECODER).write_bytes(b"not safetensors")
     with pytest.raises(ModelLoadError, match=r"decoder\.safetensors: .*a fill-mask model's"):
         load_engine("m", folder, Settings(), Metrics())
+
+
+def test_a_fill_mask_decoder_runs_where_its_model_runs_on_a_gpu(tmp_path, monkeypatch):
+    """On a GPU the decoder is placed on the model's device in its dtype (checked on CUDA by
+    tests/models/test_runtime.py and tests/e2e/test_gpu.py); elsewhere it runs on the host."""
+    import torch
+
+    from models.runtime import torch_device
+
+    source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
+    folder = tmp_path / "model"
+    export.export(source, folder, "onnx", task="fill-mask")
+    placed = []
+    monkeypatch.setattr(torch_device, "linear", lambda w, b, device, dtype: placed.append(
+        (w.shape, device, dtype)) or "on the GPU")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    gpu = type("Backend", (), {"device": "cuda:1", "dtype": "fp16"})()
+    assert open_decoder(folder, gpu) == "on the GPU" and placed == [((30522, 32), "cuda:1",
+                                                                      "fp16")]
+    host = type("Backend", (), {"device": "cpu", "dtype": "fp32"})()
+    assert open_decoder(folder, host)(np.zeros((2, 32), np.float32)).shape == (2, 30522)
+    assert len(placed) == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
@@ -336,7 +367,7 @@ def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collecte
     export.export(source, folder, "onnx", task="fill-mask")
     texts = [f"word {i} [MASK] " + "[MASK] " * (i % 3) + "end" * (i % 2) for i in range(40)]
     engine = load_engine("m", folder, Settings(), Metrics())
-    weight, bias = engine.decoder
+    weight, bias = read_decoder(folder)
     vectors = engine.backend.run(pad(engine.tokenize(texts[:1], "right")))[0]  # [T, E]
     ran = _run(engine, texts)  # outputs: (logits, encoding) each
     assert [logits.shape[0] for logits, _ in ran.outputs] == [1 + i % 3 for i in range(40)]

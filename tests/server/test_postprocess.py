@@ -191,7 +191,8 @@ def test_a_batchs_masks_are_decoded_in_one_product_and_given_back_per_input():
     weight, bias = rng.standard_normal((5, 3)), rng.standard_normal(5)
     vectors = rng.standard_normal((3, 4, 3)).astype(np.float32)  # [B, T, E]
     ids = np.array([[0, 4, 2, 3], [0, 2, 2, 3], [4, 1, 4, 3]])
-    first, none, third = postprocess.decode_masks(ids, vectors, 4, weight, bias)
+    first, none, third = postprocess.decode_masks(ids, vectors, 4,
+                                                  lambda x: x @ weight.T + bias)
     np.testing.assert_allclose(first, vectors[0, [1]] @ weight.T + bias, rtol=1e-6)
     assert none.shape == (0, 5)
     np.testing.assert_allclose(third, vectors[2, [0, 2]] @ weight.T + bias, rtol=1e-6)
