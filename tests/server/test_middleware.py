@@ -152,6 +152,7 @@ def test_a_request_id_is_the_clients_or_a_new_one_and_comes_back():
     for unusable in (None, "", "x" * 201, "tab\there", "caf\u00e9"):
         made, seen = ids(unusable)
         assert made == seen and len(made) == 32 and made != unusable, unusable
+        assert set(made) <= set("0123456789abcdef"), made  # hex, as a UUID's
     assert ids(None)[0] != ids(None)[0]  # a new one each time
     assert logs.REQUEST_ID.get() is None  # set in the request's task, not here
 
