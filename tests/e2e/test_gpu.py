@@ -98,8 +98,8 @@ def test_question_answering_on_cuda_answers_as_the_cpu(tmp_path):
 
 def test_fill_mask_on_cuda_fills_as_the_cpu(tmp_path):
     """A fill-mask model on the GPU (fp32, as above): each batch started, collected and
-    its mask tokens decoded together, with the token ids it was started with; the CPU's
-    tokens and scores."""
+    its mask tokens decoded together (the decoder on the GPU too), with the token ids it
+    was started with; the CPU's tokens and scores."""
     folder = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask", seed=3),
                              tmp_path / "ck")
     export.export(folder, tmp_path / "repo" / "mlm", "torch", task="fill-mask")
