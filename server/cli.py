@@ -122,16 +122,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except BackendError as e:
             print(f"distilserve serve: every model: {e}", file=sys.stderr)
             return 2
-    if settings.grpc_port is not None:
-        try:
-            import grpc_health  # noqa: F401
-            import grpc_reflection  # noqa: F401
-            import grpc_tools  # noqa: F401
-            import tritonclient.grpc  # noqa: F401
-        except ImportError as e:
-            print(f"distilserve serve: --grpc-port needs the grpc extra (pip install "
-                  f"'distilserve[grpc]'): {e}", file=sys.stderr)
-            return 2
+    if settings.grpc_port is not None and (missing := grpc_missing()):
+        print(f"distilserve serve: --grpc-port needs the grpc extra (pip install "
+              f"'distilserve[grpc]'): {missing}", file=sys.stderr)
+        return 2
     repository = settings.model_repository
     if repository is not None and not repository.is_dir():
         print(f"distilserve serve: model repository {repository} is not a folder",
@@ -192,6 +186,18 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     return 0
 
 
+def grpc_missing() -> str | None:
+    """What of the grpc extra cannot be imported, if anything."""
+    try:
+        import grpc_health  # noqa: F401
+        import grpc_reflection  # noqa: F401
+        import grpc_tools  # noqa: F401
+        import tritonclient.grpc  # noqa: F401
+    except ImportError as e:
+        return str(e)
+    return None
+
+
 def cmd_ray(args: argparse.Namespace) -> int:
     import logging
     import os
@@ -204,14 +210,19 @@ def cmd_ray(args: argparse.Namespace) -> int:
     from server.settings import Settings
 
     try:
-        settings = Settings(**({"model_repository": args.model_repository}
-                               if args.model_repository else {}))
+        settings = Settings(**{k: v for k, v in (("model_repository", args.model_repository),
+                                                 ("grpc_port", args.grpc_port))
+                               if v is not None})
         from server.ray_serve import Scaling
 
         scaling = Scaling(**{k: v for k, v in vars(args).items()
                              if k in Scaling.model_fields and v is not None})
     except ValidationError as e:
         return refused("ray", e)
+    if settings.grpc_port is not None and (missing := grpc_missing()):
+        print(f"distilserve ray: --grpc-port needs the grpc extra (pip install "
+              f"'distilserve[grpc]'): {missing}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format=logs.TEXT)
     repository = settings.model_repository
     if repository is None:  # the embedded default, built here first (on the first run)
@@ -226,18 +237,21 @@ def cmd_ray(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from server.ray_serve import application, init_local
+    from server.ray_serve import GRPC_SERVICERS, application, init_local
 
     local = not (args.address or os.environ.get("RAY_ADDRESS"))
     if local:
-        init_local()
+        init_local(grpc_host=args.host)
     else:
         ray.init(address=args.address)
-    serve.start(http_options={"host": args.host, "port": args.port})
+    grpc = {} if settings.grpc_port is None else {"grpc_options": {
+        "port": settings.grpc_port, "grpc_servicer_functions": GRPC_SERVICERS}}
+    serve.start(http_options={"host": args.host, "port": args.port}, **grpc)
     serve.run(application(repository, settings, scaling), name="distilserve",
               route_prefix="/")
-    print(f"distilserve on Ray Serve at http://{args.host}:{args.port} (Ctrl-C or SIGTERM "
-          "removes the application)", flush=True)
+    grpc_at = "" if not grpc else f" and grpc://{args.host}:{settings.grpc_port}"
+    print(f"distilserve on Ray Serve at http://{args.host}:{args.port}{grpc_at} (Ctrl-C or "
+          "SIGTERM removes the application)", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -426,6 +440,10 @@ def parser() -> argparse.ArgumentParser:
                      "ray://HOST:10001; default RAY_ADDRESS, or a new local instance)")
     ray.add_argument("--host", default="127.0.0.1", help="Ray Serve's HTTP host")
     ray.add_argument("--port", type=int, default=8000, help="Ray Serve's HTTP port")
+    ray.add_argument("--grpc-port", type=int,
+                     help="DISTILSERVE_GRPC_PORT: Ray Serve's gRPC port, serving the Open "
+                     "Inference Protocol, Text Embeddings Inference's tei.v1 and health "
+                     "checks as `distilserve serve --grpc-port` does; default: none")
     ray.add_argument("--replicas", type=int, help="replicas per model (default 1)")
     ray.add_argument("--min-replicas", type=int, help="autoscale each model from this many "
                      "replicas (with --max-replicas)")

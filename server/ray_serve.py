@@ -32,6 +32,7 @@ from ray.serve.exceptions import (
     ReplicaUnavailableError,
 )
 
+from server import ray_hooks
 from server.app import create_app, load_models, model_folders
 from server.engine import Engine, ModelLoadError, ModelUnavailable, open_engine, read_manifest
 from server.metrics import Metrics
@@ -147,7 +148,25 @@ class Ingress:
 
             await load_models(service, [Path(f) for f in self.folders], open_remote)
 
-        return create_app(settings, loader=loader)
+        # (the ASGI wrapper has its own "app"; server/ray_grpc.py runs this one too)
+        self.fastapi_app = create_app(settings, loader=loader)
+        return self.fastapi_app
+
+
+def ingress() -> type:
+    """The ingress's class: with the ``grpc`` extra, GrpcIngress (server/ray_grpc.py), which
+    takes the gRPC calls too where Ray Serve's proxy forwards them (its grpc_options name
+    GRPC_SERVICERS)."""
+    try:
+        from server.ray_grpc import GrpcIngress
+    except ImportError:  # (grpcio, tritonclient and the rest are the grpc extra)
+        return Ingress
+    return GrpcIngress
+
+
+# Ray Serve's grpc_options.grpc_servicer_functions that give its proxy distilserve's gRPC
+# services (``distilserve ray --grpc-port``; for a Serve config, name it there)
+GRPC_SERVICERS = ["server.ray_grpc.add_servicers"]
 
 
 def application(repository: Path, settings: Settings, scaling: Scaling,
@@ -168,12 +187,12 @@ def application(repository: Path, settings: Settings, scaling: Scaling,
             str(folder), scaling.replica_settings(settings))
     if not folders:
         raise ValueError(f"model repository {repository} holds no model folders")
-    return serve.deployment(Ingress).options(
+    return serve.deployment(ingress()).options(
         name="ingress", num_replicas=ingress_replicas, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=settings.max_connections, logging_config=logs).bind(
-        # Ray Serve's proxy takes the HTTP requests; gRPC (DISTILSERVE_GRPC_PORT) is the
-        # service's own server's, not served here, and models are deployments, loaded and
-        # unloaded by redeploying (not DISTILSERVE_MODEL_CONTROL)
+        # Ray Serve's proxies take the HTTP requests and the gRPC calls (its grpc_options,
+        # not DISTILSERVE_GRPC_PORT), and models are deployments, loaded and unloaded by
+        # redeploying (not DISTILSERVE_MODEL_CONTROL)
         settings.model_copy(update={"grpc_port": None, "model_control": "none"}), folders,
         handles)
 
@@ -184,13 +203,15 @@ def application(repository: Path, settings: Settings, scaling: Scaling,
 PROXY_READY_CHECK_TIMEOUT = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
 
 
-def init_local(**options):
+def init_local(grpc_host: str = "127.0.0.1", **options):
     """A new local Ray instance, on the loopback interface only, whose Serve proxy gets a
-    minute to start (unless the variable above says otherwise); ``options`` go to
-    ``ray.init``."""
+    minute to start (unless the variable above says otherwise) and listens for gRPC on
+    ``grpc_host`` (the HTTP host: server/ray_hooks.py); ``options`` go to ``ray.init``."""
     wait = os.environ.get(PROXY_READY_CHECK_TIMEOUT, "60")
-    ray.init(_node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {PROXY_READY_CHECK_TIMEOUT: wait}}, **options)
+    ray.init(_node_ip_address="127.0.0.1", runtime_env={
+        "env_vars": {PROXY_READY_CHECK_TIMEOUT: wait, ray_hooks.GRPC_HOST: grpc_host},
+        "worker_process_setup_hook": "server.ray_hooks.bind_proxy_to_host"}, **options)
+
 
 
 class BuildArgs(Scaling):

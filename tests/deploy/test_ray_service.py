@@ -11,7 +11,7 @@ from pathlib import Path
 import kubernetes_validate
 import yaml
 
-from server.ray_serve import BuildArgs
+from server.ray_serve import GRPC_SERVICERS, BuildArgs
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "ray" / "rayservice.yaml"
 VERSION = "1.37.0"
@@ -44,6 +44,18 @@ def test_the_serve_config_names_our_builder_with_valid_arguments():
     args = BuildArgs.model_validate(app["args"])  # what build() will be given
     assert args.max_replicas >= args.min_replicas >= 1
     assert app["route_prefix"] == "/"
+
+
+def test_the_serve_config_gives_the_grpc_proxy_our_services_on_the_head_pods_port():
+    doc = _service()
+    options = yaml.safe_load(doc["spec"]["serveConfigV2"])["grpc_options"]
+    assert options["grpc_servicer_functions"] == GRPC_SERVICERS
+    for path in options["grpc_servicer_functions"]:  # as Ray Serve's proxy imports them
+        module, _, name = path.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), name))
+    head = doc["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]
+    ports = {p["name"]: p["containerPort"] for p in head["spec"]["containers"][0]["ports"]}
+    assert ports["grpc"] == options["port"]
 
 
 def test_every_pod_mounts_the_model_repository_the_builder_reads():

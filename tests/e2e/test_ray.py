@@ -1,20 +1,23 @@
 """server/ray_serve.py on a local Ray instance (127.0.0.1): the same answers as
-`distilserve serve`, two replicas of a model, and one of them killed under load."""
+`distilserve serve`, over HTTP and over gRPC (server/ray_grpc.py), two replicas of a
+model, and one of them killed under load."""
 
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import threading
 import time
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 
 from models import export
 from models.io import checkpoint
-from server.ray_serve import Scaling, application, init_local
+from server.ray_serve import GRPC_SERVICERS, Scaling, application, init_local
 from server.settings import Settings
 from tests.conftest import running_server, unallocated_port, wait_for
 
@@ -34,15 +37,17 @@ def repository(tiny_checkpoints, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def ray_url(repository):
+def ray_serve(repository):
+    """Ray Serve's HTTP URL and gRPC address."""
     # Ray starts its workers at nice 15 (to yield to its own GCS and raylet): beside other
     # work at nice 0 they crawl (a replica took 230 s to start beside two busy loops);
     # this test's workers share the CPU as its server in this process does
     init_local(num_cpus=3, include_dashboard=False, object_store_memory=100 * 2**20,
                log_to_driver=False, _system_config={"worker_niceness": 0})
     try:
-        port = unallocated_port()
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        port, grpc_port = unallocated_port(), unallocated_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port}, grpc_options={
+            "port": grpc_port, "grpc_servicer_functions": GRPC_SERVICERS})
         # two replicas of each model (half a CPU each, of the three Ray is told of: this
         # machine has two), one thread; a batch waits up to 100 ms for company, so
         # requests are in flight on a replica most of the time (when one is killed)
@@ -52,10 +57,15 @@ def ray_url(repository):
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: httpx.get(url + "/ready", timeout=10).status_code == 200,
                  "the Ray Serve application to be ready")
-        yield url
+        yield url, f"127.0.0.1:{grpc_port}"
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_url(ray_serve):
+    return ray_serve[0]
 
 
 TEXTS = ["Ray serves this sentence.", "Kenji Tanaka visited Osaka with Volkswagen."]
@@ -106,6 +116,76 @@ def test_ray_serve_answers_as_distilserve_serve_does(ray_url, repository):
                 "inference_stats"].items()} for base in (url, ray_url)]
             assert counts[0] == counts[1] and counts[0]["success"] >= 2, (name, counts)
     assert httpx.get(ray_url + "/ready").json()["models"] == ["embed", "mlm", "ner"]
+
+
+def test_ray_serve_answers_grpc_as_the_grpc_port_does(ray_serve, repository):
+    import psutil
+    import tritonclient.grpc as triton
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from server.routes.tei_grpc import pb, pb_grpc
+
+    def texts(values):
+        tensor = triton.InferInput("text", [len(values)], "BYTES")
+        tensor.set_data_from_numpy(np.array(values, dtype=object))
+        return tensor
+
+    def streamed(client, requests):  # tritonclient's ModelStreamInfer: {id: output or error}
+        answers = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for model, values, request_id in requests:
+            client.async_stream_infer(model, [texts(values)], request_id=request_id)
+        got = [answers.get(timeout=60) for _ in requests]
+        client.stop_stream()
+        return {"error" if error else result.get_response().id:
+                str(error) if error else result.as_numpy("embedding").shape
+                for result, error in got}
+
+    def answers(address):
+        client, channel = triton.InferenceServerClient(address), grpc.insecure_channel(address)
+        embedded = client.infer("embed", [texts(TEXTS)])
+        try:
+            client.infer("nope", [texts(TEXTS)])
+        except triton.InferenceServerException as e:
+            refused = e.status(), e.message()
+        embed = pb_grpc.EmbedStub(channel)
+        health = health_pb2_grpc.HealthStub(channel)
+        with pytest.raises(grpc.RpcError) as unknown:
+            health.Check(health_pb2.HealthCheckRequest(service="nope"))
+        ranks = pb_grpc.RerankStub(channel).RerankStream(iter(
+            [pb.RerankStreamRequest(query="q", text=t, return_text=True) for t in TEXTS]))
+        answer = {
+            "embedding": embedded.as_numpy("embedding"),
+            "entities": client.infer("ner", [texts(TEXTS)]).as_numpy("entities").tolist(),
+            "refused": refused,
+            "stream": streamed(client, [("embed", TEXTS[:1], "1"), ("nope", TEXTS, "2")]),
+            "tei": np.array(embed.Embed(pb.EmbedRequest(inputs=TEXTS[0])).embeddings),
+            "tei stream": [len(a.embeddings) for a in embed.EmbedStream(iter(
+                [pb.EmbedRequest(inputs=t) for t in TEXTS]))],
+            "rerank": [(r.index, r.text, round(r.score, 4)) for r in ranks.ranks],
+            "health": health.Check(health_pb2.HealthCheckRequest(service="")).status,
+            "unknown": unknown.value.code()}
+        _, call = embed.Embed.with_call(pb.EmbedRequest(inputs=TEXTS[0]))
+        answer["timing"] = {k for k, _ in (*call.initial_metadata(), *call.trailing_metadata())
+                            if k.startswith("x-")}
+        client.close()
+        channel.close()
+        return answer
+
+    on_ray = answers(ray_serve[1])
+    port = unallocated_port()
+    with running_server(repository, grpc_port=port):
+        direct = answers(f"127.0.0.1:{port}")
+    for key in ("embedding", "tei"):
+        assert np.allclose(on_ray.pop(key), direct.pop(key), atol=1e-5), key
+    assert on_ray == direct
+    assert direct["refused"][0] == "StatusCode.NOT_FOUND" and "x-total-time" in direct["timing"]
+    assert direct["stream"]["1"][0] == 1 and "unknown model 'nope'" in direct["stream"]["error"]
+    # Ray Serve's gRPC proxy listens on the loopback interface alone (server/ray_hooks.py)
+    grpc_port = int(ray_serve[1].rpartition(":")[2])
+    listening = {c.laddr.ip for c in psutil.net_connections("tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == grpc_port}
+    assert listening and listening <= {"127.0.0.1", "::ffff:127.0.0.1"}, listening
 
 
 def replica_pids(deployment: str) -> set[int]:

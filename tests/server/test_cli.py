@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from models import families
@@ -99,3 +101,11 @@ def test_ray_refuses_half_an_autoscaling_range_before_starting_ray(capsys, tmp_p
     assert "autoscaling needs both min_replicas and max_replicas" in capsys.readouterr().err
     assert main(["ray", "--model-repository", str(tmp_path / "nowhere")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["serve", "ray"])
+def test_a_grpc_port_without_the_grpc_extra_is_refused_before_anything_starts(
+        command, capsys, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "grpc_tools", None)  # not installed: imports fail
+    assert main([command, "--model-repository", str(tmp_path), "--grpc-port", "9000"]) == 2
+    assert f"distilserve {command}: --grpc-port needs the grpc extra" in capsys.readouterr().err

@@ -81,16 +81,19 @@ def test_scaling_options():
         ray_serve.Scaling(max_replicas=4)
 
 
-def test_a_local_instance_gives_the_proxy_a_minute_to_start_unless_told(monkeypatch):
+def test_a_local_instance_gives_the_proxy_a_minute_to_start_and_its_grpc_a_host(monkeypatch):
     calls = []
     monkeypatch.setattr(ray_serve.ray, "init", lambda **options: calls.append(options))
     monkeypatch.delenv(ray_serve.PROXY_READY_CHECK_TIMEOUT, raising=False)
     ray_serve.init_local(num_cpus=2)
     monkeypatch.setenv(ray_serve.PROXY_READY_CHECK_TIMEOUT, "300")
-    ray_serve.init_local()
+    ray_serve.init_local(grpc_host="0.0.0.0")
+    # the proxy's start, and the host its gRPC binds (server/ray_hooks.py: the HTTP host)
     assert [c["runtime_env"]["env_vars"] for c in calls] == [
-        {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60"},
-        {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "300"}]
+        {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "DISTILSERVE_RAY_GRPC_HOST": "127.0.0.1"},
+        {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "300", "DISTILSERVE_RAY_GRPC_HOST": "0.0.0.0"}]
+    assert all(c["runtime_env"]["worker_process_setup_hook"]
+               == "server.ray_hooks.bind_proxy_to_host" for c in calls)
     assert all(c["_node_ip_address"] == "127.0.0.1" for c in calls)
     assert calls[0]["num_cpus"] == 2
 
