@@ -240,7 +240,14 @@ def cmd_ray(args: argparse.Namespace) -> int:
     from server.ray_serve import GRPC_SERVICERS, application, init_local
 
     local = not (args.address or os.environ.get("RAY_ADDRESS"))
-    if local:
+    if local:  # its ports here: one in use is a one-line error before Ray starts
+        for port in filter(None, (args.port, settings.grpc_port)):
+            try:
+                listening_socket(args.host, port).close()
+            except OSError as e:
+                print(f"distilserve ray: cannot listen on {args.host}:{port}: "
+                      f"{e.strerror or e}", file=sys.stderr)
+                return 2
         init_local(grpc_host=args.host)
     else:
         ray.init(address=args.address)

@@ -1,3 +1,4 @@
+import socket
 import sys
 
 import pytest
@@ -5,6 +6,7 @@ import pytest
 from models import families
 from models.io import checkpoint
 from server.cli import main
+from tests.conftest import unallocated_port
 
 
 def test_new_list_prints_every_family_and_preset(capsys):
@@ -101,6 +103,22 @@ def test_ray_refuses_half_an_autoscaling_range_before_starting_ray(capsys, tmp_p
     assert "autoscaling needs both min_replicas and max_replicas" in capsys.readouterr().err
     assert main(["ray", "--model-repository", str(tmp_path / "nowhere")]) == 2
     assert "is not a folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
+def test_ray_refuses_a_port_in_use_before_starting_ray(flag, capsys, tmp_path, monkeypatch):
+    from server import ray_serve
+
+    monkeypatch.setattr(ray_serve, "init_local", lambda **_: pytest.fail("Ray started"))
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        ports = {"--port": unallocated_port(), "--grpc-port": unallocated_port(), flag: port}
+        assert main(["ray", "--model-repository", str(tmp_path),
+                     *(str(a) for item in ports.items() for a in item)]) == 2
+    assert f"distilserve ray: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["serve", "ray"])
