@@ -9,7 +9,8 @@ A model repository becomes one Ray Serve application:
 - an ingress deployment (``Ingress``): the same FastAPI app, routes, validation and
   errors as ``distilserve serve``, whose engines (``RemoteEngine``) keep the tokenizer
   and metadata (validation before queueing, /v1/tokenize, NER's spans) and send each
-  request's inputs to a replica of its model.
+  request's inputs to a replica of its model; with the grpc extra it takes the gRPC calls
+  that Ray Serve's gRPC proxy forwards too (server/ray_grpc.py).
 
 A replica that dies is replaced by Ray Serve; a request that was on it is answered 503
 with Retry-After (the Python client retries it), never left hanging.
@@ -211,7 +212,6 @@ def init_local(grpc_host: str = "127.0.0.1", **options):
     ray.init(_node_ip_address="127.0.0.1", runtime_env={
         "env_vars": {PROXY_READY_CHECK_TIMEOUT: wait, ray_hooks.GRPC_HOST: grpc_host},
         "worker_process_setup_hook": "server.ray_hooks.bind_proxy_to_host"}, **options)
-
 
 
 class BuildArgs(Scaling):

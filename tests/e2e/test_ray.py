@@ -162,7 +162,8 @@ def test_ray_serve_answers_grpc_as_the_grpc_port_does(ray_serve, repository):
             "tei": np.array(embed.Embed(pb.EmbedRequest(inputs=TEXTS[0])).embeddings),
             "tei stream": [len(a.embeddings) for a in embed.EmbedStream(iter(
                 [pb.EmbedRequest(inputs=t) for t in TEXTS]))],
-            "rerank": [(r.index, r.text, round(r.score, 4)) for r in ranks.ranks],
+            "rerank": [(r.index, r.text) for r in ranks.ranks],
+            "rerank scores": np.array([r.score for r in ranks.ranks]),
             "health": health.Check(health_pb2.HealthCheckRequest(service="")).status,
             "unknown": unknown.value.code()}
         _, call = embed.Embed.with_call(pb.EmbedRequest(inputs=TEXTS[0]))
@@ -176,7 +177,7 @@ def test_ray_serve_answers_grpc_as_the_grpc_port_does(ray_serve, repository):
     port = unallocated_port()
     with running_server(repository, grpc_port=port):
         direct = answers(f"127.0.0.1:{port}")
-    for key in ("embedding", "tei"):
+    for key in ("embedding", "tei", "rerank scores"):
         assert np.allclose(on_ray.pop(key), direct.pop(key), atol=1e-5), key
     assert on_ray == direct
     assert direct["refused"][0] == "StatusCode.NOT_FOUND" and "x-total-time" in direct["timing"]
