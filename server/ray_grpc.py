@@ -142,6 +142,7 @@ class GrpcIngress(Ingress):
 
 for _, _, _descriptor in SERVICES:
     for _method in _descriptor.methods:
-        assert not hasattr(Ingress, _method.name), _method.name  # unique, and not Ingress's
+        # (a name unique across the services, and not one the ingress has already)
+        assert not hasattr(GrpcIngress, _method.name), _method.name
         setattr(GrpcIngress, _method.name, _rpc(_method))
 
