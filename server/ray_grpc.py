@@ -73,8 +73,9 @@ class RayContext:
     def invocation_metadata(self):
         return self.context.invocation_metadata()
 
-    def set_code(self, code: grpc.StatusCode) -> None:  # (the generated servicers' own
-        self.context.set_code(code)                      # UNIMPLEMENTED methods')
+    # set_code and set_details: what the generated servicers' UNIMPLEMENTED methods call
+    def set_code(self, code: grpc.StatusCode) -> None:
+        self.context.set_code(code)
 
     def set_details(self, details: str) -> None:
         self.context.set_details(details)
