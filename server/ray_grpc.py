@@ -40,15 +40,14 @@ sys.modules.setdefault("model_config_pb2", model_config_pb2)
 SERVICES = [
     (service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, oip_grpc.Inference,
      service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]),
-    *((getattr(tei_grpc.pb_grpc, f"add_{name}Servicer_to_server"), getattr(tei_grpc, name),
-       tei_grpc.pb.DESCRIPTOR.services_by_name[name])
-      for name in ("Info", "Embed", "Predict", "Rerank", "Tokenize")),
+    *((getattr(tei_grpc.pb_grpc, f"add_{made.__name__}Servicer_to_server"), made,
+       tei_grpc.pb.DESCRIPTOR.services_by_name[made.__name__])
+      for made in tei_grpc.SERVICERS),
     (health_pb2_grpc.add_HealthServicer_to_server, Health,
      health_pb2.DESCRIPTOR.services_by_name["Health"]),
 ]
-# what Health says of each service, as on the gRPC port (grpc_server.start)
-HEALTH = {d.full_name: tei_grpc.SERVING.get(d.full_name, lambda svc: True)
-          for _, made, d in SERVICES if made is not Health}
+# the services whose health Health says (all but itself)
+CHECKED = [d.full_name for _, made, d in SERVICES if made is not Health]
 
 
 def add_servicers(servicer, server) -> None:
@@ -136,7 +135,7 @@ class GrpcIngress(Ingress):
             key = key and key.get_secret_value()
             servicers = self.servicers = {}
             for _, made, descriptor in SERVICES:
-                one = made(app, HEALTH) if made is Health else made(app, key)
+                one = Health.of(app, CHECKED) if made is Health else made(app, key)
                 servicers.update((m.name, getattr(one, m.name)) for m in descriptor.methods)
         return servicers[name]
 

@@ -139,6 +139,14 @@ class Health(health_pb2_grpc.HealthServicer):
     def __init__(self, app: FastAPI, services: dict[str, Callable[[Service], bool]]):
         self.app, self.services = app, {"": lambda svc: True, **services}
 
+    @classmethod
+    def of(cls, app: FastAPI, names: list[str]) -> Health:
+        """The health of the services ``names``: TEI's with their conditions
+        (tei_grpc.SERVING), the others as the server's (here and on Ray Serve)."""
+        from server.routes import tei_grpc
+
+        return cls(app, {name: tei_grpc.SERVING.get(name, lambda svc: True) for name in names})
+
     async def status(self, name: str) -> int:
         if name not in self.services:
             return health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
@@ -187,9 +195,7 @@ async def start(app: FastAPI, settings: Settings) -> grpc.aio.Server:
         ("grpc.so_reuseport", int(settings.workers > 1))])
     key = settings.api_key.get_secret_value() if settings.api_key else None
     names = [*oip_grpc.add(server, app, key), *tei_grpc.add(server, app, key)]
-    health_pb2_grpc.add_HealthServicer_to_server(
-        Health(app, {name: tei_grpc.SERVING.get(name, lambda svc: True) for name in names}),
-        server)
+    health_pb2_grpc.add_HealthServicer_to_server(Health.of(app, names), server)
     reflection.enable_server_reflection(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME], server)

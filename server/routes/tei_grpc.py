@@ -309,9 +309,14 @@ class Tokenize(_Tei, pb_grpc.TokenizeServicer):
     Decode, DecodeStream = _rpcs("Decode", _decode)
 
 
+# TEI's services, each with its generated add_<name>Servicer_to_server (server/ray_grpc.py
+# gives Ray Serve's proxy the same ones)
+SERVICERS = (Info, Embed, Predict, Rerank, Tokenize)
+
+
 def add(server: grpc.aio.Server, app: FastAPI, key: str | None) -> list[str]:
     """TEI's services, added to ``server``; their names."""
-    for servicer in (Info, Embed, Predict, Rerank, Tokenize):
+    for servicer in SERVICERS:
         getattr(pb_grpc, f"add_{servicer.__name__}Servicer_to_server")(servicer(app, key),
                                                                          server)
-    return [servicer.SERVICE for servicer in (Info, Embed, Predict, Rerank, Tokenize)]
+    return [servicer.SERVICE for servicer in SERVICERS]
