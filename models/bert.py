@@ -21,8 +21,11 @@ from transformers import (
     AutoModelForTokenClassification,
     PretrainedConfig,
 )
+from transformers.models.albert import modeling_albert
+from transformers.models.bert import modeling_bert
+from transformers.models.distilbert import modeling_distilbert
 
-from models import heads
+from models import heads, layers
 
 HF_MODEL_TYPES = ("bert", "distilbert", "albert", "mobilebert")
 
@@ -57,6 +60,24 @@ MLM_TRANSFORMS = {
     "albert": lambda m, h: m.predictions.LayerNorm(m.predictions.activation(
         m.predictions.dense(h))),
 }
+
+
+def _sdpa_mask(mask: torch.Tensor, dtype: torch.dtype, tgt_len: int | None = None) -> torch.Tensor:
+    """Stands in for transformers' ``_prepare_4d_attention_mask_for_sdpa`` in its BERT,
+    DistilBERT and ALBERT modules: the same additive mask ([B, T] 1/0 -> [B, 1, 1, T], the
+    dtype's lowest value at padding; broadcast over the queries rather than expanded to
+    [B, 1, T, T]), without its shortcut of no mask for a batch with no padding, which it
+    takes after reading ``torch.all(mask == 1)`` on the host. On a GPU that read waits for
+    every kernel queued before it (a batch could not be launched while the one before it
+    ran) and cannot be recorded in a CUDA graph; a traced model never took it. MobileBERT
+    builds its mask without such a read."""
+    return layers.attention_bias(mask, dtype)
+
+
+for _module in (modeling_bert, modeling_distilbert, modeling_albert):
+    assert hasattr(_module, "_prepare_4d_attention_mask_for_sdpa"), _module.__name__
+    _module._prepare_4d_attention_mask_for_sdpa = _sdpa_mask
+del _module
 
 
 class HFEncoder(nn.Module):

@@ -247,9 +247,9 @@ class Engine:
         tokens = settings.cuda_graph_tokens
         used = bool(tokens) and self.backend.use_graphs(self.shapes, tokens)
         self.graph_tokens = tokens if used else 0
-        if tokens and not self.graph_tokens:
+        if tokens and not used and not self.backend.device.startswith("cpu"):
             log.info("%s: no CUDA graphs (%s backend on %s): they are for the torch and "
-                     "TorchScript backends on a GPU", name, self.backend.name, self.backend.device)
+                     "TorchScript backends", name, self.backend.name, self.backend.device)
         overlap = self.backend.asynchronous  # a GPU: prepare a batch while one runs
         run = self.backend.launch if overlap else self.backend.run
         collect = self.backend.collect if overlap else None

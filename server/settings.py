@@ -83,9 +83,9 @@ class Settings(BaseSettings):
         "the model allows")
     threads: int = Field(0, ge=0, description="intra-op threads per model (0: this "
                          "process's share of the cores, all of them over the workers)")
-    cuda_graph_tokens: int = Field(0, ge=0, description="on a GPU, batches of up to this many "
-                                   "padded tokens run from CUDA graphs (torch and TorchScript "
-                                   "backends); 0: none")
+    cuda_graph_tokens: int = Field(4096, ge=0, description="on a GPU, batches of up to this "
+                                   "many padded tokens run from CUDA graphs (torch and "
+                                   "TorchScript backends); 0: none")
     warmup: bool = True
     access_log: bool = Field(False, description="log every request (uvicorn's access log; "
                              "costs throughput under load)")

@@ -46,18 +46,28 @@ class CudaCapture:
         with torch.cuda.stream(self.stream):
             for _ in range(3):
                 run()
-        torch.cuda.current_stream().wait_stream(self.stream)
+        current = torch.cuda.current_stream()
+        current.wait_stream(self.stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
-                              capture_error_mode="thread_local"):
-            out = run()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=self.stream,
+                                  capture_error_mode="thread_local"):
+                out = run()
+        except Exception:
+            # a failed recording raises again from torch's capture_end, which leaves the
+            # side stream current (and the pool recording): the stream is put back, and
+            # the caller records nothing more (Graphs)
+            torch.cuda.set_stream(current)
+            raise
         return graph.replay, out
 
 
 class Graphs:
     """``forward`` (three int64 [B, T] tensors -> float [B, ...]) replayed from CUDA graphs
     for the batches that fit one of ``shapes`` of at most ``max_tokens`` B x T (None: any),
-    each captured at its first batch."""
+    each captured at its first batch. A capture that fails (a forward pass that reads a
+    tensor on the host, say, or memory running out) ends the capturing: the shapes
+    captured until then stay, and batches that none of them holds run without a graph."""
 
     def __init__(self, forward: Callable[..., torch.Tensor], shapes: Sequence[Shape],
                  capture: Callable[[Callable[[], torch.Tensor]],
@@ -67,7 +77,6 @@ class Graphs:
         self.shapes = sorted((s for s in shapes if max_tokens is None or s[0] * s[1] <= max_tokens),
                              key=lambda s: (s[0] * s[1], s))  # smallest first
         self.graphs: dict[Shape, tuple[torch.Tensor, Callable[[], None], torch.Tensor]] = {}
-        self.failed: set[Shape] = set()
 
     def shape(self, batch: int, length: int) -> Shape | None:
         """The smallest of the shapes that holds a [batch, length] batch; None if none does."""
@@ -79,8 +88,7 @@ class Graphs:
         takes the batch (the caller runs ``forward`` itself)."""
         b, t = inputs.shape[1:]
         shape = self.shape(b, t)
-        graph = None if shape is None or shape in self.failed else (
-            self.graphs.get(shape) or self._capture(shape, inputs))
+        graph = None if shape is None else self.graphs.get(shape) or self._capture(shape, inputs)
         if graph is None:
             return None
         buffer, replay, out = graph
@@ -94,9 +102,17 @@ class Graphs:
         try:
             replay, out = self.capture(lambda: self.forward(*buffer.unbind(0)).float())
         except Exception as e:  # e.g. a model that waits for the GPU: it runs as it is
-            self.failed.add(shape)
-            log.warning("no CUDA graph for batches of %d x %d, which run without one: %s: %s",
-                        *shape, type(e).__name__, e)
+            self.shapes = [s for s in self.shapes if s in self.graphs]
+            cause = e.__cause__ or e.__context__  # what failed first, within the recording
+            log.warning("no CUDA graph for batches of %d x %d, nor for any shape not yet "
+                        "captured (%d captured): they run without one: %s%s", *shape,
+                        len(self.graphs), _line(e),
+                        f" (after {_line(cause)})" if cause is not None else "")
             return None
         self.graphs[shape] = buffer, replay, out
         return self.graphs[shape]
+
+
+def _line(e: BaseException) -> str:
+    """An exception's type and first line (CUDA's errors go on with advice)."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from models import export
+from models.io import checkpoint
 from models.runtime import open_backend
 from models.runtime.base import INPUT_NAMES
-from models.runtime.cuda_graphs import Graphs
+from models.runtime.cuda_graphs import CudaCapture, Graphs
 from models.runtime.torch import TorchBackend
 from server.batching import pad, warmup_shapes
 from tests.conftest import FAMILIES, TASKS
@@ -102,18 +103,51 @@ def test_padded_up_to_a_graphs_shape_every_model_gives_the_same_outputs(backends
     assert capture.captured == 4  # (4, 16) once, for two batches
 
 
-def test_a_forward_pass_that_cannot_be_captured_runs_without_a_graph(caplog):
+def test_a_capture_that_fails_ends_the_capturing_and_says_what_failed_first(caplog):
+    """torch raises from capture_end when a recording failed, its error chained to what
+    failed first: the warning gives both; the graphs captured before it stay in use, and
+    nothing is recorded after it (torch's pool is left recording)."""
+    tried = []
+
     def capture(run):
-        raise RuntimeError("operation not permitted when stream is capturing")
+        tried.append(True)
+        if len(tried) > 1:  # as torch raises it: from capture_end, while handling the first
+            failed = RuntimeError("CUDA error: operation failed due to a previous error "
+                                  "during capture\nSearch for `cudaErrorStreamCapture`")
+            failed.__context__ = RuntimeError("CUDA error: operation not permitted when "
+                                              "stream is capturing\nCompile with `TORCH_USE_CUDA_DSA`")
+            raise failed
+        return StandIn()(run)
 
     graphs = Graphs(lambda *x: x[0].float(), SHAPES, capture)
-    inputs = torch.ones((3, 2, 5), dtype=torch.int64)
+    small, large = torch.ones((3, 2, 5), dtype=torch.int64), torch.ones((3, 4, 12), dtype=torch.int64)
     with caplog.at_level(logging.WARNING, logger="distilserve"):
-        assert graphs.run(inputs) is None
-        assert graphs.run(inputs) is None  # not tried again
+        assert graphs.run(small) is not None  # (2, 8) captured
+        assert graphs.run(large) is None  # (4, 16) fails
+        assert graphs.run(large) is None and graphs.run(torch.ones((3, 1, 3))) is not None
+    assert len(tried) == 2 and set(graphs.graphs) == {(2, 8)}
+    assert graphs.shape(1, 3) == (2, 8)  # the smallest captured shape that holds it
     assert [r.getMessage() for r in caplog.records] == [
-        "no CUDA graph for batches of 2 x 8, which run without one: RuntimeError: "
-        "operation not permitted when stream is capturing"]
+        "no CUDA graph for batches of 4 x 16, nor for any shape not yet captured (1 "
+        "captured): they run without one: RuntimeError: CUDA error: operation failed due to "
+        "a previous error during capture (after RuntimeError: CUDA error: operation not "
+        "permitted when stream is capturing)"]
+
+
+@pytest.mark.parametrize("family,task", [(f, t) for f in FAMILIES for t in TASKS] + [
+    (f, t) for f in ("bert", "distilbert") for t in ("qa", "fill-mask")])
+def test_no_forward_pass_reads_a_tensor_on_the_host(tiny_checkpoints, family, task, tmp_path):
+    """A CUDA graph cannot record a read of a tensor's value on the host (``if
+    torch.all(mask == 1)``, ``.item()``), and outside a graph each such read waits for the
+    GPU. On the meta device every one of them raises: each family's forward pass runs
+    there whole (transformers' own BERT mask read is replaced: models/bert.py)."""
+    folder = tiny_checkpoints.get((family, task)) or checkpoint.save(
+        checkpoint.new(family, "tiny", task), tmp_path / task)
+    model = checkpoint.load(Path(folder), task).model.to("meta")
+    ids = torch.ones((2, 5), dtype=torch.int64, device="meta")  # [B, T]
+    with torch.inference_mode():
+        out = model(ids, ids, ids)
+    assert out.device.type == "meta" and out.shape[0] == 2
 
 
 def test_only_a_pytorch_backend_on_a_gpu_uses_graphs(backends, tiny_checkpoints, tmp_path):
@@ -156,3 +190,16 @@ def test_on_cuda_graphs_give_what_torchscript_gives_without(tiny_checkpoints, tm
         plain, graphed = (open_backend("torchscript", folder, "model.ts", device="cuda",
                                        dtype="auto") for _ in range(2))
         _same_with_graphs(plain, graphed, "embed", family)
+
+
+@pytest.mark.gpu
+@CUDA
+def test_on_cuda_a_failed_capture_puts_the_threads_stream_back():
+    """torch's graph context leaves its side stream current when the recording fails; the
+    batches after it must run on the stream they ran on before."""
+    before = torch.cuda.current_stream()
+    x = torch.ones(4, device="cuda")
+    with pytest.raises(RuntimeError):
+        CudaCapture()(lambda: x * (x.sum().item() > 0))  # .item(): a read on the host
+    assert torch.cuda.current_stream() == before
+    assert (x + 1).sum().item() == 8  # the GPU still works

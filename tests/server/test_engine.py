@@ -159,11 +159,12 @@ def test_an_onnx_model_runs_its_checkpoint_where_onnxruntime_cannot_use_the_gpu(
     assert np.allclose(a, b, atol=1e-4)
 
 
-def test_cuda_graphs_asked_for_on_the_cpu_say_so_and_change_nothing(torch_model, caplog):
+def test_cuda_graphs_on_by_default_change_nothing_on_the_cpu(torch_model, caplog):
+    assert Settings().cuda_graph_tokens == 4096  # for a GPU: measured there (README, GPUs)
     with caplog.at_level(logging.INFO, logger="distilserve"):
-        engine = load_engine("m", torch_model, Settings(cuda_graph_tokens=4096), Metrics())
-    assert engine.backend.place.graphs is None
-    assert "m: no CUDA graphs (torch backend on cpu)" in caplog.text
+        engine = load_engine("m", torch_model, Settings(), Metrics())
+    assert engine.backend.place.graphs is None and "cuda_graph_tokens" not in engine.describe()
+    assert "CUDA graphs" not in caplog.text  # nothing to say where there is no GPU
     assert len(_run(engine, ["one", "two"]).outputs) == 2
 
 
@@ -311,6 +312,9 @@ class Deferred:
     def __init__(self, backend):
         self.backend, self.device, self.dtype = backend, backend.device, backend.dtype
 
+    def __getattr__(self, name):  # the rest of the interface: the backend's
+        return getattr(self.backend, name)
+
     def launch(self, inputs):
         return inputs
 
@@ -400,6 +404,9 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
 
         def __init__(self, backend):
             self.backend = backend
+
+        def __getattr__(self, name):  # the rest of the interface: the backend's
+            return getattr(self.backend, name)
 
         def run(self, inputs):
             shapes.append(inputs["input_ids"].shape)
