@@ -3,19 +3,21 @@
 # start and idle time included) fits one full call and a short one. Prepare here with
 # `bash loadtests/gpu_prepare.sh` (../shared/gpu/prepare.sh --peer, the wheels it leaves
 # out, py-spy for the profile step), then first what issue 15 asks, the service beside
-# Infinity, e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer graphs
-# workers", carry=[".gpu"], timeout_s=540), then with the time left `... STEP_SECONDS=500
+# Infinity, e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer
+# nographs", carry=[".gpu"], timeout_s=540), then at once (the machine stays warm 30 s)
+# `... gpu.sh workers eager` (on an H100, 26 Nov: the machine's start 30 s, tests 2.1 min,
+# peer 3.7, the other service steps 2 each), then with the time left `... STEP_SECONDS=500
 # bash loadtests/gpu.sh bench` (rows are kept as measured: a rerun on the same machine goes on) or
-# `... gpu.sh eager nofuser profile graphseager benchgraphs`. Steps, run in the order given
-# (the service steps use /tmp/minilm, a MiniLM-shaped model that .gpu/setup.sh writes):
+# `... gpu.sh nofuser profile benchgraphs`. Steps, run in the order given (the
+# service steps use /tmp/minilm, a MiniLM-shaped model that .gpu/setup.sh writes; CUDA
+# graphs for batches of up to 4,096 padded tokens, the default, unless a step says):
 #   tests     the tests marked gpu
 #   peer      distilserve (TorchScript) beside Infinity 0.0.78 (.gpu/peer.sh), one after
 #             the other with the same clients (python -m loadtests.peer)
-#   graphs    the same distilserve with CUDA graphs for batches of up to 4,096 padded
-#             tokens (DISTILSERVE_CUDA_GRAPH_TOKENS=4096): one launch per small batch
-#   graphseager  the same with the torch backend (eager, whose launches cost the most)
-#   nofuser   the same distilserve with TorchScript's fuser off (PYTORCH_TENSOREXPR=0): does
-#             compiling for new batch shapes cost throughput?
+#   nographs  the same distilserve without CUDA graphs (DISTILSERVE_CUDA_GRAPH_TOKENS=0): a
+#             few hundred kernel launches a batch
+#   nofuser   the same without graphs and with TorchScript's fuser off
+#             (PYTORCH_TENSOREXPR=0): does compiling for new batch shapes cost throughput?
 #   workers   the same with 4 worker processes (DISTILSERVE_WORKERS=4)
 #   eager     the torch backend (no TorchScript)
 #   profile   the peer step's distilserve again, with py-spy sampling its threads in each
@@ -74,9 +76,8 @@ step() {
       load peer torchscript --peer-url http://127.0.0.1:7997 || status=$?
       kill "$peer"
       return $status ;;
-    graphs) DISTILSERVE_CUDA_GRAPH_TOKENS=4096 load graphs torchscript ;;
-    graphseager) DISTILSERVE_CUDA_GRAPH_TOKENS=4096 load graphseager torch ;;
-    nofuser) PYTORCH_TENSOREXPR=0 load nofuser torchscript ;;
+    nographs) DISTILSERVE_CUDA_GRAPH_TOKENS=0 load nographs torchscript ;;
+    nofuser) DISTILSERVE_CUDA_GRAPH_TOKENS=0 PYTORCH_TENSOREXPR=0 load nofuser torchscript ;;
     workers) DISTILSERVE_WORKERS=4 load workers torchscript ;;
     eager) load eager torch ;;
     profile) load profile torchscript --profile ;;
@@ -89,8 +90,8 @@ step() {
     benchgraphs)
       cli bench --device cuda --dtype fp16 --backends torch --cuda-graphs \
         --output /tmp/gpu/bench && cat /tmp/gpu/bench/REPORT.md ;;
-    *) echo "unknown step (tests peer graphs graphseager nofuser workers eager profile" \
-         "bench benchgraphs)" >&2; return 2 ;;
+    *) echo "unknown step (tests peer nographs nofuser workers eager profile bench" \
+         "benchgraphs)" >&2; return 2 ;;
   esac
 }
 
