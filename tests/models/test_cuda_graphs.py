@@ -203,3 +203,31 @@ def test_on_cuda_a_failed_capture_puts_the_threads_stream_back():
         CudaCapture()(lambda: x * (x.sum().item() > 0))  # .item(): a read on the host
     assert torch.cuda.current_stream() == before
     assert (x + 1).sum().item() == 8  # the GPU still works
+
+
+@pytest.mark.gpu
+@CUDA
+@pytest.mark.parametrize("graphs", [False, True], ids=["plain", "graphs"])
+def test_on_cuda_launching_a_batch_waits_for_nothing(tiny_checkpoints, tmp_path, graphs):
+    """The one wait per batch is ``collect``'s: with PyTorch's sync debug mode at error,
+    any op that waits for the GPU while batches are launched raises (a host read in a
+    forward pass, a copy from pageable memory). Every family, eager and TorchScript, once
+    each shape has run (TorchScript profiles a new shape, a graph is captured)."""
+    rng = np.random.default_rng(0)
+    batches = [_batch(rng, lengths) for lengths in ([16, 9, 12, 16], [5, 3], [6])]
+    for family in FAMILIES:
+        export.export(tiny_checkpoints[family, "embed"], tmp_path / family, "torchscript")
+        for backend in (TorchBackend(Path(tiny_checkpoints[family, "embed"]), device="cuda",
+                                     dtype="auto"),
+                        open_backend("torchscript", tmp_path / family, "model.ts",
+                                     device="cuda", dtype="auto")):
+            if graphs:
+                assert backend.use_graphs(SHAPES)
+            want = [backend.run(arrays) for arrays in batches for _ in range(2)][1::2]
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                launched = [backend.launch(arrays) for arrays in batches[:2]]  # two in flight
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            for got, expected in zip(launched, want):
+                np.testing.assert_allclose(backend.collect(got), expected, atol=1e-3)
