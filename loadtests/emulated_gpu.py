@@ -3,13 +3,16 @@
 model's backend replaced by it, and ``python -m loadtests.peer --emulate-gpu`` measures
 that service.
 
-Its ``launch`` takes ``LAUNCH_S`` without the GIL (TorchScript's kernel launches for a
-MiniLM-sized model on an H100 took about 1.5 ms) and queues the batch on the device; the
-device runs batches one after another, each ``FIXED_S`` + ``PER_INPUT_S`` per input (so
-batches of 256 run at about 47,000 sentences/s, near the H100's 49,000 with TorchScript in
-fp16); ``collect`` waits for the batch. The outputs are zeros of the model's output shape
-(an embedding, a logit per label, or a row per token: NER's labels, QA's start and end,
-fill-mask's vectors before the decoder): only timing is emulated."""
+Its ``launch`` takes ``LAUNCH_S`` without the GIL and queues the batch on the device; the
+device runs batches one after another, each ``FIXED_S`` + ``PER_INPUT_S`` per input;
+``collect`` waits for the batch. The times are those of a MiniLM-sized model from CUDA
+graphs (the default on a GPU) on an H100 (26 Nov, TorchScript, fp16): one sentence took
+0.44-0.47 ms in-process, tokenising included, and batches of 256 ran at 54,500-58,600
+sentences/s (here 0.42 ms and about 59,000). Without graphs the launches took about 1.5 ms
+a batch: the emulated figures in the README and loadtests/RESULTS.md were taken with
+1.5 ms, 0.8 ms and 18 µs. The outputs are zeros of the model's output shape (an embedding, a logit
+per label, or a row per token: NER's labels, QA's start and end, fill-mask's vectors before
+the decoder): only timing is emulated."""
 
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from safetensors import safe_open
 from models.io.manifest import DECODER, Manifest
 from models.runtime.base import INPUT_NAMES, Backend
 
-LAUNCH_S, FIXED_S, PER_INPUT_S = 0.0015, 0.0008, 18e-6
+LAUNCH_S, FIXED_S, PER_INPUT_S = 0.0001, 0.0003, 16e-6
 
 
 class EmulatedGpu(Backend):
