@@ -8,11 +8,11 @@ device runs batches one after another, each ``FIXED_S`` + ``PER_INPUT_S`` per in
 ``collect`` waits for the batch. The times are those of a MiniLM-sized model from CUDA
 graphs (the default on a GPU) on an H100 (26 Nov, TorchScript, fp16): one sentence took
 0.44-0.47 ms in-process, tokenising included, and batches of 256 ran at 54,500-58,600
-sentences/s (here 0.42 ms and about 59,000). Without graphs the launches took about 1.5 ms
-a batch: the emulated figures in the README and loadtests/RESULTS.md were taken with
-1.5 ms, 0.8 ms and 18 µs. The outputs are zeros of the model's output shape (an embedding, a logit
-per label, or a row per token: NER's labels, QA's start and end, fill-mask's vectors before
-the decoder): only timing is emulated."""
+sentences/s (here 0.42 ms and about 58,000). Without graphs the launches took about 1.5 ms
+a batch, and the stand-in's earlier figures (the README's, and loadtests/RESULTS.md's but
+its last paragraph) were taken with 1.5 ms, 0.8 ms and 18 µs. The outputs are zeros of the
+model's output shape (an embedding, a logit per label, or a row per token: NER's labels,
+QA's start and end, fill-mask's vectors before the decoder): only timing is emulated."""
 
 from __future__ import annotations
 
