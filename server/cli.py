@@ -122,9 +122,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except BackendError as e:
             print(f"distilserve serve: every model: {e}", file=sys.stderr)
             return 2
-    if settings.grpc_port is not None and (missing := grpc_missing()):
-        print(f"distilserve serve: --grpc-port needs the grpc extra (pip install "
-              f"'distilserve[grpc]'): {missing}", file=sys.stderr)
+    if settings.grpc_port is not None and (refusal := grpc_missing("serve")):
+        print(refusal, file=sys.stderr)
         return 2
     repository = settings.model_repository
     if repository is not None and not repository.is_dir():
@@ -186,15 +185,17 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     return 0
 
 
-def grpc_missing() -> str | None:
-    """What of the grpc extra cannot be imported, if anything."""
+def grpc_missing(command: str) -> str | None:
+    """``distilserve COMMAND --grpc-port``'s one-line refusal where the grpc extra cannot
+    be imported; None where it can."""
     try:
         import grpc_health  # noqa: F401
         import grpc_reflection  # noqa: F401
         import grpc_tools  # noqa: F401
         import tritonclient.grpc  # noqa: F401
     except ImportError as e:
-        return str(e)
+        return (f"distilserve {command}: --grpc-port needs the grpc extra (pip install "
+                f"'distilserve[grpc]'): {e}")
     return None
 
 
@@ -219,9 +220,8 @@ def cmd_ray(args: argparse.Namespace) -> int:
                              if k in Scaling.model_fields and v is not None})
     except ValidationError as e:
         return refused("ray", e)
-    if settings.grpc_port is not None and (missing := grpc_missing()):
-        print(f"distilserve ray: --grpc-port needs the grpc extra (pip install "
-              f"'distilserve[grpc]'): {missing}", file=sys.stderr)
+    if settings.grpc_port is not None and (refusal := grpc_missing("ray")):
+        print(refusal, file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format=logs.TEXT)
     repository = settings.model_repository

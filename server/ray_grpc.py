@@ -40,8 +40,7 @@ sys.modules.setdefault("model_config_pb2", model_config_pb2)
 SERVICES = [
     (service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server, oip_grpc.Inference,
      service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]),
-    *((getattr(tei_grpc.pb_grpc, f"add_{made.__name__}Servicer_to_server"), made,
-       tei_grpc.pb.DESCRIPTOR.services_by_name[made.__name__])
+    *((tei_grpc.adder(made), made, tei_grpc.pb.DESCRIPTOR.services_by_name[made.__name__])
       for made in tei_grpc.SERVICERS),
     (health_pb2_grpc.add_HealthServicer_to_server, Health,
      health_pb2.DESCRIPTOR.services_by_name["Health"]),

@@ -314,9 +314,13 @@ class Tokenize(_Tei, pb_grpc.TokenizeServicer):
 SERVICERS = (Info, Embed, Predict, Rerank, Tokenize)
 
 
+def adder(servicer: type):
+    """The generated ``add_<name>Servicer_to_server`` of one of SERVICERS."""
+    return getattr(pb_grpc, f"add_{servicer.__name__}Servicer_to_server")
+
+
 def add(server: grpc.aio.Server, app: FastAPI, key: str | None) -> list[str]:
     """TEI's services, added to ``server``; their names."""
     for servicer in SERVICERS:
-        getattr(pb_grpc, f"add_{servicer.__name__}Servicer_to_server")(servicer(app, key),
-                                                                         server)
+        adder(servicer)(servicer(app, key), server)
     return [servicer.SERVICE for servicer in SERVICERS]

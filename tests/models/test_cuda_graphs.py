@@ -181,14 +181,21 @@ def test_on_cuda_graphs_give_what_the_eager_model_gives_without(tiny_checkpoints
         _same_with_graphs(plain, graphed, task, family)
 
 
+@pytest.fixture(scope="module")
+def torchscript(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
+    """family -> its tiny embed checkpoint exported to TorchScript (for the gpu tests)."""
+    root = tmp_path_factory.mktemp("torchscript")
+    for family in FAMILIES:
+        export.export(tiny_checkpoints[family, "embed"], root / family, "torchscript")
+    return {family: root / family for family in FAMILIES}
+
+
 @pytest.mark.gpu
 @CUDA
-def test_on_cuda_graphs_give_what_torchscript_gives_without(tiny_checkpoints, tmp_path):
+def test_on_cuda_graphs_give_what_torchscript_gives_without(torchscript):
     for family in FAMILIES:
-        folder = tmp_path / family
-        export.export(tiny_checkpoints[family, "embed"], folder, "torchscript")
-        plain, graphed = (open_backend("torchscript", folder, "model.ts", device="cuda",
-                                       dtype="auto") for _ in range(2))
+        plain, graphed = (open_backend("torchscript", torchscript[family], "model.ts",
+                                       device="cuda", dtype="auto") for _ in range(2))
         _same_with_graphs(plain, graphed, "embed", family)
 
 
@@ -208,7 +215,7 @@ def test_on_cuda_a_failed_capture_puts_the_threads_stream_back():
 @pytest.mark.gpu
 @CUDA
 @pytest.mark.parametrize("graphs", [False, True], ids=["plain", "graphs"])
-def test_on_cuda_launching_a_batch_waits_for_nothing(tiny_checkpoints, tmp_path, graphs):
+def test_on_cuda_launching_a_batch_waits_for_nothing(tiny_checkpoints, torchscript, graphs):
     """The one wait per batch is ``collect``'s: with PyTorch's sync debug mode at error,
     any op that waits for the GPU while batches are launched raises (a host read in a
     forward pass, a copy from pageable memory). Every family, eager and TorchScript, once
@@ -216,10 +223,9 @@ def test_on_cuda_launching_a_batch_waits_for_nothing(tiny_checkpoints, tmp_path,
     rng = np.random.default_rng(0)
     batches = [_batch(rng, lengths) for lengths in ([16, 9, 12, 16], [5, 3], [6])]
     for family in FAMILIES:
-        export.export(tiny_checkpoints[family, "embed"], tmp_path / family, "torchscript")
         for backend in (TorchBackend(Path(tiny_checkpoints[family, "embed"]), device="cuda",
                                      dtype="auto"),
-                        open_backend("torchscript", tmp_path / family, "model.ts",
+                        open_backend("torchscript", torchscript[family], "model.ts",
                                      device="cuda", dtype="auto")):
             if graphs:
                 assert backend.use_graphs(SHAPES)
