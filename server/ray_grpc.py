@@ -134,7 +134,7 @@ class GrpcIngress(Ingress):
             key = key and key.get_secret_value()
             servicers = self.servicers = {}
             for _, made, descriptor in SERVICES:
-                one = Health.of(app, CHECKED) if made is Health else made(app, key)
+                one = Health(app, CHECKED) if made is Health else made(app, key)
                 servicers.update((m.name, getattr(one, m.name)) for m in descriptor.methods)
         return servicers[name]
 

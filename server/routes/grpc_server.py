@@ -131,21 +131,18 @@ def unary(method):
 
 
 class Health(health_pb2_grpc.HealthServicer):
-    """grpc.health.v1: a service (``""``, the server) is SERVING while /ready would answer
-    200 and, for those in ``services`` with a condition, a model that does what the service
-    does is served; NOT_SERVING otherwise, and once the service shuts down. An unknown
-    service is NOT_FOUND (Check) or SERVICE_UNKNOWN (Watch), as the protocol says."""
+    """grpc.health.v1 for the services ``names`` (here and on Ray Serve): a service (``""``,
+    the server, too) is SERVING while /ready would answer 200 and, for TEI's (each with its
+    condition: tei_grpc.SERVING), a model that does what the service does is served;
+    NOT_SERVING otherwise, and once the service shuts down. An unknown service is NOT_FOUND
+    (Check) or SERVICE_UNKNOWN (Watch), as the protocol says."""
 
-    def __init__(self, app: FastAPI, services: dict[str, Callable[[Service], bool]]):
-        self.app, self.services = app, {"": lambda svc: True, **services}
-
-    @classmethod
-    def of(cls, app: FastAPI, names: list[str]) -> Health:
-        """The health of the services ``names``: TEI's with their conditions
-        (tei_grpc.SERVING), the others as the server's (here and on Ray Serve)."""
+    def __init__(self, app: FastAPI, names: list[str]):
         from server.routes import tei_grpc
 
-        return cls(app, {name: tei_grpc.SERVING.get(name, lambda svc: True) for name in names})
+        self.app = app
+        self.services: dict[str, Callable[[Service], bool]] = {
+            name: tei_grpc.SERVING.get(name, lambda svc: True) for name in ["", *names]}
 
     async def status(self, name: str) -> int:
         if name not in self.services:
@@ -195,7 +192,7 @@ async def start(app: FastAPI, settings: Settings) -> grpc.aio.Server:
         ("grpc.so_reuseport", int(settings.workers > 1))])
     key = settings.api_key.get_secret_value() if settings.api_key else None
     names = [*oip_grpc.add(server, app, key), *tei_grpc.add(server, app, key)]
-    health_pb2_grpc.add_HealthServicer_to_server(Health.of(app, names), server)
+    health_pb2_grpc.add_HealthServicer_to_server(Health(app, names), server)
     reflection.enable_server_reflection(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
          reflection.SERVICE_NAME], server)

@@ -43,7 +43,7 @@ def test_the_ingress_takes_every_rpc_the_grpc_port_serves():
     # what distilserve serve's gRPC port registers (grpc_server.start), reflection aside
     for module in (ray_grpc.oip_grpc, ray_grpc.tei_grpc):
         module.add(port, None, None)
-    ray_grpc.health_pb2_grpc.add_HealthServicer_to_server(grpc_server.Health(None, {}), port)
+    ray_grpc.health_pb2_grpc.add_HealthServicer_to_server(grpc_server.Health(None, []), port)
     assert set(proxy.methods) == set(port.methods) and len(proxy.methods) > 30
     for path, handler in proxy.methods.items():
         method = getattr(ray_grpc.GrpcIngress, path.rpartition("/")[2])
