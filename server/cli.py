@@ -212,6 +212,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
 
     try:
         settings = Settings(**{k: v for k, v in (("model_repository", args.model_repository),
+                                                 ("host", args.host), ("port", args.port),
                                                  ("grpc_port", args.grpc_port))
                                if v is not None})
         from server.ray_serve import Scaling
@@ -241,23 +242,23 @@ def cmd_ray(args: argparse.Namespace) -> int:
 
     local = not (args.address or os.environ.get("RAY_ADDRESS"))
     if local:  # its ports here: one in use is a one-line error before Ray starts
-        for port in filter(None, (args.port, settings.grpc_port)):
+        for port in filter(None, (settings.port, settings.grpc_port)):
             try:
-                listening_socket(args.host, port).close()
+                listening_socket(settings.host, port).close()
             except OSError as e:
-                print(f"distilserve ray: cannot listen on {args.host}:{port}: "
+                print(f"distilserve ray: cannot listen on {settings.host}:{port}: "
                       f"{e.strerror or e}", file=sys.stderr)
                 return 2
-        init_local(grpc_host=args.host)
+        init_local(grpc_host=settings.host)
     else:
         ray.init(address=args.address)
     grpc = {} if settings.grpc_port is None else {"grpc_options": {
         "port": settings.grpc_port, "grpc_servicer_functions": GRPC_SERVICERS}}
-    serve.start(http_options={"host": args.host, "port": args.port}, **grpc)
+    serve.start(http_options={"host": settings.host, "port": settings.port}, **grpc)
     serve.run(application(repository, settings, scaling), name="distilserve",
               route_prefix="/")
-    grpc_at = "" if not grpc else f" and grpc://{args.host}:{settings.grpc_port}"
-    print(f"distilserve on Ray Serve at http://{args.host}:{args.port}{grpc_at} (Ctrl-C or "
+    grpc_at = "" if not grpc else f" and grpc://{settings.host}:{settings.grpc_port}"
+    print(f"distilserve on Ray Serve at http://{settings.host}:{settings.port}{grpc_at} (Ctrl-C or "
           "SIGTERM removes the application)", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -445,8 +446,10 @@ def parser() -> argparse.ArgumentParser:
                      "the embedded default, built here on first run)")
     ray.add_argument("--address", help="Ray cluster to join (auto, HOST:PORT or "
                      "ray://HOST:10001; default RAY_ADDRESS, or a new local instance)")
-    ray.add_argument("--host", default="127.0.0.1", help="Ray Serve's HTTP host")
-    ray.add_argument("--port", type=int, default=8000, help="Ray Serve's HTTP port")
+    ray.add_argument("--host", help="Ray Serve's HTTP host, DISTILSERVE_HOST (default "
+                     "127.0.0.1)")
+    ray.add_argument("--port", type=int, help="Ray Serve's HTTP port, DISTILSERVE_PORT "
+                     "(default 8000)")
     ray.add_argument("--grpc-port", type=int,
                      help="DISTILSERVE_GRPC_PORT: Ray Serve's gRPC port, serving the Open "
                      "Inference Protocol, Text Embeddings Inference's tei.v1 and health "
@@ -517,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except checkpoint.CheckpointError as e:
         print(f"distilserve {args.command}: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # a file or folder named that cannot be read or written
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"distilserve {args.command}: {where}{e.strerror or e}", file=sys.stderr)
         return 1
 
 

@@ -18,7 +18,7 @@ class Settings(BaseSettings):
     model_repository: Path | None = Field(None, description="folder of model folders; "
                                           "none: the embedded default")
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = Field(8000, ge=1, le=65535, description="the HTTP port")
     grpc_port: int | None = Field(None, ge=1, le=65535, description="also serve gRPC on "
                                   "this port (Triton's is 8001): the Open Inference "
                                   "Protocol (KServe's V2, Triton's), Text Embeddings "

@@ -82,6 +82,9 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
         raise ExportError(f"unknown format {fmt!r} ({', '.join(FORMATS)})")
     if loop not in ("unroll", "keep"):
         raise ExportError(f"unknown loop form {loop!r} (unroll, keep)")
+    if max_length is not None and max_length < 1:
+        raise ExportError(f"--max-length must be a number of tokens, at least 1, not "
+                          f"{max_length}")
     if quantize not in (None, "int8") or (quantize and fmt != "onnx"):
         raise ExportError("--quantize int8 applies to --format onnx only")
     progress("loading the checkpoint")
@@ -92,13 +95,14 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     if relevant_label is not None and (ckpt.task != "classify"
                                        or relevant_label not in ckpt.labels):
         raise ExportError(f"--relevant-label {relevant_label!r} must be one of a "
-                          f"classification model's labels (this is a {ckpt.task} model"
-                          + (f" with labels {ckpt.labels})" if ckpt.labels else ")"))
+                          f"classification model's labels (this model's task is {ckpt.task}"
+                          + (f", its labels {ckpt.labels})" if ckpt.labels else ")"))
     if loop == "keep" and (ckpt.family not in families.RECURSIVE or fmt == "torch"):
         raise ExportError(f"--loop keep applies to the recursive families "
                           f"({', '.join(families.RECURSIVE)}) exported to onnx or torchscript, "
                           f"not to {ckpt.family} as {fmt}")
     tokenizer = checkpoint.fast_tokenizer(ckpt.tokenizer_dir)
+    _check_vocabulary(ckpt, len(tokenizer), Path(source))
     max_length = min(max_length or ckpt.default_length, ckpt.max_length)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
@@ -110,6 +114,21 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
         return manifest
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_vocabulary(ckpt: checkpoint.Checkpoint, tokens: int, source: Path) -> None:
+    """Refuses a tokenizer whose ids run past the model's embedding table (each such id
+    would fail in the model): a checkpoint with another model's tokenizer, or one with
+    none of its own given bert-base-uncased's."""
+    rows = ckpt.model.config.vocab_size  # the token embedding table's, as loaded
+    if tokens <= rows:
+        return
+    whose = (f"{source} has no tokenizer of its own, and bert-base-uncased's"
+             if Path(ckpt.tokenizer_dir) == checkpoint.default_tokenizer_dir()
+             else f"{ckpt.tokenizer_dir}: its tokenizer")
+    raise ExportError(f"{whose} has {tokens} tokens, but the model's embedding table has "
+                      f"{rows} rows (vocab_size): ids {rows}-{tokens - 1} would fail; give "
+                      "the checkpoint the tokenizer it was trained with")
 
 
 def replace(new: Path, output: Path) -> None:

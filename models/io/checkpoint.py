@@ -338,6 +338,24 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path,
     model.load_state_dict({k: state[k] for k in expected if k in state}, strict=False)
 
 
+def _labels(config: dict, kind: families.Family, file: Path) -> list[str]:
+    """A labelled model's labels in the order of its outputs: config.json's id2label, which
+    must map each id from 0 up to a name (transformers leaves its default labels, LABEL_0
+    and LABEL_1, out of config.json)."""
+    id2label = config.get("id2label")
+    names = ({str(i): name for i, name in id2label.items()}
+             if isinstance(id2label, dict) else {})  # JSON's keys are strings
+    if id2label is not None and not (
+            sorted(names) == sorted(map(str, range(len(id2label))))
+            and all(isinstance(name, str) and name for name in names.values())):
+        raise CheckpointError(f"{file}: id2label must map the ids 0, 1, ... (each once) to "
+                              f"label names, not {json.dumps(id2label, default=str)[:200]}")
+    if not kind.transformers:
+        return [names[str(i)] for i in range(len(names))]
+    hf = bert.hf_config(config)
+    return [hf.id2label[i] for i in range(hf.num_labels)]
+
+
 def load(path: str | Path, task: str | None = None, overrides: dict | None = None,
          pooling: str | None = None, token_embeddings: bool = False) -> Checkpoint:
     """Loads a checkpoint folder of any family, strictly. ``task`` overrides the task
@@ -372,14 +390,7 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
             raise CheckpointError(str(e)) from None
         if pooling is not None:
             pipeline = dataclasses.replace(pipeline or st.Pipeline(), pooling=pooling)
-    if not kind.transformers:
-        id2label = config.get("id2label") or {}
-        labels = ([id2label[k] for k in sorted(id2label, key=int)]
-                  if task in heads.LABELLED else [])
-    else:  # transformers leaves default labels (LABEL_0, LABEL_1) out of config.json
-        hf = bert.hf_config(config)
-        labels = ([hf.id2label[i] for i in range(hf.num_labels)]
-                  if task in heads.LABELLED else [])
+    labels = _labels(config, kind, config_file) if task in heads.LABELLED else []
     if task in heads.LABELLED and not labels:
         raise CheckpointError(f"{config_file}: a {task} model needs id2label")
     if token_embeddings and task != "embed":

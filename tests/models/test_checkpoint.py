@@ -37,6 +37,25 @@ def test_labels_and_task_come_back(tmp_path, family):
     assert checkpoint.load(tmp_path, task="embed").task == "embed"
 
 
+@pytest.mark.parametrize("family", ["bert", "cmow"])  # transformers' config, and our own
+def test_labels_are_in_their_ids_order_and_a_bad_id2label_is_named(tmp_path, family):
+    path = checkpoint.save(checkpoint.new(family, "tiny", "classify", ["a", "b", "c"]),
+                           tmp_path)
+    config = json.loads((path / "config.json").read_text())
+    config.pop("label2id", None)
+    for id2label, labels in [({"2": "c", "0": "a", "1": "b"}, ["a", "b", "c"]),
+                             ({"0": "a", "2": "b", "3": "c"}, None),  # no 1
+                             ({"x": "a", "y": "b", "z": "c"}, None),
+                             (["a", "b", "c"], None), ({"0": 1, "1": 2, "2": 3}, None)]:
+        (path / "config.json").write_text(json.dumps({**config, "id2label": id2label}))
+        if labels:
+            assert checkpoint.load(path).labels == labels
+        else:
+            with pytest.raises(CheckpointError, match=r"config.json: id2label must map the "
+                                                      r"ids 0, 1, \.\.\."):
+                checkpoint.load(path)
+
+
 @pytest.mark.parametrize("family", ["bert", "distilbert"])
 def test_a_question_answering_model_is_transformers_own(tmp_path, family):
     """Saved as transformers saves BertForQuestionAnswering (qa_outputs): it loads back as

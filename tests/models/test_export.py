@@ -195,6 +195,22 @@ def test_corrupt_checkpoint_exits_non_zero_and_writes_nothing(tmp_path, capsys):
     assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
 
 
+@pytest.mark.parametrize("own_tokenizer", [True, False], ids=["its own", "none"])
+def test_a_tokenizer_past_the_embedding_table_is_refused(tmp_path, capsys, own_tokenizer):
+    """A model of 1,000 tokens with bert-base-uncased's 30,522 (its own files, or the
+    default where it has none): each id from 1,000 up would fail in the model."""
+    src = checkpoint.save(checkpoint.new("cmow", "tiny", overrides={"vocab_size": 1000}),
+                          tmp_path / "ckpt")
+    if not own_tokenizer:
+        for name in checkpoint.TOKENIZER_FILES:
+            (src / name).unlink(missing_ok=True)
+    assert main(["export", str(src), "--output", str(tmp_path / "repo" / "m")]) == 1
+    err = capsys.readouterr().err
+    assert "has 30522 tokens, but the model's embedding table has 1000 rows" in err
+    assert ("has no tokenizer of its own" in err) is not own_tokenizer
+    assert not (tmp_path / "repo").exists() or not any((tmp_path / "repo").iterdir())
+
+
 def test_failed_parity_leaves_nothing_servable(tiny_checkpoints, tmp_path, monkeypatch):
     monkeypatch.setattr(export, "TOLERANCE", -1.0)
     with pytest.raises(export.ExportError, match="differs from PyTorch"):

@@ -85,6 +85,27 @@ def test_every_flag_of_every_command_has_help(capsys):
                 assert action.help, f"{name} {action.option_strings or action.dest}"
 
 
+def test_an_output_that_cannot_be_written_is_a_one_line_error(tiny_checkpoints, tmp_path,
+                                                             capsys):
+    (tmp_path / "file").write_text("")  # a file, where a folder would be made
+    out = tmp_path / "file" / "m"
+    assert main(["new", "bert", "--output", str(out)]) == 1
+    assert main(["export", tiny_checkpoints["cmow", "embed"], "--output", str(out / "x")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines()  # less export's progress
+           if line.startswith("distilserve")]
+    assert [line.split(":")[0] for line in err] == ["distilserve new", "distilserve export"]
+    assert all(str(tmp_path / "file") in line for line in err)
+
+
+@pytest.mark.parametrize("length", ["0", "-3"])
+def test_export_refuses_a_max_length_under_one(tiny_checkpoints, tmp_path, capsys, length):
+    assert main(["export", tiny_checkpoints["cmow", "embed"], "--output", str(tmp_path / "m"),
+                 "--max-length", length]) == 1
+    assert f"--max-length must be a number of tokens, at least 1, not {length}" in (
+        capsys.readouterr().err)
+    assert not (tmp_path / "m").exists()
+
+
 def test_export_onto_an_existing_model_folder_needs_force(tiny_checkpoints, tmp_path, capsys):
     out = tmp_path / "repo" / "m"
     source = tiny_checkpoints["cmow", "embed"]
@@ -119,6 +140,17 @@ def test_ray_refuses_a_port_in_use_before_starting_ray(flag, capsys, tmp_path, m
         assert main(["ray", "--model-repository", str(tmp_path),
                      *(str(a) for item in ports.items() for a in item)]) == 2
     assert f"distilserve ray: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["serve", "ray"])
+@pytest.mark.parametrize("port", ["0", "65536"])
+def test_a_port_out_of_range_is_a_one_line_error(command, port, capsys, tmp_path,
+                                                  monkeypatch):
+    from server import ray_serve
+
+    monkeypatch.setattr(ray_serve, "init_local", lambda **_: pytest.fail("Ray started"))
+    assert main([command, "--model-repository", str(tmp_path), "--port", port]) == 2
+    assert capsys.readouterr().err.startswith(f"distilserve {command}: port: Input should be")
 
 
 @pytest.mark.parametrize("command", ["serve", "ray"])
