@@ -233,6 +233,34 @@ class Engine:
         # the tokens of text an input may have: max_length less its special tokens
         self.room = max(0, self.max_length - len(self.specials[0]) - len(self.specials[1]))
         self.filler = probe.ids[at]  # a token of text, for warm-up batches
+        if local:
+            self._check_outputs()
+
+    def _check_outputs(self) -> None:
+        """One input of max_length tokens, straight to the backend, must run and give what
+        the manifest says: a manifest edited by hand, or another model's artifact, is
+        refused here, naming the folder, rather than failing requests (a max_length past
+        the model's positions, labels that are not its outputs)."""
+        t = self.max_length
+        try:
+            out = self.backend.run(pad([TokenIds([self.filler] * t, [0] * t)]))
+        except Exception as e:
+            raise ModelLoadError(f"{self.folder}: an input of its max_length ({t} tokens, "
+                                 "more than the model takes?) failed: "
+                                 f"{type(e).__name__}: {e}".split("\n")[0]) from None
+        width = {"embed": self.manifest.dimensions, "classify": len(self.labels),
+                 "ner": len(self.labels), "qa": 2}.get(self.task)  # fill-mask's: hidden
+        want = ((1, t) if self.per_token or self.task == "fill-mask" else (1,)) + (width,)
+        if len(out.shape) != len(want) or any(w not in (None, o) for o, w in
+                                              zip(out.shape, want)):
+            said = ", ".join(f"{k} {v}" for k, v in (
+                ("task", self.task), ("labels", len(self.labels)),
+                ("dimensions", self.manifest.dimensions),
+                ("token_embeddings", self.manifest.token_embeddings)) if v)
+            raise ModelLoadError(
+                f"{self.folder}: its artifact gives outputs of shape {list(out.shape)} for "
+                f"one input of {t} tokens, where its manifest ({said}) says "
+                f"{['?' if w is None else w for w in want]}: re-export it")
 
     def _open(self, settings: Settings, metrics: Metrics, cpu_thread: Executor | None) -> None:
         """The runtime backend and its batching queue (on the model's own thread; a PyTorch

@@ -41,9 +41,9 @@ class Manifest(BaseModel):
     # the default one before every input that names none
     prompts: dict[str, str] = {}
     default_prompt_name: str | None = None
-    dimensions: int | None = None  # embedding models: the width
+    dimensions: int | None = Field(None, gt=0)  # embedding models: the width
     loop: Literal["unroll", "keep"] | None = None  # recursive families
-    num_iterations: int | None = None  # a kept loop's trip count
+    num_iterations: int | None = Field(None, gt=0)  # a kept loop's trip count
     device: str | None = None  # run here, over DISTILSERVE_DEVICE
     dtype: str | None = None  # in this dtype, over DISTILSERVE_DTYPE
     # how the export went: parity, fp16/bf16 against fp32, int8 agreement
@@ -63,11 +63,30 @@ class Manifest(BaseModel):
         from fp32 (a manifest written before dtypes were checked: the family's)."""
         from models import families
 
-        family = families.REGISTRY[self.family].dtypes if self.family in \
-            families.REGISTRY else ("fp32",)
+        family = families.REGISTRY[self.family].dtypes
         if self.dtypes is None:
             return list(family)
         return [d for d in family if d == "fp32" or (self.dtypes.get(d) or {}).get("passed")]
+
+    @field_validator("family")
+    @classmethod
+    def _a_family(cls, family: str) -> str:
+        from models import families
+
+        if family not in families.REGISTRY:
+            raise ValueError(f"{family!r} is not one of {', '.join(families.REGISTRY)}")
+        return family
+
+    @model_validator(mode="after")
+    def _a_pooling(self):
+        from models import families
+        from models.heads import POOLINGS
+
+        known = (*POOLINGS, "splade", families.REGISTRY[self.family].pooling)
+        if self.pooling not in (None, *known):  # CMOW's is its own
+            raise ValueError(f"pooling {self.pooling!r} is not one of "
+                             f"{', '.join(dict.fromkeys(known))}")
+        return self
 
     @field_validator("artifact")
     @classmethod

@@ -34,6 +34,13 @@ def test_a_manifest_round_trips_with_what_others_add(tmp_path):
     ({"artifact": "../../etc/passwd"}, "artifact: Value error, '../../etc/passwd' must be a "
                                        "file in the folder"),
     ({"backend": None}, "backend: Input should be 'onnx', 'torchscript' or 'torch'"),
+    ({"family": "gpt2"}, "family: Value error, 'gpt2' is not one of bert, distilbert, "
+                         "minialbert, falbert, cmow"),
+    ({"pooling": "median"}, "manifest: Value error, pooling 'median' is not one of mean, "
+                            "cls, max, mean_sqrt_len_tokens, weightedmean, splade"),
+    ({"pooling": "cmow"}, "pooling 'cmow' is not one of"),  # CMOW's own, not BERT's
+    ({"dimensions": -1}, "dimensions: Input should be greater than 0"),
+    ({"num_iterations": 0}, "num_iterations: Input should be greater than 0"),
     ({"prompts": {"query": "query: "}, "default_prompt_name": "passage"},
      "manifest: Value error, default_prompt_name 'passage' is not one of its prompts (query)"),
 ])

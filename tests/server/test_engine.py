@@ -37,6 +37,14 @@ def torch_model(tiny_checkpoints, tmp_path_factory):
     return folder
 
 
+@pytest.fixture(scope="module")
+def onnx_model(tiny_checkpoints, tmp_path_factory):
+    """A tiny BERT embedding model (32 wide, 128 positions) exported to ONNX."""
+    folder = tmp_path_factory.mktemp("engine") / "bert"
+    export.export(tiny_checkpoints["bert", "embed"], folder, "onnx")
+    return folder
+
+
 def test_allowed_dtypes_are_the_familys_less_those_that_failed_parity():
     def allowed(family, dtypes=None):
         return Manifest(task="embed", family=family, backend="onnx", max_length=8,
@@ -78,6 +86,28 @@ def test_a_dtype_that_failed_the_exports_parity_check_is_refused(torch_model, tm
     manifest["dtype"] = "fp16"  # the model's own choice, over the service's
     (folder / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelLoadError, match=r"model.*fp16 is not one this model runs in"):
+        load_engine("m", folder, Settings(), Metrics())
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"max_length": 4096}, r"an input of its max_length \(4096 tokens, more than the model "
+                           r"takes\?\) failed: "),  # past its 128 positions
+    ({"dimensions": 7}, r"its artifact gives outputs of shape \[1, 32\] for one input of 128 tokens, "
+                        r"where its manifest \(task embed, dimensions 7\) says \[1, 7\]"),
+    ({"task": "classify", "labels": ["a", "b"], "pooling": None, "dimensions": None},
+     r"its artifact gives outputs of shape \[1, 32\] .* \(task classify, labels 2\) says \[1, 2\]"),
+    ({"task": "ner", "labels": ["O"], "pooling": None, "dimensions": None},
+     r"its artifact gives outputs of shape \[1, 32\] .* \(task ner, labels 1\) says \[1, 128, 1\]"),
+])
+def test_a_manifest_that_says_other_than_its_artifact_does_is_refused(onnx_model, tmp_path,
+                                                                       change, words):
+    """Edited by hand, or beside another model's artifact: refused at load, naming the
+    folder, rather than failing the requests (an IndexError, a 500) it cannot serve."""
+    folder = tmp_path / "model"
+    shutil.copytree(onnx_model, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps({**manifest, **change}))
+    with pytest.raises(ModelLoadError, match=f"^{folder}: {words}"):
         load_engine("m", folder, Settings(), Metrics())
 
 
@@ -425,18 +455,21 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
 
     with caplog.at_level("INFO", logger="distilserve"):
         asyncio.run(start())
-    # two of each shape, then the two warm-up requests of one text each
-    assert shapes[:-2] == [s for s in engine.shapes for _ in range(2)]
+    # at load one input of max_length (the outputs' check), then two of each shape, then
+    # the two warm-up requests of one text each
+    assert shapes[0] == (1, engine.max_length)
+    assert shapes[1:-2] == [s for s in engine.shapes for _ in range(2)]
     assert engine.shapes[0] == (256 // engine.max_length, engine.max_length)
     assert [b for b, _ in shapes[-2:]] == [1, 1]
     assert f"warmed m on cuda:0: {len(engine.shapes)} batch shapes" in caplog.text
 
+    engine = load_engine("m", torch_model, settings, Metrics())
     fail.append(True)
     shapes.clear()
     with pytest.raises(ModelLoadError, match=r"a warm-up batch of \d+ inputs x \d+ tokens "
                        r"failed on cuda:0 \(the largest .*DISTILSERVE_MAX_BATCH_TOKENS.*"
                        "out of memory"):
-        asyncio.run(load_engine("m", torch_model, settings, Metrics()).start())
+        asyncio.run(engine.start())
     assert len(shapes) == 1  # nothing after the failure
 
     monkeypatch.undo()
