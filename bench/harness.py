@@ -166,7 +166,8 @@ def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
         export.export(source, folder, fmt, loop, "int8" if backend == "onnx-int8" else None,
                       max_length=max(opts.length, 16), force=True)
     m = Manifest.read(folder)
-    return {"backend": m.backend, "folder": str(folder), "artifact": m.artifact,
+    # the worker runs in the repository's root: the folder whatever this one's cwd
+    return {"backend": m.backend, "folder": str(folder.resolve()), "artifact": m.artifact,
             "num_iterations": m.num_iterations, "parameters": m.parameters,
             "dtypes": m.allowed_dtypes, "parity": m.parity["max_abs_diff"],
             "quantization": m.quantization}

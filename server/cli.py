@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from models import families
@@ -38,6 +39,31 @@ def status(label: str):
             console.log(step)
 
         yield progress
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low`` (argparse's one-line error
+    otherwise)."""
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
+        return value
+    return whole
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number over 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number over 0")
+    return value
 
 
 def refused(command: str, error) -> int:
@@ -290,13 +316,29 @@ def listening_socket(host: str, port: int):
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from bench import harness
+    from models.runtime.base import BackendError, check_device
+    from models.runtime.torch_device import resolve_device
 
-    opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
-                           batches=args.batches, repeats=args.repeats, threads=args.threads,
-                           device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
+    try:  # as the service's: cpu, cuda, cuda:N or auto (a GPU where one is visible)
+        device = resolve_device(check_device(args.device))
+    except BackendError as e:
+        print(f"distilserve bench: --device: {e}", file=sys.stderr)
+        return 2
+    args.device = "cpu" if device.type == "cpu" else args.device.replace("auto", "cuda")
     if args.cuda_graphs and args.device == "cpu":
         print("distilserve bench: --cuda-graphs needs a GPU (--device cuda)", file=sys.stderr)
         return 2
+    if args.backends and (unknown := set(args.backends.split(",")) - set(harness.BACKENDS)):
+        print(f"distilserve bench: --backends: unknown {', '.join(sorted(unknown))} (of "
+              f"{','.join(harness.BACKENDS)})", file=sys.stderr)
+        return 2
+    if args.students and not args.students.is_dir():
+        print(f"distilserve bench: --students: {args.students} is not a folder",
+              file=sys.stderr)
+        return 2
+    opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
+                           batches=args.batches, repeats=args.repeats, threads=args.threads,
+                           device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
     if args.device != "cpu":  # ONNX Runtime on a GPU needs onnxruntime-gpu (the gpu extra)
         opts.backends = ("torch", "torchscript")
     if args.quick:
@@ -309,6 +351,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         opts.rows += harness.student_rows(args.students)
     if args.models:
         wanted = {m.strip() for m in args.models.split(",")}
+        if unknown := wanted - {n for r in opts.rows for n in (r.name, r.preset)}:
+            print(f"distilserve bench: --models: no model or preset {', '.join(sorted(unknown))}"
+                  f" (of {', '.join(r.name for r in opts.rows)})", file=sys.stderr)
+            return 2
         opts.rows = [r for r in opts.rows if r.name in wanted or r.preset in wanted]
     with status("bench") as progress:
         results = harness.measure_all(opts, progress)
@@ -475,11 +521,12 @@ def parser() -> argparse.ArgumentParser:
     dist.add_argument("--output", "-o", type=Path, required=True,
                       help="folder for the student checkpoint (resumed if it holds one)")
     dist.add_argument("--preset", help="student size (default: one that aligns with MiniLM)")
-    dist.add_argument("--steps", type=int,
+    dist.add_argument("--steps", type=at_least(1),
                       help="training steps (default: 12-19 minutes on 2 cores)")
     dist.add_argument("--seed", type=int, default=0, help="seed of data order and weights")
-    dist.add_argument("--batch-size", type=int, default=32, help="sentences per step")
-    dist.add_argument("--lr", type=float, default=3e-4, help="peak learning rate")
+    dist.add_argument("--batch-size", type=at_least(1), default=32,
+                      help="sentences per step")
+    dist.add_argument("--lr", type=positive, default=3e-4, help="peak learning rate")
     dist.add_argument("--teacher", type=Path, help="a local checkpoint (default: MiniLM)")
     dist.add_argument("--add-to-default", action="store_true",
                       help="export the student into the default repository as FAMILY")
@@ -494,13 +541,17 @@ def parser() -> argparse.ArgumentParser:
                        "the committed report is bench/)")
     bench.add_argument("--quick", action="store_true",
                        help="tiny presets, one backend, seconds: checks the harness")
-    bench.add_argument("--batch-size", type=int, default=256, help="sentences per batch")
-    bench.add_argument("--length", type=int, default=64, help="tokens per sentence")
-    bench.add_argument("--batches", type=int, default=1, help="batches per timed run")
-    bench.add_argument("--repeats", type=int, default=3, help="timed runs (median reported)")
-    bench.add_argument("--threads", type=int, default=0, help="intra-op threads (0: all cores)")
+    bench.add_argument("--batch-size", type=at_least(1), default=256,
+                       help="sentences per batch")
+    bench.add_argument("--length", type=at_least(1), default=64, help="tokens per sentence")
+    bench.add_argument("--batches", type=at_least(1), default=1, help="batches per timed run")
+    bench.add_argument("--repeats", type=at_least(1), default=3,
+                       help="timed runs (median reported)")
+    bench.add_argument("--threads", type=at_least(0), default=0,
+                       help="intra-op threads (0: all cores)")
     bench.add_argument("--device", default="cpu",
-                       help="cpu, or cuda[:N]: the torch and torchscript backends on a GPU")
+                       help="cpu, or cuda[:N]: the torch and torchscript backends on a "
+                       "GPU (auto: a GPU where one is visible)")
     bench.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"],
                        help="compute dtype (fp16 and bf16 on a GPU)")
     bench.add_argument("--cuda-graphs", action="store_true",

@@ -142,6 +142,32 @@ def test_ray_refuses_a_port_in_use_before_starting_ray(flag, capsys, tmp_path, m
     assert f"distilserve ray: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,words", [
+    (["--device", "tpu"], "--device: unknown device 'tpu' (cpu, cuda, cuda:N or auto)"),
+    (["--backends", "onnx,foo"], "--backends: unknown foo (of torch,torchscript,onnx,onnx-int8)"),
+    (["--models", "bert tiny,gpt"], "--models: no model or preset gpt (of bert tiny, "),
+    (["--students", "nowhere"], "--students: nowhere is not a folder"),
+])
+def test_bench_refuses_what_it_cannot_measure_before_measuring(args, words, capsys, tmp_path):
+    assert main(["bench", "--quick", "--output", str(tmp_path / "out"), *args]) == 2
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command,args,words", [
+    ("bench", ["--batch-size", "0"], "argument --batch-size: 0 is less than 1"),
+    ("bench", ["--threads", "-1"], "argument --threads: -1 is less than 0"),
+    ("bench", ["--repeats", "x"], "argument --repeats: 'x' is not a whole number"),
+    ("distill", ["bert", "--steps", "0"], "argument --steps: 0 is less than 1"),
+    ("distill", ["bert", "--lr", "nan"], "argument --lr: nan is not a finite number over 0"),
+])
+def test_numbers_out_of_range_are_argparses_one_line_error(command, args, words, capsys,
+                                                           tmp_path):
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--output", str(tmp_path / "out"), *args])
+    assert exited.value.code == 2 and words in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["serve", "ray"])
 @pytest.mark.parametrize("port", ["0", "65536"])
 def test_a_port_out_of_range_is_a_one_line_error(command, port, capsys, tmp_path,
