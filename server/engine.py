@@ -236,6 +236,10 @@ class Engine:
         if local:
             self._check_outputs()
 
+    def _filled(self, b: int, t: int) -> dict[str, np.ndarray]:
+        """A batch of ``b`` inputs of ``t`` tokens of text (no padding), [B, T] each."""
+        return pad([TokenIds([self.filler] * t, [0] * t)] * b)
+
     def _check_outputs(self) -> None:
         """One input of max_length tokens, straight to the backend, must run and give what
         the manifest says: a manifest edited by hand, or another model's artifact, is
@@ -243,7 +247,7 @@ class Engine:
         the model's positions, labels that are not its outputs)."""
         t = self.max_length
         try:
-            out = self.backend.run(pad([TokenIds([self.filler] * t, [0] * t)]))
+            out = self.backend.run(self._filled(1, t))
         except Exception as e:
             raise ModelLoadError(f"{self.folder}: an input of its max_length ({t} tokens, "
                                  "more than the model takes?) failed: "
@@ -346,7 +350,7 @@ class Engine:
         The log says how long they took."""
         began, slowest = time.perf_counter(), (0.0, self.shapes[0])
         for n, (b, t) in enumerate(self.shapes):
-            batch = pad([TokenIds([self.filler] * t, [0] * t)] * b)  # [B, T] each
+            batch = self._filled(b, t)
             for _ in range(2):
                 started = time.perf_counter()
                 try:
