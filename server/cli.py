@@ -66,12 +66,16 @@ def positive(text: str) -> float:
     return value
 
 
-def refused(command: str, error) -> int:
-    """A setting that does not validate (pydantic's ValidationError): one line, exit 2."""
-    first = error.errors()[0]
-    where = f"{first['loc'][0]}: " if first["loc"] else ""
-    print(f"distilserve {command}: {where}{first['msg']}", file=sys.stderr)
-    return 2
+class Refused(Exception):
+    """What a command was given and cannot run: main() prints ``distilserve COMMAND:
+    message``, one line, and exits 2."""
+
+    @classmethod
+    def invalid(cls, error) -> Refused:
+        """A setting that does not validate (pydantic's ValidationError): its first error."""
+        first = error.errors()[0]
+        where = f"{first['loc'][0]}: " if first["loc"] else ""
+        return cls(f"{where}{first['msg']}")
 
 
 def cmd_new(args: argparse.Namespace) -> int:
@@ -80,8 +84,7 @@ def cmd_new(args: argparse.Namespace) -> int:
             print(f"{family}: {', '.join(checkpoint.presets(family))}")
         return 0
     if not args.family or not args.output:
-        print("distilserve new: FAMILY and --output are required (or --list)", file=sys.stderr)
-        return 2
+        raise Refused("FAMILY and --output are required (or --list)")
     labels = [x.strip() for x in args.labels.split(",")] if args.labels is not None else None
     ckpt = checkpoint.new(args.family, args.preset, args.task, labels, seed=args.seed)
     out = checkpoint.save(ckpt, args.output)
@@ -138,7 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         settings = Settings(**overrides)
     except ValidationError as e:
-        return refused("serve", e)
+        raise Refused.invalid(e) from None
     if settings.device.startswith("cuda"):
         from models.runtime.base import BackendError
         from models.runtime.torch_device import resolve_device
@@ -146,16 +149,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         try:
             resolve_device(settings.device)
         except BackendError as e:
-            print(f"distilserve serve: every model: {e}", file=sys.stderr)
-            return 2
-    if settings.grpc_port is not None and (refusal := grpc_missing("serve")):
-        print(refusal, file=sys.stderr)
-        return 2
+            raise Refused(f"every model: {e}") from None
+    if settings.grpc_port is not None:
+        require_grpc()
     repository = settings.model_repository
     if repository is not None and not repository.is_dir():
-        print(f"distilserve serve: model repository {repository} is not a folder",
-              file=sys.stderr)
-        return 2
+        raise Refused(f"model repository {repository} is not a folder")
     port = settings.port
     try:  # the ports first: a port in use is a one-line error before anything loads
         sock = listening_socket(settings.host, port)
@@ -163,9 +162,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             port = settings.grpc_port
             listening_socket(settings.host, port).close()
     except OSError as e:
-        print(f"distilserve serve: cannot listen on {settings.host}:{port}: "
-              f"{e.strerror or e}", file=sys.stderr)
-        return 2
+        raise Refused(f"cannot listen on {settings.host}:{port}: {e.strerror or e}") from None
     log_config = logs.configure(settings.log_format)
     if repository is None:
         logging.getLogger("distilserve").info(
@@ -211,18 +208,16 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     return 0
 
 
-def grpc_missing(command: str) -> str | None:
-    """``distilserve COMMAND --grpc-port``'s one-line refusal where the grpc extra cannot
-    be imported; None where it can."""
+def require_grpc() -> None:
+    """--grpc-port's refusal where the grpc extra cannot be imported."""
     try:
         import grpc_health  # noqa: F401
         import grpc_reflection  # noqa: F401
         import grpc_tools  # noqa: F401
         import tritonclient.grpc  # noqa: F401
     except ImportError as e:
-        return (f"distilserve {command}: --grpc-port needs the grpc extra (pip install "
-                f"'distilserve[grpc]'): {e}")
-    return None
+        raise Refused("--grpc-port needs the grpc extra (pip install 'distilserve[grpc]'): "
+                      f"{e}") from None
 
 
 def cmd_ray(args: argparse.Namespace) -> int:
@@ -246,10 +241,9 @@ def cmd_ray(args: argparse.Namespace) -> int:
         scaling = Scaling(**{k: v for k, v in vars(args).items()
                              if k in Scaling.model_fields and v is not None})
     except ValidationError as e:
-        return refused("ray", e)
-    if settings.grpc_port is not None and (refusal := grpc_missing("ray")):
-        print(refusal, file=sys.stderr)
-        return 2
+        raise Refused.invalid(e) from None
+    if settings.grpc_port is not None:
+        require_grpc()
     logging.basicConfig(level=logging.INFO, format=logs.TEXT)
     repository = settings.model_repository
     if repository is None:  # the embedded default, built here first (on the first run)
@@ -258,9 +252,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
         with status("building the embedded default") as progress:
             repository = ensure_default_repository(settings.cache_dir, progress)
     if not repository.is_dir():
-        print(f"distilserve ray: model repository {repository} is not a folder",
-              file=sys.stderr)
-        return 2
+        raise Refused(f"model repository {repository} is not a folder")
     import ray
     from ray import serve
 
@@ -272,9 +264,8 @@ def cmd_ray(args: argparse.Namespace) -> int:
             try:
                 listening_socket(settings.host, port).close()
             except OSError as e:
-                print(f"distilserve ray: cannot listen on {settings.host}:{port}: "
-                      f"{e.strerror or e}", file=sys.stderr)
-                return 2
+                raise Refused(f"cannot listen on {settings.host}:{port}: "
+                              f"{e.strerror or e}") from None
         init_local(grpc_host=settings.host)
     else:
         ray.init(address=args.address)
@@ -322,20 +313,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:  # as the service's: cpu, cuda, cuda:N or auto (a GPU where one is visible)
         device = resolve_device(check_device(args.device))
     except BackendError as e:
-        print(f"distilserve bench: --device: {e}", file=sys.stderr)
-        return 2
+        raise Refused(f"--device: {e}") from None
     args.device = "cpu" if device.type == "cpu" else args.device.replace("auto", "cuda")
     if args.cuda_graphs and args.device == "cpu":
-        print("distilserve bench: --cuda-graphs needs a GPU (--device cuda)", file=sys.stderr)
-        return 2
+        raise Refused("--cuda-graphs needs a GPU (--device cuda)")
     if args.backends and (unknown := set(args.backends.split(",")) - set(harness.BACKENDS)):
-        print(f"distilserve bench: --backends: unknown {', '.join(sorted(unknown))} (of "
-              f"{','.join(harness.BACKENDS)})", file=sys.stderr)
-        return 2
+        raise Refused(f"--backends: unknown {', '.join(sorted(unknown))} (of "
+                      f"{','.join(harness.BACKENDS)})")
     if args.students and not args.students.is_dir():
-        print(f"distilserve bench: --students: {args.students} is not a folder",
-              file=sys.stderr)
-        return 2
+        raise Refused(f"--students: {args.students} is not a folder")
     opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
                            batches=args.batches, repeats=args.repeats, threads=args.threads,
                            device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
@@ -352,9 +338,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.models:
         wanted = {m.strip() for m in args.models.split(",")}
         if unknown := wanted - {n for r in opts.rows for n in (r.name, r.preset)}:
-            print(f"distilserve bench: --models: no model or preset {', '.join(sorted(unknown))}"
-                  f" (of {', '.join(r.name for r in opts.rows)})", file=sys.stderr)
-            return 2
+            raise Refused(f"--models: no model or preset {', '.join(sorted(unknown))} (of "
+                          f"{', '.join(r.name for r in opts.rows)})")
         opts.rows = [r for r in opts.rows if r.name in wanted or r.preset in wanted]
     with status("bench") as progress:
         results = harness.measure_all(opts, progress)
@@ -378,8 +363,7 @@ def cmd_distill(args: argparse.Namespace) -> int:
         try:
             record = distill.distill(opts, progress)
         except ValueError as e:  # a preset that cannot learn from this teacher
-            print(f"distilserve distill: {e}", file=sys.stderr)
-            return 2
+            raise Refused(str(e)) from None
         fid = record["fidelity"]
         print(f"{args.family} student ({record['parameters'] / 1e6:.1f}M parameters) in "
               f"{args.output}: Spearman {fid['spearman']:.3f}, top-10 overlap "
@@ -569,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
+    except Refused as e:
+        print(f"distilserve {args.command}: {e}", file=sys.stderr)
+        return 2
     except checkpoint.CheckpointError as e:
         print(f"distilserve {args.command}: {e}", file=sys.stderr)
         return 1

@@ -185,3 +185,17 @@ def test_a_grpc_port_without_the_grpc_extra_is_refused_before_anything_starts(
     monkeypatch.setitem(sys.modules, "grpc_tools", None)  # not installed: imports fail
     assert main([command, "--model-repository", str(tmp_path), "--grpc-port", "9000"]) == 2
     assert f"distilserve {command}: --grpc-port needs the grpc extra" in capsys.readouterr().err
+
+
+def test_a_student_that_cannot_learn_from_the_teacher_is_one_line(capsys, tmp_path,
+                                                                    monkeypatch):
+    from training import distill
+
+    def refuse(opts, progress):
+        raise ValueError("minialbert preset 'tiny' takes at most 128 tokens")
+
+    monkeypatch.setattr(distill, "distill", refuse)
+    assert main(["distill", "minialbert", "--preset", "tiny", "--output",
+                 str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "distilserve distill: minialbert preset 'tiny' takes at most 128 tokens"
