@@ -185,10 +185,10 @@ class Engine:
         # OpenAI's model object's "created": when the model was exported (Unix seconds)
         self.created = int((folder / manifest_file).stat().st_mtime)
         self.graph_tokens = 0  # batches up to that many padded tokens run from CUDA graphs
-        self.decoder = None  # fill-mask's, where its batches run (see _open)
+        self.decoder = None  # fill-mask's, where its batches run (see _queue)
         self.series = metrics.model(name)
         if local:  # first: a broken artifact is the likelier fault, and names the file
-            self._open(settings, metrics, cpu_thread)
+            self.backend = open_runtime(folder, manifest, settings)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
         except Exception as e:
@@ -234,7 +234,8 @@ class Engine:
         self.room = max(0, self.max_length - len(self.specials[0]) - len(self.specials[1]))
         self.filler = probe.ids[at]  # a token of text, for warm-up batches
         if local:
-            self._check_outputs()
+            self._check_outputs()  # before any CUDA graph: the warm-up captures them in order
+            self._queue(settings, cpu_thread)
 
     def _filled(self, b: int, t: int) -> dict[str, np.ndarray]:
         """A batch of ``b`` inputs of ``t`` tokens of text (no padding), [B, T] each."""
@@ -266,11 +267,10 @@ class Engine:
                 f"one input of {t} tokens, where its manifest ({said}) says "
                 f"{['?' if w is None else w for w in want]}: re-export it")
 
-    def _open(self, settings: Settings, metrics: Metrics, cpu_thread: Executor | None) -> None:
-        """The runtime backend and its batching queue (on the model's own thread; a PyTorch
-        model on the CPU runs on ``cpu_thread``, where one is given)."""
+    def _queue(self, settings: Settings, cpu_thread: Executor | None) -> None:
+        """The backend's batching queue (on the model's own thread; a PyTorch model on the
+        CPU runs on ``cpu_thread``, where one is given), and its CUDA graphs on a GPU."""
         name = self.name
-        self.backend = open_runtime(self.folder, self.manifest, settings)
         # fill-mask: the language-model head's decoder, which its batches run (see decoding)
         self.decoder = (open_decoder(self.folder, self.backend) if self.task == "fill-mask"
                         else None)

@@ -424,10 +424,12 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
         torch_model, monkeypatch, caplog):
     """A backend that says it is on a GPU (it runs on the CPU) gets two batches of each
     warm-up shape before the first request, the one needing the most memory first; one
-    that cannot run that batch is not served, and the message says which limits to lower."""
+    that cannot run that batch is not served, and the message says which limits to lower.
+    The outputs' check at load runs before CUDA graphs are turned on, so that the warm-up
+    is the first to capture them, in its order."""
     import server.engine
 
-    shapes, fail = [], []
+    shapes, fail, graphs_after = [], [], []
 
     class OnGpu:
         asynchronous, device, dtype = False, "cuda:0", "fp16"
@@ -437,6 +439,10 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
 
         def __getattr__(self, name):  # the rest of the interface: the backend's
             return getattr(self.backend, name)
+
+        def use_graphs(self, *args):
+            graphs_after.append(len(shapes))
+            return self.backend.use_graphs(*args)
 
         def run(self, inputs):
             shapes.append(inputs["input_ids"].shape)
@@ -457,7 +463,7 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
         asyncio.run(start())
     # at load one input of max_length (the outputs' check), then two of each shape, then
     # the two warm-up requests of one text each
-    assert shapes[0] == (1, engine.max_length)
+    assert shapes[0] == (1, engine.max_length) and graphs_after == [1]
     assert shapes[1:-2] == [s for s in engine.shapes for _ in range(2)]
     assert engine.shapes[0] == (256 // engine.max_length, engine.max_length)
     assert [b for b, _ in shapes[-2:]] == [1, 1]
