@@ -70,8 +70,8 @@ class Settings(BaseSettings):
     max_batch_tokens: int | None = Field(None, ge=1, description="padded tokens per forward "
                                          "pass (default 512 per intra-op thread on the CPU, "
                                          "65536 on a GPU)")
-    max_wait_ms: float = Field(0.0, ge=0, description="how long a batch may wait for more "
-                               "inputs while the model is idle")
+    max_wait_ms: float = Field(0.0, ge=0, le=60_000, description="how long a batch may wait "
+                               "for more inputs while the model is idle (at most a minute)")
     max_queue: int = Field(4096, ge=1, description="queued inputs per model before 429 (a "
                            "request of more: 413)")
 

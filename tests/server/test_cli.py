@@ -179,6 +179,16 @@ def test_a_port_out_of_range_is_a_one_line_error(command, port, capsys, tmp_path
     assert capsys.readouterr().err.startswith(f"distilserve {command}: port: Input should be")
 
 
+@pytest.mark.parametrize("wait", ["inf", "1e12"])
+def test_a_batch_wait_past_a_minute_is_a_one_line_error(wait, capsys, tmp_path, monkeypatch):
+    """(inf: the model's thread failed to sleep and the service never became ready; 1e12:
+    it slept for 31 years)"""
+    monkeypatch.setenv("DISTILSERVE_MAX_WAIT_MS", wait)
+    assert main(["serve", "--model-repository", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == ("distilserve serve: max_wait_ms: Input should be less "
+                                       "than or equal to 60000\n")
+
+
 @pytest.mark.parametrize("command", ["serve", "ray"])
 def test_a_grpc_port_without_the_grpc_extra_is_refused_before_anything_starts(
         command, capsys, tmp_path, monkeypatch):
