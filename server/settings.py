@@ -30,7 +30,9 @@ class Settings(BaseSettings):
                             description="where the embedded default repository is built")
     api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY "
                                       "on every request but a GET of /health, /ready, "
-                                      "/ping, / or /v2/health/live and /v2/health/ready")
+                                      "/ping, / or /v2/health/live and /v2/health/ready "
+                                      "(whitespace around it is not part of it; set but "
+                                      "empty: an error)")
     require_all_models: bool = Field(False, description="/ready stays 503 while any model "
                                      "folder failed to load (default: 200, failures listed)")
     poll_seconds: float = Field(0.0, ge=0, description="look at the model repository this "
@@ -81,8 +83,8 @@ class Settings(BaseSettings):
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(
         "auto", description="compute dtype; auto: fp32 on the CPU, fp16 or bf16 on a GPU as "
         "the model allows")
-    threads: int = Field(0, ge=0, description="intra-op threads per model (0: this "
-                         "process's share of the cores, all of them over the workers)")
+    threads: int = Field(0, ge=0, le=1024, description="intra-op threads per model (0: "
+                         "this process's share of the cores, all of them over the workers)")
     cuda_graph_tokens: int = Field(4096, ge=0, description="on a GPU, batches of up to this "
                                    "many padded tokens run from CUDA graphs (torch and "
                                    "TorchScript backends); 0: none")
@@ -98,6 +100,32 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         "text", description="text, or json: one JSON object a line (time, level, logger, "
         "message; an access line's client, method, path, status) for log collectors")
+
+    @field_validator("api_key")
+    @classmethod
+    def _a_key(cls, value: SecretStr | None) -> SecretStr | None:
+        """A key from a file (a Kubernetes secret's, say) often ends in a newline, which no
+        Authorization header can hold: it is cut. One set but empty (a secret that was not
+        filled in) is refused rather than serving without a key."""
+        if value is None:
+            return None
+        key = value.get_secret_value().strip()
+        if not key:
+            raise ValueError("set but empty: unset DISTILSERVE_API_KEY to serve without a key")
+        return SecretStr(key)
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _a_collector(cls, value: str | None) -> str | None:
+        """The collector's http:// or https:// URL (its spans go to URL/v1/traces)."""
+        from urllib.parse import urlsplit
+
+        if value is not None:
+            url = urlsplit(value)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise ValueError(f"{value!r} is not an http:// or https:// URL (e.g. "
+                                 "http://otel-collector:4318)")
+        return value
 
     @field_validator("device")
     @classmethod

@@ -179,14 +179,40 @@ def test_a_port_out_of_range_is_a_one_line_error(command, port, capsys, tmp_path
     assert capsys.readouterr().err.startswith(f"distilserve {command}: port: Input should be")
 
 
-@pytest.mark.parametrize("wait", ["inf", "1e12"])
-def test_a_batch_wait_past_a_minute_is_a_one_line_error(wait, capsys, tmp_path, monkeypatch):
-    """(inf: the model's thread failed to sleep and the service never became ready; 1e12:
-    it slept for 31 years)"""
-    monkeypatch.setenv("DISTILSERVE_MAX_WAIT_MS", wait)
-    assert main(["serve", "--model-repository", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == ("distilserve serve: max_wait_ms: Input should be less "
-                                       "than or equal to 60000\n")
+@pytest.mark.parametrize("variable,value,words", [
+    # inf: the model's thread failed to sleep and the service never became ready; 1e12: it
+    # slept for 31 years
+    ("MAX_WAIT_MS", "inf", "max_wait_ms: Input should be less than or equal to 60000"),
+    ("MAX_WAIT_MS", "1e12", "max_wait_ms: Input should be less than or equal to 60000"),
+    # a secret not filled in: before, the service ran without a key
+    ("API_KEY", "", "api_key: Value error, set but empty: unset DISTILSERVE_API_KEY"),
+    ("API_KEY", " \n", "api_key: Value error, set but empty"),
+    # before, every batch of spans failed to send, each logged
+    ("OTLP_ENDPOINT", "otel:4318", "otlp_endpoint: Value error, 'otel:4318' is not an http"),
+    # an ONNX Runtime session started that many threads: loading took minutes a model
+    ("THREADS", "100000", "threads: Input should be less than or equal to 1024"),
+])
+def test_settings_past_what_could_work_are_refused_in_one_line(variable, value, words,
+                                                                monkeypatch):
+    """(the settings themselves: serve and ray print Refused's line and exit 2, as for
+    the ports above)"""
+    from pydantic import ValidationError
+
+    from server.cli import Refused
+    from server.settings import Settings
+
+    monkeypatch.setenv(f"DISTILSERVE_{variable}", value)
+    with pytest.raises(ValidationError) as refused:
+        Settings()
+    line = str(Refused.invalid(refused.value))
+    assert line.startswith(words) and "\n" not in line
+
+
+def test_whitespace_around_an_api_key_is_not_part_of_it():
+    """(a key read from a file ends in a newline, which no Authorization header holds)"""
+    from server.settings import Settings
+
+    assert Settings(api_key="sekret\n").api_key.get_secret_value() == "sekret"
 
 
 @pytest.mark.parametrize("command", ["serve", "ray"])
