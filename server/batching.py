@@ -246,10 +246,13 @@ class Batcher:
                         self.started.notify()
                         return
                     (self.room if fresh else self.inputs).wait()
-                idle, waiting = not self.in_flight, len(fresh)
-            if self.max_wait_s and idle and waiting < self.max_size:
-                time.sleep(self.max_wait_s)
-            with self.lock:  # inputs whose client has gone are dropped before inference
+                if self.max_wait_s and not self.in_flight:  # an idle model waits for company:
+                    # until the batch is full, the wait is over, or stop() (Triton's delay)
+                    deadline = time.monotonic() + self.max_wait_s
+                    while (len(self._fresh()) < self.max_size and not self.stopping
+                           and (left := deadline - time.monotonic()) > 0):
+                        self.inputs.wait(left)
+                # inputs whose client has gone are dropped before inference
                 self.pending = [it for it in self.pending if it.launched or not it.future.done()]
                 fresh = self._fresh()
             step = None

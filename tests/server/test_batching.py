@@ -152,6 +152,29 @@ def test_batcher_tokenises_and_merges_waiting_inputs_and_refuses_a_full_queue():
     assert calls == [("encode", 10), ("run", 10)]  # one tokeniser call, one forward pass
 
 
+def test_an_idle_model_waits_for_company_only_until_its_batch_is_full_or_it_stops():
+    """DISTILSERVE_MAX_WAIT_MS (here an hour; Triton's max_queue_delay): a full batch runs
+    when it fills, and stopping runs what waits. (Before, the model's thread slept the
+    whole wait: this test took an hour; 600 s is for a failure to end.)"""
+    calls = []
+
+    async def go():
+        b = _batcher(calls, max_wait_s=3600, max_size=4)
+        b.start()
+        first = b.submit(["a", "b"], truncation="right")
+        await asyncio.sleep(0.05)  # the model's thread waits for more
+        second = b.submit(["c", "d"], truncation="right")
+        await asyncio.wait_for(asyncio.gather(*(it.future for it in first + second)), 600)
+        full = list(calls)
+        last = b.submit(["e"], truncation="right")[0]
+        await asyncio.wait_for(b.stop(), 600)
+        return full, last.future.result()
+
+    full, last = asyncio.run(go())
+    assert full[-1] == ("run", 4)  # one batch of the four
+    assert calls[-1] == ("run", 1) and float(last[0]) == 1.0
+
+
 def test_an_input_over_max_length_fails_alone():
     calls = []
 
