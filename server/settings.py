@@ -37,7 +37,8 @@ class Settings(BaseSettings):
                                      "folder failed to load (default: 200, failures listed)")
     poll_seconds: float = Field(0.0, ge=0, description="look at the model repository this "
                                 "often: load folders added or exported again, unload those "
-                                "removed, without a restart (Triton's poll mode); 0: never")
+                                "removed, without a restart (Triton's poll mode); 0: never, "
+                                "else at least 0.1")
     model_control: Literal["none", "explicit"] = Field(
         "none", description="explicit: models loaded and unloaded by request too (Triton's "
         "model control mode: POST /v2/repository/models/NAME/load and /unload, gRPC's "
@@ -100,6 +101,15 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         "text", description="text, or json: one JSON object a line (time, level, logger, "
         "message; an access line's client, method, path, status) for log collectors")
+
+    @field_validator("poll_seconds")
+    @classmethod
+    def _a_poll(cls, value: float) -> float:
+        """0 or at least 0.1 s: a microsecond's polling kept a core busy (a repository of
+        ten folders every 0.1 s: 1% of one)."""
+        if 0 < value < 0.1:
+            raise ValueError(f"{value} s: 0 (never) or at least 0.1")
+        return value
 
     @field_validator("api_key")
     @classmethod

@@ -191,6 +191,8 @@ def test_a_port_out_of_range_is_a_one_line_error(command, port, capsys, tmp_path
     ("OTLP_ENDPOINT", "otel:4318", "otlp_endpoint: Value error, 'otel:4318' is not an http"),
     # an ONNX Runtime session started that many threads: loading took minutes a model
     ("THREADS", "100000", "threads: Input should be less than or equal to 1024"),
+    # the repository read without a pause: a core busy
+    ("POLL_SECONDS", "1e-6", "poll_seconds: Value error, 1e-06 s: 0 (never) or at least 0.1"),
 ])
 def test_settings_past_what_could_work_are_refused_in_one_line(variable, value, words,
                                                                 monkeypatch):
