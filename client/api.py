@@ -73,7 +73,9 @@ class _Base:
     def __init__(self, base_url: str = "http://127.0.0.1:8000", api_key: str | None = None,
                  timeout: float = 60.0, max_retries: int = 3, backoff: float = 0.2):
         self.base_url = base_url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # a key read from a file ends in a newline, which no header may hold (the server
+        # cuts whitespace around its key too)
+        self.headers = {"Authorization": f"Bearer {api_key.strip()}"} if api_key else {}
         self.timeout, self.max_retries, self.backoff = timeout, max_retries, backoff
 
     # truncate: cut an input longer than the model's max_length (false: 413); direction:

@@ -18,8 +18,8 @@ SENTENCES = [
     "How do I reset my password?",
     "The weather in London was cold and rainy all week.",
 ]
-HEADERS = {"Authorization": f"Bearer {os.environ['DISTILSERVE_API_KEY']}"} \
-    if os.environ.get("DISTILSERVE_API_KEY") else {}
+KEY = os.environ.get("DISTILSERVE_API_KEY", "").strip()  # as the service reads it
+HEADERS = {"Authorization": f"Bearer {KEY}"} if KEY else {}
 
 
 @events.init.add_listener

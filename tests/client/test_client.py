@@ -82,6 +82,12 @@ def test_sync_client_mirrors_the_routes(url):
         anonymous.models()
 
 
+def test_a_key_read_from_a_file_works_as_it_is(url):
+    """(its newline: before, httpx refused the header, LocalProtocolError)"""
+    with DistilServeClient(url, api_key="k\n") as c:
+        assert len(c.models()) == 3
+
+
 def test_async_client_mirrors_the_routes(url):
     async def go():
         async with AsyncDistilServeClient(url, api_key="k") as c:
