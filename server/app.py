@@ -330,7 +330,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
                   telemetry={"tracing": False, "metrics": False, "logs": False})
     errors.install(app)
 
-    key = settings.api_key.get_secret_value() if settings.api_key else None
+    key = settings.bearer_key()
     if key:
         document_api_key(app)
     routers = (embed.router, classify.router, ner.router, qa.router, fill_mask.router,

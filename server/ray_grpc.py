@@ -130,8 +130,7 @@ class GrpcIngress(Ingress):
         """The bound method of the RPC ``name``, its servicer made on the first call."""
         servicers = getattr(self, "servicers", None)
         if servicers is None:
-            app, key = self.fastapi_app, self.settings.api_key
-            key = key and key.get_secret_value()
+            app, key = self.fastapi_app, self.settings.bearer_key()
             servicers = self.servicers = {}
             for _, made, descriptor in SERVICES:
                 one = Health(app, CHECKED) if made is Health else made(app, key)

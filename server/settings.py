@@ -156,6 +156,10 @@ class Settings(BaseSettings):
                              "asked: not with workers > 1 or poll_seconds")
         return self
 
+    def bearer_key(self) -> str | None:
+        """The key every request must bear (``Authorization: Bearer KEY``); None: none."""
+        return self.api_key.get_secret_value() if self.api_key is not None else None
+
     def cors_origins(self) -> list[str]:
         return [o.strip() for o in self.cors_allow_origins.split(",") if o.strip()]
 

@@ -190,7 +190,7 @@ async def start(app: FastAPI, settings: Settings) -> grpc.aio.Server:
         ("grpc.max_receive_message_length", settings.max_body_bytes),
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", int(settings.workers > 1))])
-    key = settings.api_key.get_secret_value() if settings.api_key else None
+    key = settings.bearer_key()
     names = [*oip_grpc.add(server, app, key), *tei_grpc.add(server, app, key)]
     health_pb2_grpc.add_HealthServicer_to_server(Health(app, names), server)
     reflection.enable_server_reflection(
