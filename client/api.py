@@ -48,6 +48,11 @@ class Unavailable(DistilServeError):
 _ERRORS = {400: BadRequest, 401: Unauthorized, 404: NotFound, 413: PayloadTooLarge,
            422: BadRequest, 429: Overloaded, 503: Unavailable}
 RETRY_STATUSES = (429, 503)
+# a connection that failed, not the request: the server restarting or gone from behind a
+# load balancer, or a kept-alive connection it closed as the request went out (uvicorn and
+# httpx both keep an idle one 5 s). Retried with backoff, since every call may be repeated
+# (a model's answer changes nothing); a timeout is not: the server may still be at it.
+RETRY_ERRORS = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
 
 
 def _raise_for(response: httpx.Response) -> Any:
@@ -62,9 +67,9 @@ def _raise_for(response: httpx.Response) -> Any:
         response.status_code, kind, message, response.headers.get("x-request-id"))
 
 
-def _delay(response: httpx.Response, attempt: int, backoff: float) -> float:
+def _delay(response: httpx.Response | None, attempt: int, backoff: float) -> float:
     """Retry-After when the server gives one (capped), else exponential backoff."""
-    header = response.headers.get("retry-after", "")
+    header = response.headers.get("retry-after", "") if response is not None else ""
     base = float(header) if header.replace(".", "", 1).isdigit() else backoff * 2 ** attempt
     return min(base, 30.0)
 
@@ -159,7 +164,13 @@ class DistilServeClient(_Base):
 
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         for attempt in range(self.max_retries + 1):
-            response = self.http.request(method, path, json=body)
+            try:
+                response = self.http.request(method, path, json=body)
+            except RETRY_ERRORS:
+                if attempt == self.max_retries:
+                    raise
+                time.sleep(_delay(None, attempt, self.backoff))
+                continue
             if response.status_code not in RETRY_STATUSES or attempt == self.max_retries:
                 return _raise_for(response)
             time.sleep(_delay(response, attempt, self.backoff))
@@ -264,7 +275,13 @@ class AsyncDistilServeClient(_Base):
 
     async def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         for attempt in range(self.max_retries + 1):
-            response = await self.http.request(method, path, json=body)
+            try:
+                response = await self.http.request(method, path, json=body)
+            except RETRY_ERRORS:
+                if attempt == self.max_retries:
+                    raise
+                await asyncio.sleep(_delay(None, attempt, self.backoff))
+                continue
             if response.status_code not in RETRY_STATUSES or attempt == self.max_retries:
                 return _raise_for(response)
             await asyncio.sleep(_delay(response, attempt, self.backoff))
