@@ -26,6 +26,7 @@ from transformers.models.bert import modeling_bert
 from transformers.models.distilbert import modeling_distilbert
 
 from models import heads, layers
+from models.tasks import LABELLED
 
 HF_MODEL_TYPES = ("bert", "distilbert", "albert", "mobilebert")
 
@@ -132,7 +133,7 @@ def build(config: dict, task: str, labels: list[str], pooling: str = "mean") -> 
     if task == "fill-mask" and cfg.model_type not in MLM_TRANSFORMS:
         raise ValueError(f"fill-mask is served for {', '.join(MLM_TRANSFORMS)} models, not "
                          f"{cfg.model_type}")
-    if task in heads.LABELLED:
+    if task in LABELLED:
         cfg.id2label = dict(enumerate(labels))
         cfg.label2id = {label: i for i, label in enumerate(labels)}
     torch.manual_seed(0)

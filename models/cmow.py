@@ -17,7 +17,9 @@ Two defects of the reference code are avoided: padding acts as the identity matr
 the zero vector, so padding never changes a result; and the products over the sequence
 are tree reductions with a step count fixed by ``max_position_embeddings`` (not by the
 example), so a traced or exported graph is right at every length. Matrix products are
-associative, so the tree equals the sequential product (``sequential_product``).
+associative, so the tree equals the sequential product (``sequential_product``). The
+products grow with length (norm ~1e3 at 60 tokens, ~1e16 at 250), past fp16's range: it
+runs in fp32 and bf16 (its entry in models/families.py).
 
 A distilled student (``training/distill.py``) keeps the learned map from its pooled
 encoding to the teacher's width, ``projection`` (``projection_size`` > 0): its embeddings
@@ -36,10 +38,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-# The compute dtypes CMOW runs in: its matrix products grow with length (norm ~1e3 at 60
-# tokens, ~1e16 at 250), past fp16's largest number (65504); bf16 has fp32's range.
-DTYPES = ("fp32", "bf16")
 
 
 @dataclass

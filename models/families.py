@@ -7,21 +7,24 @@ bench and the CLI read this registry; nothing else lists families.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-
-from models import bert, cmow, falbert, minialbert
+from types import ModuleType
 
 ALL_DTYPES = ("fp32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
 class Family:
+    """A family's facts, and its classes and presets from its file, imported when first
+    asked for (torch): reading a manifest or serving an ONNX model needs only the facts."""
+
     name: str
-    presets: dict[str, dict]  # preset -> config fields; every family has "tiny"
+    module: str  # models/MODULE.py: its config, model and PRESETS
     model_types: tuple[str, ...]  # config.json model_type values loaded as this family
-    # None: a transformers model, built and loaded by models/bert.py
-    config_class: type | None = None
-    model_class: type | None = None
+    # its config and model classes in the module; None: a transformers model, built and
+    # loaded by models/bert.py (whose PRESETS holds a table per family)
+    classes: tuple[str, str] | None = None
     architecture: str | None = None  # config.json "architectures": this + the task's suffix
     recursive: bool = False  # one shared layer applied many times (export --loop keep)
     pooling: str = "mean"  # how an embedding is pooled (the manifest's "pooling")
@@ -33,18 +36,35 @@ class Family:
     @property
     def transformers(self) -> bool:
         """Built from transformers' classes (models/bert.py) rather than its own."""
-        return self.model_class is None
+        return self.classes is None
+
+    def _module(self) -> ModuleType:
+        return importlib.import_module(f"models.{self.module}")
+
+    @property
+    def presets(self) -> dict[str, dict]:  # preset -> config fields; every family has "tiny"
+        presets = self._module().PRESETS
+        return presets[self.name] if self.transformers else presets
+
+    @property
+    def config_class(self) -> type | None:
+        return None if self.classes is None else getattr(self._module(), self.classes[0])
+
+    @property
+    def model_class(self) -> type | None:
+        return None if self.classes is None else getattr(self._module(), self.classes[1])
 
 
 REGISTRY: dict[str, Family] = {f.name: f for f in (
-    Family("bert", bert.PRESETS["bert"], ("bert", "mobilebert", "albert")),
-    Family("distilbert", bert.PRESETS["distilbert"], ("distilbert",)),
-    Family("minialbert", minialbert.PRESETS, ("minialbert",), minialbert.MiniAlbertConfig,
-           minialbert.MiniAlbert, "MiniAlbert", recursive=True),
-    Family("falbert", falbert.PRESETS, ("falbert",), falbert.FAlbertConfig, falbert.FAlbert,
-           "FAlbert", recursive=True),
-    Family("cmow", cmow.PRESETS, ("seq2mat",), cmow.CmowConfig, cmow.Cmow, "Seq2Mat",
-           pooling="cmow", dtypes=cmow.DTYPES, token_vectors=False),
+    Family("bert", "bert", ("bert", "mobilebert", "albert")),
+    Family("distilbert", "bert", ("distilbert",)),
+    Family("minialbert", "minialbert", ("minialbert",), ("MiniAlbertConfig", "MiniAlbert"),
+           "MiniAlbert", recursive=True),
+    Family("falbert", "falbert", ("falbert",), ("FAlbertConfig", "FAlbert"), "FAlbert",
+           recursive=True),
+    # CMOW's matrix products pass fp16's largest number (65504); bf16 has fp32's range
+    Family("cmow", "cmow", ("seq2mat",), ("CmowConfig", "Cmow"), "Seq2Mat",
+           pooling="cmow", dtypes=("fp32", "bf16"), token_vectors=False),
 )}
 FAMILIES = tuple(REGISTRY)
 RECURSIVE = tuple(f.name for f in REGISTRY.values() if f.recursive)

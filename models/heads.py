@@ -17,11 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-TASKS = ("embed", "classify", "ner", "qa", "fill-mask")
-LABELLED = ("classify", "ner")  # the tasks whose outputs are labels' (id2label)
-PER_TOKEN = ("ner", "qa", "fill-mask")  # the tasks whose output is a row per token [B, T, X]
-# how an embedding model's token vectors are pooled (pool): sentence-transformers' names
-POOLINGS = ("mean", "cls", "max", "mean_sqrt_len_tokens", "weightedmean")
+from models.tasks import LABELLED
 
 # Hugging Face architecture suffix <-> task, for config.json's "architectures".
 ARCHITECTURE_SUFFIX = {"embed": "Model", "classify": "ForSequenceClassification",

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from models import families
-from models.heads import POOLINGS, TASKS
-from models.io import checkpoint
-from training.distill import DEFAULT_STEPS as OBJECTIVES  # the families distillation knows
+from models.io import CheckpointError
+from models.tasks import POOLINGS, TASKS
+from training import DEFAULT_STEPS as OBJECTIVES  # the families distillation knows
 
 WORKER_READY_S = 120  # how long a new worker of --workers N may take to load (see serve_workers)
 
@@ -79,6 +79,8 @@ class Refused(Exception):
 
 
 def cmd_new(args: argparse.Namespace) -> int:
+    from models.io import checkpoint
+
     if args.list:
         for family in families.FAMILIES:
             print(f"{family}: {', '.join(checkpoint.presets(family))}")
@@ -556,7 +558,7 @@ def main(argv: list[str] | None = None) -> int:
     except Refused as e:
         print(f"distilserve {args.command}: {e}", file=sys.stderr)
         return 2
-    except checkpoint.CheckpointError as e:
+    except CheckpointError as e:
         print(f"distilserve {args.command}: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # a file or folder named that cannot be read or written

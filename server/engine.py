@@ -18,17 +18,17 @@ from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer
 
-from models.heads import PER_TOKEN
-from models.io.manifest import DECODER, Manifest, ManifestError
+from models.io.manifest import DECODER, Manifest, ManifestError, TokenizerFacts
 from models.io.manifest import FILE as manifest_file
 from models.runtime import open_backend
 from models.runtime.base import Backend, BackendError
+from models.tasks import PER_TOKEN
 from server import postprocess
 from server.batching import (
     CPU_PADDING,
@@ -43,6 +43,9 @@ from server.batching import (
 )
 from server.metrics import Metrics
 from server.settings import Settings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 __all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "OverQueue",
            "QueueFull", "load_engine", "on_own_thread", "open_engine"]
@@ -122,6 +125,30 @@ def open_decoder(folder: Path, backend: Backend) -> Callable[[np.ndarray], np.nd
     return lambda vectors: vectors @ weight.T + bias
 
 
+def load_tokenizer(folder: Path, manifest: Manifest,
+                   ) -> tuple[Tokenizer, TokenizerFacts, PreTrainedTokenizerFast | None]:
+    """A model folder's Rust tokenizer, its special tokens, and for fill-mask transformers'
+    tokenizer (whose decode the pipeline's texts are; else None). Read from
+    checkpoint/tokenizer.json alone where the export found that to be transformers'
+    tokenizer (the manifest's ``tokenizer``): then neither transformers nor torch is
+    imported; else loaded with transformers. A ModelLoadError naming the folder if neither
+    reads it."""
+    checkpoint = folder / "checkpoint"
+    try:
+        if manifest.tokenizer is not None and manifest.task != "fill-mask":
+            return Tokenizer.from_file(str(checkpoint / "tokenizer.json")), manifest.tokenizer, None
+        from transformers import AutoTokenizer  # a second or two, and torch with it
+
+        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    except Exception as e:
+        raise ModelLoadError(f"{folder}: {type(e).__name__}: {e}") from None
+    if not tokenizer.is_fast:
+        raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
+                             "tokenizer); re-export it with distilserve export")
+    hf = tokenizer if manifest.task == "fill-mask" else None
+    return tokenizer.backend_tokenizer, TokenizerFacts.of(tokenizer), hf
+
+
 def read_decoder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
     """A fill-mask model's decoder, (weight [V, E], bias [V]) in float32; a ModelLoadError
     naming the file if it cannot be read."""
@@ -189,26 +216,16 @@ class Engine:
         self.series = metrics.model(name)
         if local:  # first: a broken artifact is the likelier fault, and names the file
             self.backend = open_runtime(folder, manifest, settings)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(folder / "checkpoint"))
-        except Exception as e:
-            raise ModelLoadError(f"{folder}: {type(e).__name__}: {e}") from None
-        if not tokenizer.is_fast:
-            raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
-                                 "tokenizer); re-export it with distilserve export")
-        self.unk_id = tokenizer.unk_token_id
-        self.cls_id = tokenizer.cls_token_id  # QA: the token that may answer "no answer"
-        # fill-mask: the token it fills and transformers' tokenizer, whose decode the
-        # pipeline's texts are
-        self.mask_token = self.mask_id = self.hf_tokenizer = None
-        if self.task == "fill-mask":
-            if tokenizer.mask_token_id is None:
-                raise ModelLoadError(f"{folder}: its tokenizer has no mask token to fill")
-            self.mask_token, self.mask_id = tokenizer.mask_token, tokenizer.mask_token_id
-            self.hf_tokenizer = tokenizer
-        # the Rust tokenizer itself, set up once per truncation (transformers' wrapper
+        # the Rust tokenizer itself, set up once per truncation below (transformers' wrapper
         # re-configures it on every call); the model's thread encodes in batches
-        rust = tokenizer.backend_tokenizer
+        rust, facts, self.hf_tokenizer = load_tokenizer(folder, manifest)
+        self.unk_id = facts.unk_token_id
+        self.cls_id = facts.cls_token_id  # QA: the token that may answer "no answer"
+        self.mask_token = self.mask_id = None  # fill-mask: the token it fills
+        if self.task == "fill-mask":
+            if facts.mask_token_id is None:
+                raise ModelLoadError(f"{folder}: its tokenizer has no mask token to fill")
+            self.mask_token, self.mask_id = facts.mask_token, facts.mask_token_id
         spec = rust.to_str()  # its JSON, serialised once for the digest and the copies
         self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
         # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)

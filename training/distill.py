@@ -46,13 +46,9 @@ from transformers import AutoTokenizer
 from models import heads
 from models.io import checkpoint
 from models.io.checkpoint import Checkpoint
-from training import corpus
+from training import DEFAULT_STEPS, STUDENT_PRESET, corpus
 from training.loop import optimise
 
-STUDENT_PRESET = {"minialbert": "student-384", "falbert": "student-384",
-                  "cmow": "cmow-hybrid-bidi", "bert": "student-3l"}
-# steps of 32 sentences: 12-19 minutes per family on 2 cores
-DEFAULT_STEPS = {"bert": 1000, "minialbert": 800, "falbert": 1200, "cmow": 1200}
 STATE = "distill_state.pt"
 
 

@@ -32,14 +32,16 @@ import numpy as np
 import onnx
 import torch
 from safetensors.torch import save_file
+from tokenizers import Tokenizer
 
-from models import bert, families, heads
+from models import bert, families
 from models.export.artifacts import example_inputs, to_onnx, to_torchscript, trace
 from models.export.parity import TOLERANCE, agreement, compare, dtype_parity, parity_inputs
 from models.export.quantize import quantize_int8
 from models.io import checkpoint
-from models.io.manifest import DECODER, Manifest
+from models.io.manifest import DECODER, Manifest, TokenizerFacts
 from models.runtime import open_backend
+from models.tasks import PER_TOKEN
 
 __all__ = ["ARTIFACT", "FORMATS", "ExportError", "example_inputs", "export", "replace",
            "trace"]
@@ -144,6 +146,17 @@ def replace(new: Path, output: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _tokenizer_facts(folder: Path) -> TokenizerFacts | None:
+    """The saved checkpoint's special tokens, where its tokenizer.json read by tokenizers
+    alone is the tokenizer transformers loads from it (so the service needs no
+    transformers); None where transformers changes it (a tokenizer_config.json that
+    overrides it)."""
+    saved = checkpoint.fast_tokenizer(folder)
+    file = folder / "tokenizer.json"
+    alone = Tokenizer.from_file(str(file)).to_str() if file.is_file() else None
+    return TokenizerFacts.of(saved) if alone == saved.backend_tokenizer.to_str() else None
+
+
 def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str, loop: str,
                  quantize: str | None, max_length: int,
                  progress: Callable[[str], None], relevant_label: str | None = None,
@@ -156,7 +169,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     with torch.no_grad():
         if fmt == "onnx":
             to_onnx(model, folder / artifact, loop,
-                    per_token=ckpt.task in heads.PER_TOKEN or token_embeddings)
+                    per_token=ckpt.task in PER_TOKEN or token_embeddings)
         elif fmt == "torchscript":
             to_torchscript(model, folder / artifact, loop)
     depth = getattr(model, "num_iterations", None)
@@ -211,6 +224,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
         parity=parity, dtypes=dtypes, quantization=quantization,
         parameters=ckpt.num_parameters(),
         export_seconds=round(time.perf_counter() - started, 2), versions=_versions(),
-        source=str(ckpt.path) if ckpt.path else None, checkpoint_extra=ckpt.extra)
+        source=str(ckpt.path) if ckpt.path else None, checkpoint_extra=ckpt.extra,
+        tokenizer=_tokenizer_facts(folder / "checkpoint"))
     manifest.write(folder)
     return manifest

@@ -23,17 +23,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from models import bert, families, heads
+from models.io import CheckpointError
 from models.io import sentence_transformers as st
+from models.tasks import LABELLED, TASKS
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt",
                    "special_tokens_map.json")
 # a checkpoint folder with any of these has a tokenizer of its own: a fast one, or a slow
 # one's vocabulary (older checkpoints, TinyBERT's, ship only vocab.txt; ALBERT's spiece.model)
 TOKENIZER_SOURCES = ("tokenizer.json", "vocab.txt", "spiece.model", "sentencepiece.bpe.model")
-
-
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used as it is; the message names the file."""
 
 
 @dataclass
@@ -115,8 +113,8 @@ def _config_dict(family: str, preset: str) -> dict:
 
 def _build(family: str, config: dict, task: str, labels: list[str],
            pooling: str | None = None) -> nn.Module:
-    if task not in heads.TASKS:
-        raise CheckpointError(f"unknown task {task!r}; tasks: {', '.join(heads.TASKS)}")
+    if task not in TASKS:
+        raise CheckpointError(f"unknown task {task!r}; tasks: {', '.join(TASKS)}")
     kind = family_of(family)
     if kind.transformers:
         return bert.build(config, task, labels, pooling or kind.pooling)
@@ -137,7 +135,7 @@ def new(family: str, preset: str = "tiny", task: str = "embed",
     """A checkpoint with fresh weights at a named preset (``overrides`` change config
     fields, e.g. ``{"use_adapter": False}``)."""
     if labels is not None:
-        if task not in heads.LABELLED:
+        if task not in LABELLED:
             raise CheckpointError(f"labels are for classify and ner models, not {task}")
         if "" in labels or len(set(labels)) < len(labels):
             raise CheckpointError(f"labels must be distinct names, not {labels}")
@@ -390,8 +388,8 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
             raise CheckpointError(str(e)) from None
         if pooling is not None:
             pipeline = dataclasses.replace(pipeline or st.Pipeline(), pooling=pooling)
-    labels = _labels(config, kind, config_file) if task in heads.LABELLED else []
-    if task in heads.LABELLED and not labels:
+    labels = _labels(config, kind, config_file) if task in LABELLED else []
+    if task in LABELLED and not labels:
         raise CheckpointError(f"{config_file}: a {task} model needs id2label")
     if token_embeddings and task != "embed":
         raise CheckpointError(f"{path}: token embeddings are an embedding model's, not this "

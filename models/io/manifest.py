@@ -10,6 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from models import families
+from models.tasks import POOLINGS
+
 FILE = "manifest.json"
 # a fill-mask model's language-model decoder (weight [V, E], bias [V]), beside its artifact
 DECODER = "decoder.safetensors"
@@ -17,6 +20,23 @@ DECODER = "decoder.safetensors"
 
 class ManifestError(Exception):
     """A manifest that cannot be used; the message names the file and the field."""
+
+
+class TokenizerFacts(BaseModel):
+    """What the service takes from transformers' tokenizer besides the Rust one: its
+    special tokens. Recorded by export where checkpoint/tokenizer.json, read by tokenizers
+    alone, is the tokenizer transformers loads from the folder; then the service reads it
+    so and imports neither transformers nor torch to serve an ONNX model."""
+
+    unk_token_id: int | None = None  # NER: a word the vocabulary does not hold
+    cls_token_id: int | None = None  # QA: the token that answers "no answer"
+    mask_token: str | None = None  # fill-mask: the token it fills
+    mask_token_id: int | None = None
+
+    @classmethod
+    def of(cls, tokenizer) -> TokenizerFacts:
+        """A transformers tokenizer's."""
+        return cls(**{name: getattr(tokenizer, name) for name in cls.model_fields})
 
 
 class Manifest(BaseModel):
@@ -56,13 +76,12 @@ class Manifest(BaseModel):
     versions: dict[str, str] = {}
     source: str | None = None
     checkpoint_extra: dict[str, Any] = {}
+    tokenizer: TokenizerFacts | None = None  # none: the service loads it with transformers
 
     @property
     def allowed_dtypes(self) -> list[str]:
         """The dtypes the model may run in: its family's, less any its export found too far
         from fp32 (a manifest written before dtypes were checked: the family's)."""
-        from models import families
-
         family = families.REGISTRY[self.family].dtypes
         if self.dtypes is None:
             return list(family)
@@ -71,17 +90,12 @@ class Manifest(BaseModel):
     @field_validator("family")
     @classmethod
     def _a_family(cls, family: str) -> str:
-        from models import families
-
         if family not in families.REGISTRY:
             raise ValueError(f"{family!r} is not one of {', '.join(families.REGISTRY)}")
         return family
 
     @model_validator(mode="after")
     def _a_pooling(self):
-        from models import families
-        from models.heads import POOLINGS
-
         known = (*POOLINGS, "splade", families.REGISTRY[self.family].pooling)
         if self.pooling not in (None, *known):  # CMOW's is its own
             raise ValueError(f"pooling {self.pooling!r} is not one of "

@@ -38,7 +38,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.heads import POOLINGS  # the poolings computed here
+from models.tasks import POOLINGS  # the poolings computed here
 
 # the module classes (the last part of modules.json's "type") that are computed here:
 # the encoder itself (older versions named it by its architecture; a SPLADE model's is a

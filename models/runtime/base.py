@@ -8,6 +8,8 @@ with --token-embeddings, [B, T, D] token vectors; [B, C] or [B, T, C] logits).
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -121,9 +123,15 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
     raise ValueError(f"unknown backend {kind!r} (onnx, torchscript, torch)")
 
 
+# the device files a GPU's driver makes (NVIDIA's; WSL's; AMD's, ROCm's torch.cuda)
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
 def _wants_gpu(device: str) -> bool:
     if device == "auto":
-        import torch
+        if sys.platform == "linux" and not any(map(os.path.exists, GPU_DEVICE_FILES)):
+            return False  # no driver for torch to find a GPU with: torch is not imported
+        import torch  # (its import: a second or more, and ~150 MB)
 
         return torch.cuda.is_available()
     return device.startswith("cuda")

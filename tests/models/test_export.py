@@ -241,3 +241,19 @@ def test_tracing_a_transformers_model_says_nothing_of_a_loss():
     finally:
         library.removeHandler(handler)
     assert not [r for r in records if "loss" in r.getMessage()]
+
+
+def test_the_manifest_has_the_special_tokens_where_tokenizer_json_alone_is_the_tokenizer(
+        tmp_path):
+    """What the service takes from transformers' tokenizer (then it serves without
+    transformers: tests/e2e/test_without_torch.py), where checkpoint/tokenizer.json read
+    alone is transformers' tokenizer; nothing where tokenizer_config.json changes it."""
+    folder = checkpoint.save(checkpoint.new("bert", "tiny", "ner"), tmp_path / "ckpt")
+    hf = AutoTokenizer.from_pretrained(folder)
+    assert export._tokenizer_facts(folder).model_dump() == {
+        "unk_token_id": hf.unk_token_id, "cls_token_id": hf.cls_token_id,
+        "mask_token": "[MASK]", "mask_token_id": hf.mask_token_id}
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
+    assert AutoTokenizer.from_pretrained(folder)("Hello").input_ids != hf("Hello").input_ids
+    assert export._tokenizer_facts(folder) is None

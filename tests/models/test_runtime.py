@@ -13,7 +13,7 @@ import torch
 
 from models import export
 from models.io.manifest import Manifest
-from models.runtime import open_backend, torch_device
+from models.runtime import base, open_backend, torch_device
 from models.runtime.base import BackendError, check_device, choose_dtype
 from models.runtime.onnx import has_cuda_provider
 from models.runtime.torchscript import TorchScriptBackend
@@ -176,6 +176,7 @@ def test_auto_keeps_onnx_on_the_cpu_when_the_checkpoint_cannot_run_on_the_gpu(
     shutil.copytree(exported["onnx"], folder)
     (folder / "checkpoint" / "model.safetensors").unlink()
     # a GPU as far as the choice can tell; the checkpoint's backend is placed on the CPU
+    monkeypatch.setattr(base, "GPU_DEVICE_FILES", (str(tmp_path),))  # a driver's, there
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch_device, "resolve_device", lambda device: torch.device("cpu"))
     with caplog.at_level(logging.WARNING, logger="distilserve"):
@@ -189,6 +190,23 @@ def test_auto_keeps_onnx_on_the_cpu_when_the_checkpoint_cannot_run_on_the_gpu(
                        ".* the model's checkpoint, which would run there instead, did not: "
                        "CheckpointError: .*no model.safetensors"):
         open_backend("onnx", folder, "model.onnx", device="cuda", checkpoint_on_gpu=True)
+
+
+@NO_GPU
+def test_auto_asks_torch_for_a_gpu_only_where_a_gpu_driver_is(exported, tmp_path, monkeypatch):
+    """Without a driver's device files there is no GPU for torch to find, and torch (a
+    second or more to import, ~150 MB) is not asked: an ONNX model on auto stays on the CPU
+    without its checkpoint being tried."""
+    monkeypatch.setattr(base, "GPU_DEVICE_FILES", (str(tmp_path / "nvidiactl"),))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # would be asked: a GPU
+    tried = []
+    monkeypatch.setattr(base, "_checkpoint_instead", lambda *args: tried.append(args))
+    backend = open_backend("onnx", exported["onnx"], "model.onnx", device="auto",
+                           checkpoint_on_gpu=True)
+    assert (backend.name, backend.device, tried) == ("onnx", "cpu", [])
+    (tmp_path / "nvidiactl").touch()  # a driver: torch is asked, and says a GPU
+    open_backend("onnx", exported["onnx"], "model.onnx", device="auto", checkpoint_on_gpu=True)
+    assert len(tried) == 1
 
 
 @pytest.mark.gpu

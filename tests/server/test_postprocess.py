@@ -170,12 +170,13 @@ def test_sentence_embeddings_pool_token_vectors_as_the_graphs_do():
     import torch
 
     from models import heads
+    from models.tasks import POOLINGS
 
     g = np.random.default_rng(0)
     hidden = g.normal(size=(2, 5, 3)).astype(np.float32)  # [B, T, D]
     mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]])
     tokens = [hidden[0], hidden[1, :2]]  # as the engine gives them: padding left out
-    for how in heads.POOLINGS:
+    for how in POOLINGS:
         want = heads.pool(torch.from_numpy(hidden), torch.from_numpy(mask), how).numpy()
         assert np.abs(postprocess.sentence_embeddings(tokens, how) - want).max() < 1e-6
     pooled = [hidden[0, 0], hidden[1, 0]]  # an export that pools: as they are

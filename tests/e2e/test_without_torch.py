@@ -1,0 +1,78 @@
+"""ONNX models are served without torch and transformers: ``distilserve serve`` works with
+both unimportable, since the export recorded in the manifest what the service took from
+transformers' tokenizer (its special tokens; the Rust tokenizer is checkpoint/tokenizer.json).
+That spares each serving process the ~300 MB and the seconds their imports take. A model
+folder exported before (no ``tokenizer`` in its manifest) is served through transformers,
+alike."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from models import export
+from models.io.manifest import FILE
+from tests.conftest import free_port, running_server, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+# the CLI with torch and transformers unimportable: any import of either raises ImportError
+UNIMPORTABLE = ("import sys; sys.modules.update(torch=None, transformers=None); "
+                "from server.cli import main; sys.exit(main(sys.argv[1:]))")
+MODELS = [("bert", "embed"), ("bert", "ner"), ("distilbert", "classify"), ("cmow", "embed"),
+          ("minialbert", "classify")]
+TEXTS = ["Kenji Tanaka flew from Osaka to Paris.", "naïve café, déjà vu!"]
+
+
+def answers(url: str) -> dict:
+    """What each model answers for TEXTS, and their tokens."""
+    out = {}
+    for family, task in MODELS:
+        name = f"{family}-{task}"
+        route = {"embed": "/v1/embed", "classify": "/v1/classify", "ner": "/v1/ner"}[task]
+        for path in (route, "/v1/tokenize"):
+            response = httpx.post(url + path, json={"inputs": TEXTS, "model": name}, timeout=60)
+            assert response.status_code == 200, response.text
+            out[name, path] = response.json()
+    return out
+
+
+def test_onnx_models_are_served_with_torch_and_transformers_unimportable(tiny_checkpoints,
+                                                                         tmp_path):
+    repo, older = tmp_path / "repo", tmp_path / "older"
+    for family, task in MODELS:
+        folder = repo / f"{family}-{task}"
+        manifest = export.export(tiny_checkpoints[family, task], folder, "onnx")
+        assert manifest.tokenizer.unk_token_id == 100  # bert-base-uncased's
+        # the same folder as an export before the manifest said it: through transformers
+        shutil.copytree(folder, older / folder.name)
+        manifest = json.loads((folder / FILE).read_text())
+        del manifest["tokenizer"]
+        (older / folder.name / FILE).write_text(json.dumps(manifest))
+
+    port, log = free_port(), tmp_path / "serve.log"
+    server = subprocess.Popen(
+        [sys.executable, "-c", UNIMPORTABLE, "serve", "--model-repository", str(repo),
+         "--port", str(port)], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+
+    def ready():
+        assert server.poll() is None, log.read_text()
+        try:
+            return httpx.get(url + "/ready", timeout=5).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_for(ready, "the server without torch")
+        without = answers(url)
+    finally:
+        server.terminate()
+        server.wait(120)
+    assert "Traceback" not in log.read_text()
+    with running_server(older) as through_transformers:
+        assert answers(through_transformers) == without
