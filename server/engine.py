@@ -127,16 +127,18 @@ def open_decoder(folder: Path, backend: Backend) -> Callable[[np.ndarray], np.nd
 
 def load_tokenizer(folder: Path, manifest: Manifest,
                    ) -> tuple[Tokenizer, TokenizerFacts, PreTrainedTokenizerFast | None]:
-    """A model folder's Rust tokenizer, its special tokens, and for fill-mask transformers'
-    tokenizer (whose decode the pipeline's texts are; else None). Read from
-    checkpoint/tokenizer.json alone where the export found that to be transformers'
+    """A model folder's Rust tokenizer, its special tokens, and transformers' tokenizer
+    where fill-mask needs its decode (a class that decodes its own way; else None). Read
+    from checkpoint/tokenizer.json alone where the export found that to be transformers'
     tokenizer (the manifest's ``tokenizer``): then neither transformers nor torch is
     imported; else loaded with transformers. A ModelLoadError naming the folder if neither
     reads it."""
     checkpoint = folder / "checkpoint"
+    facts = manifest.tokenizer
+    fill_mask = manifest.task == "fill-mask"
     try:
-        if manifest.tokenizer is not None and manifest.task != "fill-mask":
-            return Tokenizer.from_file(str(checkpoint / "tokenizer.json")), manifest.tokenizer, None
+        if facts is not None and not (fill_mask and facts.clean_up_tokenization_spaces is None):
+            return Tokenizer.from_file(str(checkpoint / "tokenizer.json")), facts, None
         from transformers import AutoTokenizer  # a second or two, and torch with it
 
         tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
@@ -145,8 +147,9 @@ def load_tokenizer(folder: Path, manifest: Manifest,
     if not tokenizer.is_fast:
         raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
                              "tokenizer); re-export it with distilserve export")
-    hf = tokenizer if manifest.task == "fill-mask" else None
-    return tokenizer.backend_tokenizer, TokenizerFacts.of(tokenizer), hf
+    facts = TokenizerFacts.of(tokenizer)
+    hf = tokenizer if fill_mask and facts.clean_up_tokenization_spaces is None else None
+    return tokenizer.backend_tokenizer, facts, hf
 
 
 def read_decoder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -219,6 +222,7 @@ class Engine:
         # the Rust tokenizer itself, set up once per truncation below (transformers' wrapper
         # re-configures it on every call); the model's thread encodes in batches
         rust, facts, self.hf_tokenizer = load_tokenizer(folder, manifest)
+        self.clean_up_spaces = facts.clean_up_tokenization_spaces  # fill-mask's texts
         self.unk_id = facts.unk_token_id
         self.cls_id = facts.cls_token_id  # QA: the token that may answer "no answer"
         self.mask_token = self.mask_id = None  # fill-mask: the token it fills
@@ -462,6 +466,15 @@ class Engine:
     def decode(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
         """TEI's /decode: each list of token ids as text."""
         return self.tokenizers[None].decode_batch(ids, skip_special_tokens=skip_special_tokens)
+
+    def text_of(self, ids: list[int], skip_special_tokens: bool) -> str:
+        """Token ids as transformers' tokenizer decodes them (fill-mask's texts, as the
+        pipeline's): the Rust tokenizer's text, its spaces before punctuation cleaned up
+        where the tokenizer says; or transformers' own decode, for a class with its own."""
+        if self.hf_tokenizer is not None:
+            return self.hf_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        text = self.tokenizers[None].decode(ids, skip_special_tokens=skip_special_tokens)
+        return postprocess.clean_up_tokenization(text) if self.clean_up_spaces else text
 
     # run ----------------------------------------------------------------------------
     async def infer(self, texts: list, truncation: str | None,

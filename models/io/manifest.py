@@ -32,11 +32,23 @@ class TokenizerFacts(BaseModel):
     cls_token_id: int | None = None  # QA: the token that answers "no answer"
     mask_token: str | None = None  # fill-mask: the token it fills
     mask_token_id: int | None = None
+    # fill-mask's texts are transformers' decode: the Rust tokenizer's, then (where true)
+    # its clean-up of spaces before punctuation; None: the tokenizer's class decodes its
+    # own way (the service then decodes with transformers)
+    clean_up_tokenization_spaces: bool | None = None
 
     @classmethod
     def of(cls, tokenizer) -> TokenizerFacts:
         """A transformers tokenizer's."""
-        return cls(**{name: getattr(tokenizer, name) for name in cls.model_fields})
+        from transformers import PreTrainedTokenizerFast
+
+        base = PreTrainedTokenizerFast
+        own = (type(tokenizer)._decode is not base._decode
+               or type(tokenizer).clean_up_tokenization is not base.clean_up_tokenization)
+        return cls(unk_token_id=tokenizer.unk_token_id, cls_token_id=tokenizer.cls_token_id,
+                   mask_token=tokenizer.mask_token, mask_token_id=tokenizer.mask_token_id,
+                   clean_up_tokenization_spaces=None if own else
+                   bool(tokenizer.clean_up_tokenization_spaces))
 
 
 class Manifest(BaseModel):

@@ -52,16 +52,13 @@ async def filled(body: FillMaskRequest, request: Request
                       f"answers ({masks} masks x top_k {k})")
     result = await infer(request, engine, texts, body.truncation)
 
-    def decode(ids: list[int], skip_special_tokens: bool) -> str:
-        return engine.hf_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-
     def each(i: int, logits, encoding) -> list[list[dict]]:
         if engine.mask_id not in encoding.ids:
             raise ApiError(422, "invalid_request", f"input {i}: its {engine.mask_token} was "
                            f"cut, past model {engine.name!r}'s max_length "
                            f"({engine.max_length} tokens)")
         return postprocess.fill_mask(logits, encoding.ids, engine.mask_id, body.top_k, targets,
-                                     decode)
+                                     engine.text_of)
 
     return engine, await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [each(i, logits, encoding)

@@ -1,6 +1,7 @@
 """ONNX models are served without torch and transformers: ``distilserve serve`` works with
 both unimportable, since the export recorded in the manifest what the service took from
-transformers' tokenizer (its special tokens; the Rust tokenizer is checkpoint/tokenizer.json).
+transformers' tokenizer (its special tokens, and how it decodes; the Rust tokenizer is
+checkpoint/tokenizer.json).
 That spares each serving process the ~300 MB and the seconds their imports take. A model
 folder exported before (no ``tokenizer`` in its manifest) is served through transformers,
 alike."""
@@ -16,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from models import export
+from models.io import checkpoint
 from models.io.manifest import FILE
 from tests.conftest import free_port, running_server, wait_for
 
@@ -24,8 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 UNIMPORTABLE = ("import sys; sys.modules.update(torch=None, transformers=None); "
                 "from server.cli import main; sys.exit(main(sys.argv[1:]))")
 MODELS = [("bert", "embed"), ("bert", "ner"), ("distilbert", "classify"), ("cmow", "embed"),
-          ("minialbert", "classify")]
-TEXTS = ["Kenji Tanaka flew from Osaka to Paris.", "naïve café, déjà vu!"]
+          ("minialbert", "classify"), ("bert", "fill-mask")]
+ROUTES = {"embed": "/v1/embed", "classify": "/v1/classify", "ner": "/v1/ner",
+          "fill-mask": "/v1/fill-mask"}
+TEXTS = ["Kenji Tanaka flew from [MASK] to Paris, didn't he?", "naïve café, déjà vu [MASK] !"]
 
 
 def answers(url: str) -> dict:
@@ -33,8 +37,7 @@ def answers(url: str) -> dict:
     out = {}
     for family, task in MODELS:
         name = f"{family}-{task}"
-        route = {"embed": "/v1/embed", "classify": "/v1/classify", "ner": "/v1/ner"}[task]
-        for path in (route, "/v1/tokenize"):
+        for path in (ROUTES[task], "/v1/tokenize"):
             response = httpx.post(url + path, json={"inputs": TEXTS, "model": name}, timeout=60)
             assert response.status_code == 200, response.text
             out[name, path] = response.json()
@@ -44,9 +47,15 @@ def answers(url: str) -> dict:
 def test_onnx_models_are_served_with_torch_and_transformers_unimportable(tiny_checkpoints,
                                                                          tmp_path):
     repo, older = tmp_path / "repo", tmp_path / "older"
+    # a fill-mask model whose tokenizer cleans up its decoded texts (spaces before ",", "?")
+    masked = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "masked")
+    config = json.loads((masked / "tokenizer_config.json").read_text())
+    (masked / "tokenizer_config.json").write_text(
+        json.dumps({**config, "clean_up_tokenization_spaces": True}))
     for family, task in MODELS:
         folder = repo / f"{family}-{task}"
-        manifest = export.export(tiny_checkpoints[family, task], folder, "onnx")
+        source = masked if task == "fill-mask" else tiny_checkpoints[family, task]
+        manifest = export.export(source, folder, "onnx", task=task)
         assert manifest.tokenizer.unk_token_id == 100  # bert-base-uncased's
         # the same folder as an export before the manifest said it: through transformers
         shutil.copytree(folder, older / folder.name)
@@ -74,5 +83,7 @@ def test_onnx_models_are_served_with_torch_and_transformers_unimportable(tiny_ch
         server.terminate()
         server.wait(120)
     assert "Traceback" not in log.read_text()
+    filled = without["bert-fill-mask", "/v1/fill-mask"]["results"][0][0]  # the first mask's
+    assert all(a["sequence"].endswith(" to paris, didn't he?") for a in filled)  # cleaned up
     with running_server(older) as through_transformers:
         assert answers(through_transformers) == without

@@ -252,7 +252,8 @@ def test_the_manifest_has_the_special_tokens_where_tokenizer_json_alone_is_the_t
     hf = AutoTokenizer.from_pretrained(folder)
     assert export._tokenizer_facts(folder).model_dump() == {
         "unk_token_id": hf.unk_token_id, "cls_token_id": hf.cls_token_id,
-        "mask_token": "[MASK]", "mask_token_id": hf.mask_token_id}
+        "mask_token": "[MASK]", "mask_token_id": hf.mask_token_id,
+        "clean_up_tokenization_spaces": hf.clean_up_tokenization_spaces}
     config = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
     assert AutoTokenizer.from_pretrained(folder)("Hello").input_ids != hf("Hello").input_ids

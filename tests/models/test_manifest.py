@@ -66,3 +66,27 @@ def test_missing_and_unreadable_manifests(tmp_path):
     write(tmp_path, data)
     with pytest.raises(ManifestError, match="family: Field required"):
         Manifest.read(tmp_path)
+
+
+def test_tokenizer_facts_say_how_transformers_decodes():
+    """The special tokens, and whether transformers' decode is the Rust tokenizer's then a
+    clean-up (the service then decodes without transformers); None for a class of its own."""
+    from transformers import AutoTokenizer
+
+    from models.io import checkpoint
+    from models.io.manifest import TokenizerFacts
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint.minilm_path())
+    facts = TokenizerFacts.of(tokenizer)
+    assert (facts.unk_token_id, facts.cls_token_id, facts.mask_token, facts.mask_token_id) == (
+        100, 101, "[MASK]", 103)
+    assert facts.clean_up_tokenization_spaces is False  # all-MiniLM-L6-v2's tokenizer_config
+    tokenizer.clean_up_tokenization_spaces = True
+    assert TokenizerFacts.of(tokenizer).clean_up_tokenization_spaces is True
+
+    class OwnDecode(type(tokenizer)):
+        def _decode(self, token_ids, **kwargs):
+            return "its own"
+
+    tokenizer.__class__ = OwnDecode
+    assert TokenizerFacts.of(tokenizer).clean_up_tokenization_spaces is None

@@ -230,3 +230,13 @@ def test_largest_gives_what_a_stable_sort_gives(k):
     rng = np.random.default_rng(k)
     y = rng.integers(0, 20, 1000).astype(np.float32)  # many ties
     assert postprocess.largest(y, k).tolist() == np.argsort(-y, kind="stable")[:k].tolist()
+
+
+@pytest.mark.parametrize("text", [
+    "the cat , the dog . and you ?", "she didn ' t ! we ' re , i ' m he ' s they ' ve",
+    "a ' b ' c", "no clean up here", " . , ! ?", "it ' s  ,", ""])
+def test_clean_up_tokenization_is_transformers(text):
+    from transformers import PreTrainedTokenizerFast
+
+    assert postprocess.clean_up_tokenization(text) == \
+        PreTrainedTokenizerFast.clean_up_tokenization(text)
