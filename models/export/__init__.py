@@ -147,10 +147,10 @@ def replace(new: Path, output: Path) -> None:
 
 
 def _tokenizer_facts(folder: Path) -> TokenizerFacts | None:
-    """The saved checkpoint's special tokens, where its tokenizer.json read by tokenizers
-    alone is the tokenizer transformers loads from it (so the service needs no
-    transformers); None where transformers changes it (a tokenizer_config.json that
-    overrides it)."""
+    """What the service takes from the saved checkpoint's transformers tokenizer (special
+    tokens, how it decodes), where its tokenizer.json read by tokenizers alone is the
+    tokenizer transformers loads from it (so the service needs no transformers); None
+    where transformers changes it (a tokenizer_config.json that overrides it)."""
     saved = checkpoint.fast_tokenizer(folder)
     file = folder / "tokenizer.json"
     alone = Tokenizer.from_file(str(file)).to_str() if file.is_file() else None

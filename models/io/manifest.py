@@ -24,9 +24,9 @@ class ManifestError(Exception):
 
 class TokenizerFacts(BaseModel):
     """What the service takes from transformers' tokenizer besides the Rust one: its
-    special tokens. Recorded by export where checkpoint/tokenizer.json, read by tokenizers
-    alone, is the tokenizer transformers loads from the folder; then the service reads it
-    so and imports neither transformers nor torch to serve an ONNX model."""
+    special tokens and how it decodes. Recorded by export where checkpoint/tokenizer.json,
+    read by tokenizers alone, is the tokenizer transformers loads from the folder; then the
+    service reads it so and imports neither transformers nor torch to serve an ONNX model."""
 
     unk_token_id: int | None = None  # NER: a word the vocabulary does not hold
     cls_token_id: int | None = None  # QA: the token that answers "no answer"
