@@ -131,14 +131,18 @@ def load_tokenizer(folder: Path, manifest: Manifest,
     where fill-mask needs its decode (a class that decodes its own way; else None). Read
     from checkpoint/tokenizer.json alone where the export found that to be transformers'
     tokenizer (the manifest's ``tokenizer``): then neither transformers nor torch is
-    imported; else loaded with transformers. A ModelLoadError naming the folder if neither
-    reads it."""
-    checkpoint = folder / "checkpoint"
-    facts = manifest.tokenizer
+    imported; else loaded with transformers. A ModelLoadError naming the tokenizer.json
+    that does not read, or the folder where transformers does not load it."""
+    checkpoint, facts = folder / "checkpoint", manifest.tokenizer
+    file = checkpoint / "tokenizer.json"  # (gone: transformers makes it from vocab.txt)
     fill_mask = manifest.task == "fill-mask"
+    if (facts is not None and file.is_file()
+            and not (fill_mask and facts.clean_up_tokenization_spaces is None)):
+        try:
+            return Tokenizer.from_file(str(file)), facts, None
+        except Exception as e:
+            raise ModelLoadError(f"{file}: {type(e).__name__}: {e}") from None
     try:
-        if facts is not None and not (fill_mask and facts.clean_up_tokenization_spaces is None):
-            return Tokenizer.from_file(str(checkpoint / "tokenizer.json")), facts, None
         from transformers import AutoTokenizer  # a second or two, and torch with it
 
         tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))

@@ -111,6 +111,23 @@ def test_a_manifest_that_says_other_than_its_artifact_does_is_refused(onnx_model
         load_engine("m", folder, Settings(), Metrics())
 
 
+def test_a_broken_tokenizer_json_is_named_and_a_missing_one_made_by_transformers(onnx_model,
+                                                                                 tmp_path):
+    """The manifest's ``tokenizer`` has the service read checkpoint/tokenizer.json alone:
+    where that file does not read, the error names it; where it is gone, transformers makes
+    the tokenizer from vocab.txt, as it did before the manifest said anything."""
+    folder = tmp_path / "model"
+    shutil.copytree(onnx_model, folder)
+    assert Manifest.read(folder).tokenizer is not None
+    file = folder / "checkpoint" / "tokenizer.json"
+    whole = load_engine("m", folder, Settings(), Metrics()).tokens(["Hello, world"], True)
+    file.write_text('{"version": "1.0", "trunc')
+    with pytest.raises(ModelLoadError, match=f"^{file}: "):
+        load_engine("m", folder, Settings(), Metrics())
+    file.unlink()
+    assert load_engine("m", folder, Settings(), Metrics()).tokens(["Hello, world"], True) == whole
+
+
 def test_an_int8_model_says_so(tiny_checkpoints, tmp_path):
     folder = tmp_path / "int8"
     export.export(tiny_checkpoints["bert", "embed"], folder, "onnx", quantize="int8")
