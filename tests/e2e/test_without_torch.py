@@ -1,10 +1,9 @@
 """ONNX models are served without torch and transformers: ``distilserve serve`` works with
 both unimportable, since the export recorded in the manifest what the service took from
 transformers' tokenizer (its special tokens, and how it decodes; the Rust tokenizer is
-checkpoint/tokenizer.json).
-That spares each serving process the ~300 MB and the seconds their imports take. A model
-folder exported before (no ``tokenizer`` in its manifest) is served through transformers,
-alike."""
+checkpoint/tokenizer.json). That spares each serving process the ~300 MB and the seconds
+their imports take. A model folder exported before (no ``tokenizer`` in its manifest) is
+served through transformers, alike."""
 
 from __future__ import annotations
 
