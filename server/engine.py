@@ -135,9 +135,7 @@ def load_tokenizer(folder: Path, manifest: Manifest,
     that does not read, or the folder where transformers does not load it."""
     checkpoint, facts = folder / "checkpoint", manifest.tokenizer
     file = checkpoint / "tokenizer.json"  # (gone: transformers makes it from vocab.txt)
-    fill_mask = manifest.task == "fill-mask"
-    if (facts is not None and file.is_file()
-            and not (fill_mask and facts.clean_up_tokenization_spaces is None)):
+    if facts is not None and file.is_file() and facts.suffice(manifest.task):
         try:
             return Tokenizer.from_file(str(file)), facts, None
         except Exception as e:
@@ -152,7 +150,7 @@ def load_tokenizer(folder: Path, manifest: Manifest,
         raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
                              "tokenizer); re-export it with distilserve export")
     facts = TokenizerFacts.of(tokenizer)
-    hf = tokenizer if fill_mask and facts.clean_up_tokenization_spaces is None else None
+    hf = None if facts.suffice(manifest.task) else tokenizer
     return tokenizer.backend_tokenizer, facts, hf
 
 

@@ -37,6 +37,11 @@ class TokenizerFacts(BaseModel):
     # own way (the service then decodes with transformers)
     clean_up_tokenization_spaces: bool | None = None
 
+    def suffice(self, task: str) -> bool:
+        """Whether these facts and the Rust tokenizer give all a model of ``task`` takes
+        from transformers' tokenizer: not for fill-mask where its class decodes its own way."""
+        return not (task == "fill-mask" and self.clean_up_tokenization_spaces is None)
+
     @classmethod
     def of(cls, tokenizer) -> TokenizerFacts:
         """A transformers tokenizer's."""
