@@ -75,7 +75,8 @@ class Refused(Exception):
         """A setting that does not validate (pydantic's ValidationError): its first error."""
         first = error.errors()[0]
         where = f"{first['loc'][0]}: " if first["loc"] else ""
-        return cls(f"{where}{first['msg']}")
+        said = first["ctx"]["error"] if first["type"] == "value_error" else first["msg"]
+        return cls(f"{where}{said}")  # (a validator's own words, without "Value error, ")
 
 
 def cmd_new(args: argparse.Namespace) -> int:
@@ -459,7 +460,7 @@ def parser() -> argparse.ArgumentParser:
                        help="DISTILSERVE_WORKERS: processes serving the port, each with its "
                        "own copy of every model (default 1)")
     serve.add_argument("--grpc-port", type=int,
-                       help="DISTILSERVE_GRPC_PORT: also serve gRPC on this port: the Open "
+                       help="DISTILSERVE_GRPC_PORT: also serve gRPC on this port, not --port's: the Open "
                        "Inference Protocol (tritonclient.grpc, KServe), Text Embeddings "
                        "Inference's tei.v1, health checks and reflection; default: none")
     serve.add_argument("--device", help="DISTILSERVE_DEVICE: cpu, cuda, cuda:N or auto "

@@ -20,10 +20,10 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535, description="the HTTP port")
     grpc_port: int | None = Field(None, ge=1, le=65535, description="also serve gRPC on "
-                                  "this port (Triton's is 8001): the Open Inference "
-                                  "Protocol (KServe's V2, Triton's), Text Embeddings "
-                                  "Inference's tei.v1, grpc.health.v1 and reflection; none: "
-                                  "no gRPC")
+                                  "this port, not the HTTP one (Triton's is 8001): the Open "
+                                  "Inference Protocol (KServe's V2, Triton's), Text "
+                                  "Embeddings Inference's tei.v1, grpc.health.v1 and "
+                                  "reflection; none: no gRPC")
     workers: int = Field(1, ge=1, description="processes serving the port, each with its "
                          "own copy of every model; one that dies is restarted")
     cache_dir: Path = Field(Path.home() / ".cache" / "distilserve",
@@ -146,6 +146,16 @@ class Settings(BaseSettings):
             return check_device(value)
         except BackendError as e:
             raise ValueError(str(e)) from None
+
+    @model_validator(mode="after")
+    def _two_ports(self):
+        """gRPC on a port of its own: on the HTTP port, both binds went through (neither
+        listened yet) and the service started, its models loaded, but answered no HTTP
+        request, and nothing said why."""
+        if self.grpc_port == self.port:
+            raise ValueError(f"grpc_port {self.grpc_port} is the HTTP port too: gRPC needs a "
+                             "port of its own (Triton's is 8001)")
+        return self
 
     @model_validator(mode="after")
     def _one_controller(self):
