@@ -28,7 +28,7 @@ from models.io.manifest import DECODER, Manifest, ManifestError, TokenizerFacts
 from models.io.manifest import FILE as manifest_file
 from models.runtime import open_backend
 from models.runtime.base import Backend, BackendError
-from models.tasks import PER_TOKEN
+from models.tasks import PAIRED, PER_TOKEN, least_max_length
 from server import postprocess
 from server.batching import (
     CPU_PADDING,
@@ -253,6 +253,12 @@ class Engine:
         probe = self.tokenizers[None].encode("a")
         at = probe.special_tokens_mask.index(0)
         self.specials = (probe.ids[:at], probe.ids[at + 1:])
+        least = least_max_length(self.tokenizers[None], self.task)
+        if self.max_length < least:  # (before, a folder at 1 failed its warm-up as a client's
+            # input too long; at 2 it served every text as [CLS] [SEP])
+            raise ModelLoadError(f"{self.folder}: its max_length, {self.max_length}, leaves no "
+                                 "token of text beside the special tokens of an input: "
+                                 f"re-export it with --max-length {least} or more")
         # the tokens of text an input may have: max_length less its special tokens
         self.room = max(0, self.max_length - len(self.specials[0]) - len(self.specials[1]))
         self.filler = probe.ids[at]  # a token of text, for warm-up batches
@@ -358,7 +364,8 @@ class Engine:
             await on_own_thread(self._warm_shapes)
         self.batcher.start()
         if warmup:  # first runs allocate and optimise; do them before traffic
-            sample = ("warm up", "pair") if self.task in ("classify", "qa") else "warm up"
+            # (a pair of one token each: question answering keeps its question whole)
+            sample = ("warm", "up") if self.task in PAIRED else "warm up"
             for _ in range(2):
                 await self.infer([sample], "right")
         self.batcher.on_batch = self.series.observe_batch  # what the clients' inputs ran

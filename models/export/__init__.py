@@ -41,7 +41,7 @@ from models.export.quantize import quantize_int8
 from models.io import checkpoint
 from models.io.manifest import DECODER, Manifest, TokenizerFacts
 from models.runtime import open_backend
-from models.tasks import PER_TOKEN
+from models.tasks import PER_TOKEN, least_max_length
 
 __all__ = ["ARTIFACT", "FORMATS", "ExportError", "example_inputs", "export", "replace",
            "trace"]
@@ -106,6 +106,11 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     tokenizer = checkpoint.fast_tokenizer(ckpt.tokenizer_dir)
     _check_vocabulary(ckpt, len(tokenizer), Path(source))
     max_length = min(max_length or ckpt.default_length, ckpt.max_length)
+    least = least_max_length(tokenizer.backend_tokenizer, ckpt.task)
+    if max_length < least:
+        raise ExportError(f"--max-length {max_length} leaves no token of text beside the "
+                          f"special tokens around each input (task {ckpt.task}): at least "
+                          f"{least}")
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:

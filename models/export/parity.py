@@ -12,6 +12,7 @@ from torch import nn
 
 from models import samples
 from models.runtime.base import INPUT_NAMES
+from models.tasks import PAIRED
 
 # largest difference allowed, relative to the output's largest magnitude when that is
 # over 1 (CMOW's matrix products reach 1e3-1e16 on long inputs; fp32 keeps ~7 digits)
@@ -31,7 +32,7 @@ def parity_inputs(tokenizer, max_length: int, task: str) -> list[dict[str, np.nd
             mask[1, length // 3:] = 0
             ids[1, length // 3:] = 0
         types = np.zeros_like(ids)
-        if task in ("classify", "qa") and length > 4:
+        if task in PAIRED and length > 4:
             types[0, length // 2:] = 1  # a text pair in the first row
         return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 

@@ -106,6 +106,20 @@ def test_export_refuses_a_max_length_under_one(tiny_checkpoints, tmp_path, capsy
     assert not (tmp_path / "m").exists()
 
 
+@pytest.mark.parametrize("task,least", [("embed", 3), ("classify", 5)])
+def test_export_refuses_a_max_length_that_leaves_no_text(tiny_checkpoints, tmp_path, capsys,
+                                                         task, least):
+    """[CLS] and [SEP] around a text, three tokens around a pair (classify, qa), and a token
+    of each text: under that, a folder at 1 was written and not served (its warm-up's input
+    'too long'), one at 2 served every text as [CLS] [SEP]."""
+    source, out = tiny_checkpoints["bert", task], tmp_path / "m"
+    assert main(["export", source, "--output", str(out), "--max-length", str(least - 1)]) == 1
+    assert (f"--max-length {least - 1} leaves no token of text beside the special tokens "
+            f"around each input (task {task}): at least {least}") in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["export", source, "--output", str(out), "--max-length", str(least)]) == 0
+
+
 def test_export_onto_an_existing_model_folder_needs_force(tiny_checkpoints, tmp_path, capsys):
     out = tmp_path / "repo" / "m"
     source = tiny_checkpoints["cmow", "embed"]

@@ -92,6 +92,9 @@ def test_a_dtype_that_failed_the_exports_parity_check_is_refused(torch_model, tm
 @pytest.mark.parametrize("change,words", [
     ({"max_length": 4096}, r"an input of its max_length \(4096 tokens, more than the model "
                            r"takes\?\) failed: "),  # past its 128 positions
+    # [CLS] and [SEP] alone: before, each text was served as [CLS] [SEP], the same vector
+    ({"max_length": 2}, r"its max_length, 2, leaves no token of text beside the special "
+                        r"tokens of an input: re-export it with --max-length 3 or more"),
     ({"dimensions": 7}, r"its artifact gives outputs of shape \[1, 32\] for one input of 128 tokens, "
                         r"where its manifest \(task embed, dimensions 7\) says \[1, 7\]"),
     ({"task": "classify", "labels": ["a", "b"], "pooling": None, "dimensions": None},
