@@ -147,7 +147,27 @@ def charts(folder: Path, results: list[dict]) -> None:
     import numpy as np
 
     measured = [r for r in results if "error" not in r and r["loop"] in (None, "unroll")]
-    ok = [r for r in measured if "fidelity" not in r]  # the papers' rows; students below
+    if not measured:  # every row failed (REPORT.md says why): no empty axes
+        print("bench: charts not drawn: no row was measured", file=sys.stderr)
+        return
+    students = [r for r in measured if "fidelity" in r]
+    if students:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for r in teacher_rows(results, students) + students:
+            x = r.get("fidelity", {"spearman": 1.0})["spearman"]
+            ax.scatter(x, r["sentences_per_s"])
+            ax.annotate(f"{r['model']} ({r['backend']})", (x, r["sentences_per_s"]),
+                        fontsize=8)
+        ax.set_xlabel("fidelity to MiniLM (Spearman of pairwise similarities)")
+        ax.set_ylabel("sentences/s")
+        ax.set_yscale("log")
+        ax.set_title("distilled students: speed against fidelity")
+        fig.tight_layout()
+        fig.savefig(folder / "fidelity.png", dpi=100)
+        plt.close(fig)
+    ok = [r for r in measured if "fidelity" not in r]  # the papers' rows
+    if not ok:  # students alone
+        return
     models = list(dict.fromkeys(r["model"] for r in ok))
     backends = list(dict.fromkeys(column(r) for r in ok))
     for name, key, label in (("throughput", "speed", "sentences/s"),
@@ -166,21 +186,6 @@ def charts(folder: Path, results: list[dict]) -> None:
         ax.set_title(f"{label} per model and backend (loop unrolled)")
         fig.tight_layout()
         fig.savefig(folder / f"{name}.png", dpi=100)
-        plt.close(fig)
-    students = [r for r in measured if "fidelity" in r]
-    if students:
-        fig, ax = plt.subplots(figsize=(8, 5))
-        for r in teacher_rows(results, students) + students:
-            x = r.get("fidelity", {"spearman": 1.0})["spearman"]
-            ax.scatter(x, r["sentences_per_s"])
-            ax.annotate(f"{r['model']} ({r['backend']})", (x, r["sentences_per_s"]),
-                        fontsize=8)
-        ax.set_xlabel("fidelity to MiniLM (Spearman of pairwise similarities)")
-        ax.set_ylabel("sentences/s")
-        ax.set_yscale("log")
-        ax.set_title("distilled students: speed against fidelity")
-        fig.tight_layout()
-        fig.savefig(folder / "fidelity.png", dpi=100)
         plt.close(fig)
     fig, ax = plt.subplots(figsize=(8, 5))
     for b in backends:

@@ -37,3 +37,21 @@ def test_without_matplotlib_the_report_is_written_and_the_charts_drawn_later(
 def test_drawing_needs_a_folder_with_results(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
     assert "usage: python -m bench.report FOLDER" in capsys.readouterr().err
+
+
+def test_no_charts_where_no_row_was_measured(tmp_path, capsys):
+    """(every row failed: the charts had been drawn with empty axes, matplotlib warning of
+    a legend with nothing in it)"""
+    failed = [{**r, "error": "CUDA graphs need a GPU"} for r in _committed()]
+    report.write(tmp_path, failed, 100e9, {}, {"torch": "2.13.0"})
+    assert (tmp_path / "REPORT.md").exists()
+    assert not any((tmp_path / chart).exists() for chart in CHARTS)
+    assert "charts not drawn: no row was measured" in capsys.readouterr().err
+
+
+def test_students_alone_get_their_chart_and_no_empty_ones(tmp_path):
+    """(``bench --students DIR --models`` naming students only)"""
+    students = [r for r in _committed() if "fidelity" in r]
+    assert students
+    report.write(tmp_path, students, 100e9, {}, {"torch": "2.13.0"})
+    assert [c for c in CHARTS if (tmp_path / c).exists()] == ["fidelity.png"]
