@@ -460,9 +460,10 @@ def parser() -> argparse.ArgumentParser:
                        help="DISTILSERVE_WORKERS: processes serving the port, each with its "
                        "own copy of every model (default 1)")
     serve.add_argument("--grpc-port", type=int,
-                       help="DISTILSERVE_GRPC_PORT: also serve gRPC on this port, not --port's: the Open "
-                       "Inference Protocol (tritonclient.grpc, KServe), Text Embeddings "
-                       "Inference's tei.v1, health checks and reflection; default: none")
+                       help="DISTILSERVE_GRPC_PORT: also serve gRPC on this port, not "
+                       "--port's: the Open Inference Protocol (tritonclient.grpc, KServe), "
+                       "Text Embeddings Inference's tei.v1, health checks and reflection; "
+                       "default: none")
     serve.add_argument("--device", help="DISTILSERVE_DEVICE: cpu, cuda, cuda:N or auto "
                        "(default: a GPU when one is visible)")
     serve.add_argument("--dtype", help="DISTILSERVE_DTYPE: auto, fp32, fp16 or bf16 "
