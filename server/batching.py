@@ -47,6 +47,18 @@ class InputTooLong(Exception):
                    f"{max_length}; send truncate: true or a shorter text")
 
 
+class NotFinite(Exception):
+    """An input whose outputs hold a NaN or an infinity: numbers past the range of the
+    model's dtype, as CMOW's products pass float32's on long inputs (JSON carried them as
+    nulls: embeddings and scores of null)."""
+
+    @classmethod
+    def of(cls, index: int, tokens: int) -> NotFinite:
+        return cls(f"input {index}: the model's outputs for its {tokens} tokens are not "
+                   "finite (its numbers passed the range of its dtype, as CMOW's products "
+                   "do on long inputs); send a shorter text")
+
+
 class Request:
     """What the inputs of one request share: how many of them have started."""
 
@@ -98,6 +110,22 @@ def pad(encodings: list) -> dict[str, np.ndarray]:
 # (ONNX Runtime, 2 threads: MiniLM-L6 4 ms for 1 x 16 tokens, +1.25 ms per 16 more; 1
 # thread and DistilBERT alike). A GPU's fixed cost is thousands of tokens: None, any.
 CPU_PADDING = 32
+
+
+def not_finite(outputs: Any, batch: list[Item]) -> list[Item]:
+    """The inputs of a batch whose outputs are not all finite: their rows of [B, ...] (of a
+    row per token, [B, T, X], their own tokens', not the padding's), or their arrays of a
+    list (fill-mask's). One check of the whole batch where all are finite."""
+    if isinstance(outputs, np.ndarray):
+        if outputs.dtype.kind != "f" or np.isfinite(outputs).all():
+            return []
+        rows = [outputs[row, :item.length] if outputs.ndim > 2 else outputs[row]
+                for row, item in enumerate(batch)]
+    elif isinstance(outputs, list):
+        rows = outputs
+    else:
+        return []
+    return [item for item, row in zip(batch, rows) if not np.isfinite(row).all()]
 
 
 def take_batch(pending: list[Item], max_size: int, max_tokens: int,
@@ -330,6 +358,9 @@ class Batcher:
                 outputs = self.collect(outputs)
             except Exception as e:
                 outputs = e
+        if not isinstance(outputs, Exception):
+            for item in not_finite(outputs, batch):
+                item.error = NotFinite.of(item.index, item.length)
         finished = time.perf_counter()
         with self.lock:
             taken = {id(it) for it in batch}
@@ -372,5 +403,9 @@ class Batcher:
             self.on_batch(len(batch), finished - started)
         for row, item in enumerate(batch):
             item.started, item.finished = started, finished
-            if not item.future.done():
+            if item.future.done():
+                continue
+            if item.error is not None:  # (NotFinite)
+                item.future.set_exception(item.error)
+            else:
                 item.future.set_result(outputs[row])

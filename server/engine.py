@@ -4,7 +4,8 @@ anything is queued) -> batching queue -> tokenise and run on the model's inferen
 encoding, and for token embeddings). The routes postprocess them (server/postprocess.py).
 
 Nothing here knows about HTTP: errors are ``ApiError``-free exceptions that the routes
-translate (``InputTooLong``, ``QueueFull``, ``OverQueue``, ``ModelUnavailable``).
+translate (``InputTooLong``, ``NotFinite``, ``QueueFull``, ``OverQueue``,
+``ModelUnavailable``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from server.batching import (
     CPU_PADDING,
     Batcher,
     InputTooLong,
+    NotFinite,
     OverQueue,
     QueueFull,
     Stopped,
@@ -47,8 +49,8 @@ from server.settings import Settings
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-__all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "OverQueue",
-           "QueueFull", "load_engine", "on_own_thread", "open_engine"]
+__all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "NotFinite",
+           "OverQueue", "QueueFull", "load_engine", "on_own_thread", "open_engine"]
 
 log = logging.getLogger("distilserve")
 # how an input longer than max_length is cut: at its end, at its start, or not (refused)

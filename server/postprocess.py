@@ -29,9 +29,11 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def normalize(v: np.ndarray) -> np.ndarray:
-    """Unit length along the last axis: one vector, or the rows of [N, D]."""
-    length = np.sqrt((v * v).sum(axis=-1, keepdims=True))  # np.linalg.norm, in less time
-    return v / np.maximum(length, 1e-12)
+    """Unit length along the last axis: one vector, or the rows of [N, D]. The squares are
+    summed in float64: in float32 they overflow once components pass ~1e18, as CMOW's
+    products do on long inputs (1e23 at 400 words), and such a vector came back as zeros."""
+    squares = np.einsum("...d,...d->...", v, v, dtype=np.float64)[..., None]
+    return v / np.maximum(np.sqrt(squares), 1e-12).astype(v.dtype)
 
 
 # each input's token vectors [T, D] (its padding left out) -> its embedding [D], as the

@@ -13,7 +13,15 @@ from fastapi import Request, Response
 
 from server import tracing
 from server.connections import DISCONNECT
-from server.engine import Engine, InputTooLong, ModelUnavailable, OverQueue, QueueFull, Result
+from server.engine import (
+    Engine,
+    InputTooLong,
+    ModelUnavailable,
+    NotFinite,
+    OverQueue,
+    QueueFull,
+    Result,
+)
 from server.errors import ApiError, client_closed
 from server.metrics import STARTED
 
@@ -272,6 +280,8 @@ async def infer(request: Request, engine: Engine, texts: list, truncation: str |
         raise client_closed() from None
     except InputTooLong as e:
         raise ApiError(413, "input_too_long", str(e)) from None
+    except NotFinite as e:
+        raise ApiError(422, "not_finite", f"model {engine.name!r}: {e}") from None
     except OverQueue as e:
         raise ApiError(413, "payload_too_large", f"model {engine.name!r}: {e}; send fewer "
                        "per request") from None

@@ -10,10 +10,12 @@ from server.batching import (
     Batcher,
     InputTooLong,
     Item,
+    NotFinite,
     OverQueue,
     QueueFull,
     Request,
     Stopped,
+    not_finite,
     pad,
     take_batch,
     time_spent,
@@ -44,6 +46,43 @@ def test_take_batch_starts_with_the_request_least_served_then_its_own_inputs():
     bulk.started = 2  # two of the bulk request's inputs ran already
     # the small request now, and of inputs as long, its own before the bulk's
     assert take_batch(pending, 3, 10_000) == [pending[2], pending[3], pending[0]]
+
+
+def test_not_finite_names_the_inputs_whose_own_outputs_are_not():
+    batch = [_item(2), _item(4), _item(3)]
+    pooled = np.ones((3, 5), dtype=np.float32)
+    assert not_finite(pooled, batch) == []
+    pooled[1, 2] = np.inf
+    assert not_finite(pooled, batch) == [batch[1]]
+    per_token = np.ones((3, 4, 2), dtype=np.float32)  # [B, T, X], padded to 4 tokens
+    per_token[0, 2:] = np.nan  # the first input's padding: not its outputs
+    assert not_finite(per_token, batch) == []
+    per_token[2, 1, 0] = -np.inf
+    assert not_finite(per_token, batch) == [batch[2]]
+    decoded = [np.ones((1, 9)), np.array([[np.nan]]), np.ones((2, 9))]  # fill-mask's
+    assert not_finite(decoded, batch) == [batch[1]]
+
+
+def test_a_batch_answers_its_finite_inputs_and_fails_the_others():
+    def run(arrays):  # an input of three words overflows
+        out = arrays["input_ids"].sum(1, keepdims=True).astype(np.float32)
+        out[arrays["attention_mask"].sum(1) == 3] = np.inf
+        return out
+
+    async def go():
+        b = Batcher(lambda texts, truncation: [
+            SimpleNamespace(ids=[1] * len(t.split()), type_ids=[0] * len(t.split()))
+            for t in texts], run, max_length=8, max_size=16, max_tokens=1000, max_queue=20)
+        items = b.submit(["a", "a b c", "a b"], truncation="right")
+        b.start()
+        results = await asyncio.gather(*(it.future for it in items), return_exceptions=True)
+        await b.stop()
+        return results
+
+    first, second, third = asyncio.run(go())
+    assert float(first[0]) == 1.0 and float(third[0]) == 2.0
+    assert isinstance(second, NotFinite) and str(second).startswith(
+        "input 1: the model's outputs for its 3 tokens are not finite")
 
 
 def test_time_spent_counts_overlapping_batches_once():

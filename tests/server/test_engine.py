@@ -20,6 +20,7 @@ from server.batching import pad
 from server.engine import (
     InputTooLong,
     ModelLoadError,
+    NotFinite,
     load_engine,
     on_own_thread,
     open_decoder,
@@ -64,6 +65,40 @@ def _run(engine, texts):
         finally:
             await engine.stop()
     return asyncio.run(go())
+
+
+def test_an_input_whose_outputs_are_not_finite_fails_alone(onnx_model, monkeypatch):
+    """CMOW's products pass float32's range on long inputs (a fresh cmow-hybrid-bidi: 1e23
+    at 400 words, infinite at 422 tokens of a repeated phrase): JSON carried the
+    infinities as nulls, and normalising turned them into NaN. Now such an input fails,
+    named, and the other inputs of its batch are answered."""
+    from models.runtime.onnx import OnnxBackend
+
+    real = OnnxBackend.run
+
+    def overflowing(self, arrays):  # past 8 tokens, as CMOW past some length
+        out = real(self, arrays)
+        out[arrays["attention_mask"].sum(1) > 8] = np.inf
+        return out
+
+    monkeypatch.setattr(OnnxBackend, "run", overflowing)
+    engine = load_engine("m", onnx_model, Settings(), Metrics())
+    long = "a sentence that runs past eight tokens"
+
+    async def go():
+        await engine.start(warmup=False)
+        try:  # both in one batch where the model's thread takes them together
+            return await asyncio.gather(engine.infer(["short"], "right"),
+                                        engine.infer(["short", long], "right"),
+                                        return_exceptions=True)
+        finally:
+            await engine.stop()
+
+    short, failed = asyncio.run(go())
+    assert np.isfinite(short.outputs[0]).all()
+    assert isinstance(failed, NotFinite)
+    assert str(failed).startswith("input 1: the model's outputs for its 10 tokens are not "
+                                  "finite")
 
 
 def test_a_model_runs_in_the_dtype_asked_for(torch_model):

@@ -112,6 +112,15 @@ def test_normalize_rows_each_to_unit_length_and_leaves_zeros():
     assert np.allclose(postprocess.normalize(rows[0]), [0.6, 0.8])
 
 
+def test_normalize_keeps_vectors_whose_squares_overflow_float32():
+    """CMOW's products on long inputs (1e23 at 400 words): the vector came back as zeros."""
+    v = np.random.default_rng(0).normal(size=(2, 1200)).astype(np.float32)
+    for scale in (1e18, 1e23, 1e36):
+        out = postprocess.normalize(v * np.float32(scale))
+        assert out.dtype == np.float32
+        assert np.allclose(out, postprocess.normalize(v), atol=1e-6)
+
+
 def _logits(tags):
     out = np.full((len(tags), len(LABELS)), -5.0)
     for i, tag in enumerate(tags):
