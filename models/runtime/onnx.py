@@ -30,7 +30,12 @@ class OnnxBackend(Backend):
                                "onnxruntime-gpu (pip install 'distilserve[gpu]'), or export "
                                "with --format torch")
         self.device = device
-        self.dtype = choose_dtype(dtype, "cpu" if device == "cpu" else "cuda", ("fp32",))
+        try:
+            self.dtype = choose_dtype(dtype, "cpu" if device == "cpu" else "cuda", ("fp32",))
+        except BackendError as e:  # (the embedded default's models, with DISTILSERVE_DTYPE)
+            raise BackendError(f"{e}: ONNX Runtime runs the graph as exported, in fp32; "
+                               "export with --format torchscript or torch to run in fp16 "
+                               "or bf16, as its family allows") from None
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads  # 0: onnxruntime's choice (all cores)

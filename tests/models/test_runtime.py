@@ -99,7 +99,9 @@ def test_torch_backends_run_in_half_precision_on_cuda(exported, fmt):
 def test_onnx_artifacts_compute_in_fp32(exported):
     backend = open_backend("onnx", exported["onnx"], "model.onnx", dtype="auto")
     assert (backend.device, backend.dtype) == ("cpu", "fp32")
-    with pytest.raises(BackendError, match="fp16 is not one this model runs in"):
+    with pytest.raises(BackendError, match=r"fp16 is not one this model runs in \(fp32\): "
+                       "ONNX Runtime runs the graph as exported, in fp32; export with "
+                       "--format torchscript or torch to run in fp16 or bf16, as its family allows"):
         open_backend("onnx", exported["onnx"], "model.onnx", dtype="fp16")
 
 
