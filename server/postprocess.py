@@ -29,11 +29,15 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def normalize(v: np.ndarray) -> np.ndarray:
-    """Unit length along the last axis: one vector, or the rows of [N, D]. The squares are
-    summed in float64: in float32 they overflow once components pass ~1e18, as CMOW's
-    products do on long inputs (1e23 at 400 words), and such a vector came back as zeros."""
-    squares = np.einsum("...d,...d->...", v, v, dtype=np.float64)[..., None]
-    return v / np.maximum(np.sqrt(squares), 1e-12).astype(v.dtype)
+    """Unit length along the last axis: one vector, or the rows of [N, D]. Where a length
+    is out of float32's comfortable range, it is taken and divided by in float64: the
+    squares of components past ~1e18 overflow float32, as CMOW's products do on long
+    inputs (1e23 at 400 words), and such vectors had come back as zeros."""
+    length = np.sqrt(np.einsum("...d,...d->...", v, v))[..., None]  # (einsum: no warning)
+    if 1e-18 < length.min() and length.max() < 1e18:
+        return v / length
+    length = np.sqrt(np.einsum("...d,...d->...", v, v, dtype=np.float64))[..., None]
+    return (v / np.maximum(length, 1e-12)).astype(v.dtype)
 
 
 # each input's token vectors [T, D] (its padding left out) -> its embedding [D], as the
