@@ -38,25 +38,42 @@ class Stopped(Exception):
     """The batcher has stopped (its model was unloaded or replaced): it takes nothing more."""
 
 
-class InputTooLong(Exception):
-    """An input over the model's max_length tokens, not to be truncated."""
+class InputFailed(Exception):
+    """One input the model cannot answer. Its message names it as ``input N``, its
+    position among the inputs queued; a route whose queued inputs are not the client's
+    (a rerank's query and documents, zero-shot's pairs) names it in the client's terms
+    with ``said``."""
 
-    @classmethod
-    def of(cls, index: int, tokens: int, max_length: int) -> InputTooLong:
-        return cls(f"input {index} has {tokens} tokens, more than the model's max_length "
-                   f"{max_length}; send truncate: true or a shorter text")
+    def __init__(self, index: int, *facts):
+        super().__init__(index, *facts)  # (the args: pickled across Ray as they are)
+        self.index, self.facts = index, facts
+
+    def __str__(self) -> str:
+        return self.said(f"input {self.index}")
+
+    def said(self, who: str) -> str:
+        raise NotImplementedError
 
 
-class NotFinite(Exception):
+class InputTooLong(InputFailed):
+    """An input over the model's max_length tokens, not to be truncated: (index, tokens,
+    max_length)."""
+
+    def said(self, who: str) -> str:
+        tokens, max_length = self.facts
+        return (f"{who} has {tokens} tokens, more than the model's max_length {max_length}; "
+                "send truncate: true or a shorter text")
+
+
+class NotFinite(InputFailed):
     """An input whose outputs hold a NaN or an infinity: numbers past the range of the
     model's dtype, as CMOW's products pass float32's on long inputs (JSON carried them as
-    nulls: embeddings and scores of null)."""
+    nulls: embeddings and scores of null). (index, tokens)."""
 
-    @classmethod
-    def of(cls, index: int, tokens: int) -> NotFinite:
-        return cls(f"input {index}: the model's outputs for its {tokens} tokens are not "
-                   "finite (its numbers passed the range of its dtype, as CMOW's products "
-                   "do on long inputs); send a shorter text")
+    def said(self, who: str) -> str:
+        return (f"{who}: the model's outputs for its {self.facts[0]} tokens are not finite "
+                "(its numbers passed the range of its dtype, as CMOW's products do on long "
+                "inputs); send a shorter text")
 
 
 class Request:
@@ -335,7 +352,7 @@ class Batcher:
                     continue
                 item.encoding = enc
                 if len(enc.ids) > self.max_length:
-                    item.error = InputTooLong.of(item.index, len(enc.ids), self.max_length)
+                    item.error = InputTooLong(item.index, len(enc.ids), self.max_length)
         ready = [it for it in pending if it.error is None]
         if not ready:
             return None
@@ -360,7 +377,7 @@ class Batcher:
                 outputs = e
         if not isinstance(outputs, Exception):
             for item in not_finite(outputs, batch):
-                item.error = NotFinite.of(item.index, item.length)
+                item.error = NotFinite(item.index, item.length)
         finished = time.perf_counter()
         with self.lock:
             taken = {id(it) for it in batch}

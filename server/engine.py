@@ -34,6 +34,7 @@ from server import postprocess
 from server.batching import (
     CPU_PADDING,
     Batcher,
+    InputFailed,
     InputTooLong,
     NotFinite,
     OverQueue,
@@ -513,7 +514,7 @@ class Engine:
             tokenizing = time.perf_counter() - began
             for i, enc in enumerate(encodings):
                 if len(enc.ids) > self.max_length:
-                    raise InputTooLong.of(i, len(enc.ids), self.max_length)
+                    raise InputTooLong(i, len(enc.ids), self.max_length)
         queued = texts if groups is None else [  # an input's windows: each its input's
             text for text, group in zip(texts, groups) for _ in group]
         try:
@@ -526,9 +527,12 @@ class Engine:
         try:
             futures = [item.future for item in items]  # one input: no gather
             raw = [await futures[0]] if len(items) == 1 else await asyncio.gather(*futures)
-        except BaseException:  # an input too long, or the client went away: drop the rest
+        except BaseException as e:  # an input too long, or the client went away: drop the rest
             for item in items:
                 item.future.cancel()
+            if groups is not None and isinstance(e, InputFailed):  # a window: its input's
+                owner = [i for i, group in enumerate(groups) for _ in group][e.index]
+                raise type(e)(owner, *e.facts) from None
             raise
         encodings = [item.encoding for item in items]
         if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):

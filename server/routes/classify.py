@@ -64,8 +64,12 @@ async def zero_shot(body: ClassifyRequest, request: Request
     engine = choose_entailing(request, body.model)
     labels, hypotheses = body.candidate_labels, body.hypotheses()
     pairs = [(text, hypothesis) for text in body.texts for hypothesis in hypotheses]
-    check_limits(request, pairs, what="(text, candidate label) pairs")
-    result = await infer(request, engine, pairs, body.truncation)
+
+    def named(k: int) -> str:  # (the pairs: each text with each label, in turn)
+        return f"input {k // len(labels)} with candidate label {labels[k % len(labels)]!r}"
+
+    check_limits(request, pairs, what="(text, candidate label) pairs", named=named)
+    result = await infer(request, engine, pairs, body.truncation, named=named)
     logits = np.stack(result.outputs).reshape(len(body.texts), len(labels), -1)  # [N, L, C]
     return engine, [postprocess.best(postprocess.zero_shot(
         each, engine.entailment, body.multi_label, body.raw_scores), labels, body.top_k)

@@ -221,11 +221,17 @@ def with_prompt(engine: Engine, texts: list, name: str | None) -> list:
     return [prefix + t if isinstance(t, str) else t for t in texts]
 
 
+def numbered(index: int) -> str:
+    """What a client calls the text at ``index`` of those a route runs, where they are its
+    inputs in order (see infer's ``named``)."""
+    return f"input {index}"
+
+
 def check_limits(request: Request, texts: list, count: int | None = None,
-                 what: str = "inputs") -> None:
+                 what: str = "inputs", named: Callable[[int], str] = numbered) -> None:
     """The request's size limits, on what the client sent (before any prompt): ``count``
     ``what`` (default: the texts, "inputs") at most, each text (or pair) at most so many
-    characters."""
+    characters (``named``: as infer's)."""
     settings = service(request).settings
     count = len(texts) if count is None else count
     if count > settings.max_inputs:
@@ -234,7 +240,7 @@ def check_limits(request: Request, texts: list, count: int | None = None,
     for i, text in enumerate(texts):
         size = sum(map(len, text)) if isinstance(text, tuple) else len(text)
         if size > settings.max_input_chars:
-            raise ApiError(413, "payload_too_large", f"input {i} has {size} characters; at "
+            raise ApiError(413, "payload_too_large", f"{named(i)} has {size} characters; at "
                            f"most {settings.max_input_chars} (DISTILSERVE_MAX_INPUT_CHARS)")
 
 
@@ -256,10 +262,13 @@ def _on_client_gone(request: Request, callback: Callable[[], None]) -> Callable[
 
 
 async def infer(request: Request, engine: Engine, texts: list, truncation: str | None,
-                windows: tuple[int, int] | None = None) -> Result:
+                windows: tuple[int, int] | None = None,
+                named: Callable[[int], str] = numbered) -> Result:
     """Runs the texts (within the limits: check_limits) on the engine (``windows``:
     question answering's, Engine.infer's); drops them from the queue if the client goes
-    away."""
+    away. ``named``: what the client calls the text at an index, for an error about it
+    (where the texts are not the client's inputs in order: a rerank's query, then its
+    documents)."""
     task, running, gone = asyncio.current_task(), True, False
 
     def client_gone() -> None:
@@ -279,9 +288,10 @@ async def infer(request: Request, engine: Engine, texts: list, truncation: str |
         task.uncancel()
         raise client_closed() from None
     except InputTooLong as e:
-        raise ApiError(413, "input_too_long", str(e)) from None
+        raise ApiError(413, "input_too_long", e.said(named(e.index))) from None
     except NotFinite as e:
-        raise ApiError(422, "not_finite", f"model {engine.name!r}: {e}") from None
+        raise ApiError(422, "not_finite", f"model {engine.name!r}: {e.said(named(e.index))}"
+                       ) from None
     except OverQueue as e:
         raise ApiError(413, "payload_too_large", f"model {engine.name!r}: {e}; send fewer "
                        "per request") from None

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from fastapi import APIRouter, Request
 
@@ -14,6 +16,7 @@ from server.routes.common import (
     check_limits,
     choose,
     infer,
+    numbered,
     reply,
     usage,
     with_prompt,
@@ -46,17 +49,19 @@ async def embed(body: EmbedRequest, request: Request):
 
 async def embedded(request: Request, model: str | None, texts: list,
                    dimensions: int | None = None, prompt_name: str | None = None,
-                   truncation: str | None = "right", normalize: bool = True
-                   ) -> tuple[Engine, np.ndarray, Result]:
+                   truncation: str | None = "right", normalize: bool = True,
+                   named: Callable[[int], str] = numbered) -> tuple[Engine, np.ndarray, Result]:
     """The embedding model (``model``, or the only one), the inputs' embeddings [N, D] (the
     first ``dimensions`` components, then unit length if ``normalize``) and the run; for
     /v1/embeddings, /v1/embed and TEI's /embed and /similarity. ``texts``: texts or token
-    ids, behind the prompt ``prompt_name`` (None: the model's default prompt)."""
+    ids, behind the prompt ``prompt_name`` (None: the model's default prompt); ``named``:
+    as common.infer's."""
     engine = choose(request, model, "embed")
-    check_limits(request, texts)
+    check_limits(request, texts, named=named)
     check_embedding_request(engine, texts, dimensions)
     check_answer_size(engine, len(texts), dimensions or engine.dimensions or 1)
-    result = await infer(request, engine, with_prompt(engine, texts, prompt_name), truncation)
+    result = await infer(request, engine, with_prompt(engine, texts, prompt_name), truncation,
+                         named=named)
     vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)  # [N, D]
     if dimensions is not None:  # [N, dimensions], its rows one after another (orjson's)
         vectors = np.ascontiguousarray(vectors[:, :dimensions])

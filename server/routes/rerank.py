@@ -30,20 +30,27 @@ async def scored(body: RerankRequest | TeiRerankRequest, request: Request
     """The reranking model, each document's score [N], and the run (also TEI's /rerank)."""
     engine = choose_reranker(request, body.model)
     documents = body.document_texts
-    check_limits(request, body.texts, len(documents), "documents")  # the query: not counted
+    check_limits(request, body.texts, len(documents), "documents",  # the query: not counted
+                 query_first)
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         texts = (with_prompt(engine, [body.query], _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
-        result = await infer(request, engine, texts, body.truncation)
+        result = await infer(request, engine, texts, body.truncation, named=query_first)
         # [1 + N, D]: the query, then the documents
         vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)
         if engine.sparse:  # SPLADE ranks by dot product
             return engine, vectors[1:] @ vectors[0], result
         return engine, postprocess.cosine_ranking(vectors[0], vectors[1:]), result
-    result = await infer(request, engine, [(body.query, d) for d in documents], body.truncation)
+    result = await infer(request, engine, [(body.query, d) for d in documents], body.truncation,
+                         named=lambda k: f"document {k} (with the query)")
     return engine, postprocess.relevance(np.stack(result.outputs), engine.labels,
                                          engine.relevant, engine.multi_label,
                                          body.raw_scores), result
+
+
+def query_first(index: int) -> str:
+    """What a client calls the text at ``index`` of its query, then its documents."""
+    return f"document {index - 1}" if index else "the query"
 
 
 def _first(engine, *names: str) -> str | None:

@@ -104,8 +104,9 @@ async def sparse_vectors(body: TeiInputsRequest, request: Request
 async def similarities(body: TeiSimilarityRequest, request: Request
                        ) -> tuple[np.ndarray, Result]:
     parameters = body.parameters or TeiSimilarityParameters()
-    _, vectors, result = await embedded(request, body.model, body.texts, None,
-                                        parameters.prompt_name, parameters.truncation)
+    _, vectors, result = await embedded(
+        request, body.model, body.texts, None, parameters.prompt_name, parameters.truncation,
+        named=lambda k: f"sentence {k - 1}" if k else "the source sentence")
     return vectors[1:] @ vectors[0], result  # unit length: the cosines
 
 

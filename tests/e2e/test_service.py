@@ -30,6 +30,7 @@ TRICKY = ["Angela Merkel visited Paris and Zürich with Café Müller GmbH.",
           "東京タワーは日本にあります。 Tokyo Tower is in Japan!",
           "  Leading and trailing spaces, and   repeated   spaces.  ",
           "unaffable antidisestablishmentarianism [UNK] ☃☃ done"]
+LONG = "a " * 600  # 602 tokens with [CLS] and [SEP], past any model's max_length here
 
 
 def name(family, task, fmt, loop="unroll"):
@@ -702,6 +703,34 @@ def test_rerank_by_a_cross_encoder_scores_each_pair(url):
     # the many embedding models
     unnamed = post(url, "/v1/rerank", {"query": query, "documents": docs}).json()
     assert unnamed["model"] == "cross"
+
+
+@pytest.mark.parametrize("route,body,words", [
+    ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["a", LONG]},
+     "document 1 has 602 tokens"),
+    ("/v1/rerank", {"model": "minilm", "query": LONG, "documents": ["a"]}, "the query has"),
+    ("/v1/rerank", {"model": "cross", "query": "q", "documents": ["a", LONG]},
+     "document 1 (with the query) has"),
+    ("/rerank", {"model": "minilm", "query": "q", "texts": [LONG]}, "document 0 has"),
+    ("/similarity", {"model": "minilm", "inputs": {"source_sentence": "a", "sentences": [
+        "b", LONG]}, "parameters": {"truncate": False}}, "sentence 1 has"),
+    ("/v1/embed", {"model": "minilm", "inputs": ["a", LONG]}, "input 1 has"),
+])
+def test_an_input_too_long_is_named_as_the_client_sent_it(url, route, body, words):
+    """A rerank's query and documents, and /similarity's sentences, are queued as one list
+    of texts: the error named a text by its place there (document 1 was "input 2")."""
+    if "parameters" not in body:
+        body = {**body, "truncate": False}
+    res = post(url, route, body)
+    assert res.status_code == 413, res.text
+    assert res.json()["error"]["message"].startswith(words)
+
+
+def test_an_input_over_the_character_limit_is_named_as_the_client_sent_it(url):
+    res = post(url, "/v1/rerank", {"model": "minilm", "query": "q",
+                                   "documents": ["a", "b" * 3000]})
+    assert res.status_code == 413
+    assert res.json()["error"]["message"].startswith("document 1 has 3000 characters")
 
 
 def test_tokenize_equals_the_hugging_face_tokenizer(url):

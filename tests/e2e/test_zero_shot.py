@@ -99,6 +99,9 @@ def test_zero_shot_top_k_and_raw_scores(url, checkpoints):
      "not valid Unicode"),
     ({"model": "nli", "inputs": TEXTS + ["third"]}, 413, "9 (text, candidate label) pairs; "
      "at most 8"),
+    # each text is queued with each label: this was "input 3", the fourth pair
+    ({"model": "nli", "inputs": ["short", "a " * 200], "truncate": False}, 413,
+     f"input 1 with candidate label {LABELS[0]!r} has 208 tokens"),
 ])
 def test_zero_shot_errors(url, body, status, message):
     res = classify(url, **{"inputs": TEXTS[0], "candidate_labels": LABELS, **body})

@@ -100,6 +100,26 @@ def test_an_input_whose_outputs_are_not_finite_fails_alone(onnx_model, monkeypat
     assert str(failed).startswith("input 1: the model's outputs for its 10 tokens are not "
                                   "finite")
 
+    zebra = engine.tokenizers[None].token_to_id("zebra")
+
+    def zebra_overflows(self, arrays):
+        out = real(self, arrays)
+        out[(arrays["input_ids"] == zebra).any(1)] = np.inf
+        return out
+
+    monkeypatch.setattr(OnnxBackend, "run", zebra_overflows)
+    engine = load_engine("m", onnx_model, Settings(), Metrics())
+
+    async def windowed():  # NER's stride: the first input runs as five windows
+        await engine.start(warmup=False)
+        try:
+            await engine.infer(["a b c d e f g h i j k l m n o p", "a zebra"], None, (6, 1))
+        finally:
+            await engine.stop()
+
+    with pytest.raises(NotFinite, match="^input 1: "):  # (it said input 5, its window)
+        asyncio.run(windowed())
+
 
 def test_a_model_runs_in_the_dtype_asked_for(torch_model):
     texts = ["The cat sat on the mat.", "A longer sentence about something else entirely."]
