@@ -43,7 +43,7 @@ def remote(folder, error):
 
 
 @pytest.mark.parametrize("cause", [QueueFull("3 inputs queued, limit 2"),
-                                   InputTooLong("input 0 has 600 tokens")])
+                                   InputTooLong(0, 600, 256)])
 def test_an_error_the_replica_raised_is_raised_as_itself(folder, cause):
     wrapped = exceptions.RayTaskError("run", "Traceback ...", cause)
     with pytest.raises(type(cause)) as raised:
