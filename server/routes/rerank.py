@@ -31,11 +31,11 @@ async def scored(body: RerankRequest | TeiRerankRequest, request: Request
     engine = choose_reranker(request, body.model)
     documents = body.document_texts
     check_limits(request, body.texts, len(documents), "documents",  # the query: not counted
-                 query_first)
+                 _query_first)
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         texts = (with_prompt(engine, [body.query], _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
-        result = await infer(request, engine, texts, body.truncation, named=query_first)
+        result = await infer(request, engine, texts, body.truncation, named=_query_first)
         # [1 + N, D]: the query, then the documents
         vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)
         if engine.sparse:  # SPLADE ranks by dot product
@@ -48,7 +48,7 @@ async def scored(body: RerankRequest | TeiRerankRequest, request: Request
                                          body.raw_scores), result
 
 
-def query_first(index: int) -> str:
+def _query_first(index: int) -> str:
     """What a client calls the text at ``index`` of its query, then its documents."""
     return f"document {index - 1}" if index else "the query"
 
