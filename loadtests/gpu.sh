@@ -6,7 +6,9 @@
 # Infinity, e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer
 # nographs", carry=[".gpu"], timeout_s=540), then at once (the machine stays warm 30 s)
 # `... gpu.sh workers eager` (on an H100, 26 Nov: the machine's start 30 s, tests 2.1 min,
-# peer 3.7, the other service steps 2 each), then with the time left `... STEP_SECONDS=500
+# peer 3.7, the other service steps 2 each; on an H200, 27 Nov, `tests peer eager` took
+# 455 s and `STEP_SECONDS=170 ... workers nographs` 242 s, 12.4 minutes of device time
+# with the start), then with the time left `... STEP_SECONDS=500
 # bash loadtests/gpu.sh bench` (rows are kept as measured: a rerun on the same machine goes on) or
 # `... gpu.sh nofuser profile benchgraphs`. Steps, run in the order given (the
 # service steps use /tmp/minilm, a MiniLM-shaped model that .gpu/setup.sh writes; CUDA

@@ -298,6 +298,11 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # a request's objects die by reference counting, but at Python's threshold its
+        # collections ran thousands of times a second under load, walking every request
+        # in flight each time (Settings.gc_threshold)
+        thresholds = gc.get_threshold()  # Python's, put back at the end
+        gc.set_threshold(settings.gc_threshold, *thresholds[1:])
         service = Service(settings, Metrics())
         app.state.service, app.state.tracing = service, tracing  # (tracing: gRPC's too)
         loading = asyncio.create_task(loader(service) if loader else build_and_load(
@@ -320,6 +325,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
         service.cpu_thread.shutdown(wait=False)
         if tracing:
             tracing.shutdown()  # the spans not sent yet
+        gc.set_threshold(*thresholds)
 
     # FastAPI's own OpenTelemetry hooks look up the providers on every request (a tenth
     # of the event loop's time under load); /metrics is Prometheus

@@ -4,9 +4,10 @@ no models."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
-from server.app import Service, build_and_load
+from server.app import Service, build_and_load, create_app
 from server.metrics import Metrics
 from server.settings import Settings
 
@@ -34,3 +35,19 @@ def test_ready_says_the_default_is_being_built_before_the_build_says_where(tmp_p
     first, last = asyncio.run(start())
     assert first == "building the embedded default"
     assert last == "building the embedded default failed: OSError: disk full"
+
+
+def test_the_service_collects_garbage_at_its_own_threshold_and_puts_pythons_back(tmp_path):
+    """While serving, Python's youngest generation is collected every gc_threshold net
+    allocations (not Python's 700: thousands of collections a second under load); after,
+    the process has its thresholds back."""
+    before = gc.get_threshold()
+    app = create_app(Settings(gc_threshold=12_345), repository=tmp_path)
+
+    async def serve():
+        async with app.router.lifespan_context(app):
+            return gc.get_threshold()
+
+    assert asyncio.run(serve()) == (12_345, *before[1:])
+    assert gc.get_threshold() == before
+    assert Settings().gc_threshold == 50_000
