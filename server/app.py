@@ -18,13 +18,12 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.middleware.cors import CORSMiddleware
-from starlette.middleware.gzip import GZipMiddleware
 
 from models.io.manifest import FILE as MANIFEST
 from server import errors
 from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
 from server.metrics import Metrics
-from server.middleware import ApiKey, BodyLimit, Decompress, RequestId, RequestMetrics
+from server.middleware import ApiKey, BodyLimit, Decompress, Gzip, RequestId, RequestMetrics
 from server.routes import classify, embed, fill_mask, health, ner, oip, qa, rerank, tei, tokenize
 from server.routes import models as models_route
 from server.routes.fast_path import FastPath
@@ -348,7 +347,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     if settings.compress_min_bytes:  # outside the fast path: its answers too. Level 1:
         # 150 KB of embeddings' JSON to 45% in 1.3 ms (Starlette's default, 9: to 39% in
         # 24 ms); Triton's binary tensors shrink only to 93%, so they go as they are
-        app.add_middleware(GZipMiddleware, minimum_size=settings.compress_min_bytes,
+        app.add_middleware(Gzip, minimum_size=settings.compress_min_bytes,
                            compresslevel=1, exclude_content_types=(
                                "application/octet-stream", "text/event-stream"))
     app.add_middleware(Decompress, limit=settings.max_body_bytes)

@@ -1,7 +1,7 @@
 """The service's own ASGI middlewares, outermost first as server/app.py stacks them (with
 CORS between the second and the third): each request's id (RequestId), its metrics and
-span (RequestMetrics), the body limit (BodyLimit), the API key (ApiKey) and compressed
-bodies (Decompress)."""
+span (RequestMetrics), the body limit (BodyLimit), the API key (ApiKey), compressed
+bodies (Decompress) and compressed answers (Gzip)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import zlib
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from starlette.datastructures import Headers
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.routing import Match
 
 from server import errors, logs
@@ -42,6 +43,41 @@ def decompress(data: bytes, encoding: str, limit: int) -> bytes:
                               "stream: " + ("data after its end" if inflate.eof else
                                             "it ends before the stream does"))
     return body
+
+
+def takes_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header's value takes gzip: it names gzip (or x-gzip)
+    with a weight above 0 (RFC 9110, 12.5.3). "gzip;q=0" refuses it, and an unreadable
+    weight takes it as refused: an answer sent as it is is always acceptable."""
+    for element in accept_encoding.split(","):
+        coding, *parameters = element.split(";")
+        if coding.strip().lower() not in ("gzip", "x-gzip"):
+            continue
+        weight = 1.0
+        for parameter in parameters:
+            name, _, value = parameter.partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        if weight > 0:
+            return True
+    return False
+
+
+class Gzip(GZipMiddleware):
+    """Starlette's GZipMiddleware for a client whose Accept-Encoding takes gzip
+    (takes_gzip); Starlette's alone looks for "gzip" in it, and gzipped answers to
+    "gzip;q=0", which says the opposite."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and not takes_gzip(", ".join(
+                value.decode("latin-1") for name, value in scope["headers"]
+                if name == b"accept-encoding")):
+            await self.app(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 class BodyLimit:

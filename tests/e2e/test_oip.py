@@ -325,6 +325,9 @@ def test_answers_over_the_size_set_are_gzipped_for_a_client_that_takes_it(url):
     plain = httpx.post(url + "/v1/embed", json=body, headers={
         **HEADERS, "accept-encoding": "identity"}, timeout=60)
     assert "content-encoding" not in plain.headers
+    refused = httpx.post(url + "/v1/embed", json=body, headers={
+        **HEADERS, "accept-encoding": "gzip;q=0, identity"}, timeout=60)
+    assert "content-encoding" not in refused.headers and refused.content == plain.content
     packed = httpx.post(url + "/v1/embed", json=body, headers={
         **HEADERS, "accept-encoding": "gzip"}, timeout=60)
     assert packed.headers["content-encoding"] == "gzip" and packed.status_code == 200

@@ -14,7 +14,15 @@ from starlette.exceptions import HTTPException
 
 from server import logs
 from server.metrics import Metrics
-from server.middleware import ApiKey, BodyLimit, Decompress, RequestId, RequestMetrics
+from server.middleware import (
+    ApiKey,
+    BodyLimit,
+    Decompress,
+    Gzip,
+    RequestId,
+    RequestMetrics,
+    takes_gzip,
+)
 from server.routes import embed
 
 
@@ -113,6 +121,30 @@ def test_a_compressed_body_is_decompressed_within_the_limit():
     status, body = call(app, headers=[("content-encoding", "gzip")],
                         chunks=(big[:600], big[600:]))
     assert status == 413 and "over the limit of 1000" in json.loads(body)["error"]["message"]
+
+
+def test_an_accept_encoding_takes_gzip_where_it_names_it_with_a_weight_above_0():
+    for value in ("gzip", "GZip", "deflate, gzip;q=0.5", "x-gzip", "br;q=1.0, gzip ; q=1"):
+        assert takes_gzip(value), value
+    for value in ("", "identity", "deflate, br", "gzip;q=0", "gzip; q=0.000", "gzip;q=zero",
+                  "*", "x-gzipped"):
+        assert not takes_gzip(value), value
+
+
+def test_answers_are_gzipped_only_for_a_client_that_takes_gzip():
+    """Starlette's middleware alone gzipped for "gzip;q=0" (it looks for "gzip" in the
+    header), which refuses gzip."""
+    async def large(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": b"[0.125]" * 200})
+
+    app = Gzip(large, minimum_size=500)
+    for accept, gzipped in (("gzip", True), ("deflate, gzip;q=0.5", True),
+                            ("gzip;q=0", False), ("identity", False)):
+        status, body = call(app, headers=[("accept-encoding", accept)])
+        assert status == 200 and body.startswith(b"\x1f\x8b") == gzipped, accept
+        assert (gzip.decompress(body) if gzipped else body) == b"[0.125]" * 200
 
 
 def test_api_key_guards_all_but_the_probes():
