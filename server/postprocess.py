@@ -25,7 +25,9 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
+    """1 / (1 + e^-x), taken as e^-log(1 + e^-x): no overflow where x is far below 0 (e^-x
+    past the float's range made numpy warn at each such logit), the small values kept."""
+    return np.exp(-np.logaddexp(0, -x))
 
 
 def normalize(v: np.ndarray) -> np.ndarray:

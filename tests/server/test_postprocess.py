@@ -250,3 +250,14 @@ def test_clean_up_tokenization_is_transformers(text):
 
     assert postprocess.clean_up_tokenization(text) == \
         PreTrainedTokenizerFast.clean_up_tokenization(text)
+
+
+def test_the_sigmoid_of_any_logit_without_a_warning():
+    """1 / (1 + e^-x) overflowed (numpy's RuntimeWarning) for logits far below 0; the values
+    are the same, the tiny ones kept, in the logits' dtype."""
+    logits = np.array([-1000, -30, -2, 0, 2, 30, 1000], dtype=np.float32)
+    with np.errstate(over="raise", divide="raise", invalid="raise"):
+        scores = postprocess.sigmoid(logits)
+    assert scores.dtype == np.float32
+    expected = [0.0, 9.357623e-14, 0.11920292, 0.5, 0.88079708, 1.0, 1.0]
+    np.testing.assert_allclose(scores, expected, rtol=1e-6)
