@@ -61,12 +61,39 @@ def responses(*statuses: int) -> dict:
 INFERENCE = responses(400, 401, 404, 413, 422, 429, 503)  # every route that runs a model
 
 
+def _field(part) -> bool:
+    """Whether a part of an error's location is a field's name (snake_case) or an index,
+    not a union's branch (list[int], str, a model's name)."""
+    return isinstance(part, int) or (part.isidentifier() and part.islower()
+                                     and part not in ("str", "int", "float", "bool"))
+
+
 def _location(loc) -> str:
-    """body.documents.0.RerankDocument.text -> documents.0.text: field names (snake_case)
-    and indices, not the union branches between them (list[int], str, a model's name)."""
-    parts = [str(p) for p in loc if p != "body" and (isinstance(p, int) or (
-        p.isidentifier() and p.islower() and p not in ("str", "int", "float", "bool")))]
-    return ".".join(parts) or "body"
+    """body.documents.0.RerankDocument.text -> documents.0.text: field names and indices,
+    not the union branches between them."""
+    return ".".join(str(p) for p in loc if p != "body" and _field(p)) or "body"
+
+
+def _closest_branches(errors: list[dict]) -> list[dict]:
+    """The errors, less those of a union's branches other than the one the value came
+    closest to (the deepest error: the branch that matched most of its structure; then
+    the fewest errors; ties kept). [-1, 5] for a text, texts or token ids failed all
+    five branches: "a valid string" twice, "a valid list" twice, for the one error of
+    token ids, "input.0: ... greater than or equal to 0"."""
+    branches: dict[tuple, dict[str, list[dict]]] = {}  # a location's branches' errors
+    for e in errors:
+        loc = tuple(e.get("loc", ()))
+        branch = next((i for i, p in enumerate(loc) if p != "body" and not _field(p)), None)
+        if branch is not None:
+            branches.setdefault(loc[:branch], {}).setdefault(loc[branch], []).append(e)
+    farther = set()
+    for tried in branches.values():
+        reach = {name: (max(len(e["loc"]) for e in its), -len(its)) for name, its in
+                 tried.items()}
+        closest = max(reach.values())
+        farther.update(id(e) for name, its in tried.items() if reach[name] < closest
+                       for e in its)
+    return [e for e in errors if id(e) not in farther]
 
 
 def json_content_type(headers) -> bool:
@@ -95,7 +122,7 @@ def http_error(exc: StarletteHTTPException) -> JSONResponse:
 def invalid(errors: list[dict]) -> str:
     """A 422's message: pydantic's errors, each where it is (``field.0.field: why``)."""
     problems = []
-    for e in errors:
+    for e in _closest_branches(errors):
         loc = e.get("loc", ())
         if isinstance(e.get("input"), list | dict) and loc and loc[-1] == "str":
             continue  # the union's string branch, for a value that is a list or object
