@@ -4,12 +4,13 @@
 # `bash loadtests/gpu_prepare.sh` (../shared/gpu/prepare.sh --peer, the wheels it leaves
 # out, py-spy for the profile step), then first what issue 15 asks, the service beside
 # Infinity, e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer
-# nographs", carry=[".gpu"], timeout_s=540), then at once (the machine stays warm 30 s)
-# `... gpu.sh workers eager` (on an H100, 26 Nov: the machine's start 30 s, tests 2.1 min,
-# peer 3.7, the other service steps 2 each; on an H200, 27 Nov, `tests peer eager` took
-# 455 s and `STEP_SECONDS=170 ... workers nographs` 242 s, 12.4 minutes of device time
-# with the start), then with the time left `... STEP_SECONDS=500
-# bash loadtests/gpu.sh bench` (rows are kept as measured: a rerun on the same machine goes on) or
+# gc700", carry=[".gpu"], timeout_s=540), then at once (the machine stays warm 30 s) with
+# the time left `... STEP_SECONDS=300 bash loadtests/gpu.sh bench` (rows are kept as
+# measured: a rerun on the same machine goes on), or `... gpu.sh workers eager nographs`
+# (on an H100, 26 Nov: the machine's start 30 s, tests 2.1 min, peer 3.7, the other
+# service steps 2 each; on an H200, 27 Nov, `tests peer eager` took 455 s and
+# `STEP_SECONDS=170 ... workers nographs` 242 s, 12.4 minutes of device time with the
+# start), or
 # `... gpu.sh nofuser profile benchgraphs`. Steps, run in the order given (the
 # service steps use /tmp/minilm, a MiniLM-shaped model that .gpu/setup.sh writes; CUDA
 # graphs for batches of up to 4,096 padded tokens, the default, unless a step says):
@@ -21,6 +22,9 @@
 #   nofuser   the same without graphs and with TorchScript's fuser off
 #             (PYTORCH_TENSOREXPR=0): does compiling for new batch shapes cost throughput?
 #   workers   the same with 4 worker processes (DISTILSERVE_WORKERS=4)
+#   gc700     the same with Python's own garbage-collection threshold
+#             (DISTILSERVE_GC_THRESHOLD=700, the service's until 27 Nov): beside `peer`,
+#             what the service's threshold (50,000) gains on this machine
 #   eager     the torch backend (no TorchScript)
 #   profile   the peer step's distilserve again, with py-spy sampling its threads in each
 #             phase (loadtests/profile.py): where the event loop and the model's threads
@@ -81,6 +85,7 @@ step() {
     nographs) DISTILSERVE_CUDA_GRAPH_TOKENS=0 load nographs torchscript ;;
     nofuser) DISTILSERVE_CUDA_GRAPH_TOKENS=0 PYTORCH_TENSOREXPR=0 load nofuser torchscript ;;
     workers) DISTILSERVE_WORKERS=4 load workers torchscript ;;
+    gc700) DISTILSERVE_GC_THRESHOLD=700 load gc700 torchscript ;;
     eager) load eager torch ;;
     profile) load profile torchscript --profile ;;
     bench)
@@ -92,8 +97,8 @@ step() {
     benchgraphs)
       cli bench --device cuda --dtype fp16 --backends torch --cuda-graphs \
         --output /tmp/gpu/bench && cat /tmp/gpu/bench/REPORT.md ;;
-    *) echo "unknown step (tests peer nographs nofuser workers eager profile bench" \
-         "benchgraphs)" >&2; return 2 ;;
+    *) echo "unknown step (tests peer nographs nofuser workers gc700 eager profile" \
+         "bench benchgraphs)" >&2; return 2 ;;
   esac
 }
 
