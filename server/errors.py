@@ -76,10 +76,10 @@ def _location(loc) -> str:
 
 def _closest_branches(errors: list[dict]) -> list[dict]:
     """The errors, less those of a union's branches other than the one the value came
-    closest to (the deepest error: the branch that matched most of its structure; then
-    the fewest errors; ties kept). [-1, 5] for a text, texts or token ids failed all
-    five branches: "a valid string" twice, "a valid list" twice, for the one error of
-    token ids, "input.0: ... greater than or equal to 0"."""
+    closest to: the branch with the deepest error (it matched most of the value's
+    structure), then the one with the fewest; ties all kept. [-1, 5] for a text, texts or
+    token ids fails every branch, token ids' only at "input.0: ... greater than or equal
+    to 0", which alone is said (not "a valid string" and "a valid list" twice each)."""
     branches: dict[tuple, dict[str, list[dict]]] = {}  # a location's branches' errors
     for e in errors:
         loc = tuple(e.get("loc", ()))
