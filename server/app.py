@@ -298,7 +298,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # a request's objects die by reference counting, but at Python's threshold its
-        # collections ran thousands of times a second under load, walking every request
+        # collections ran some 300 times a second under load, walking every request
         # in flight each time (Settings.gc_threshold)
         thresholds = gc.get_threshold()  # Python's, put back at the end
         gc.set_threshold(settings.gc_threshold, *thresholds[1:])

@@ -39,7 +39,7 @@ def test_ready_says_the_default_is_being_built_before_the_build_says_where(tmp_p
 
 def test_the_service_collects_garbage_at_its_own_threshold_and_puts_pythons_back(tmp_path):
     """While serving, Python's youngest generation is collected every gc_threshold net
-    allocations (not Python's 700: thousands of collections a second under load); after,
+    allocations (not Python's 700: some 300 collections a second under load); after,
     the process has its thresholds back."""
     before = gc.get_threshold()
     app = create_app(Settings(gc_threshold=12_345), repository=tmp_path)
