@@ -495,12 +495,13 @@ class Engine:
         tokenize); with None, an input longer is refused before anything is queued. With
         ``windows`` (size, stride): each input runs as its windows (see windows), each an
         input of the batches, and its outputs are its windows' (a list of them)."""
-        encodings, tokenizing, groups = None, 0.0, None
+        encodings, tokenizing, groups, owners = None, 0.0, None, None
         if windows is not None:
             began = time.perf_counter()
             groups = await asyncio.to_thread(self.windows, texts, *windows)
             tokenizing = time.perf_counter() - began
             encodings = [window for group in groups for window in group]
+            owners = [i for i, group in enumerate(groups) for _ in group]  # each window's input
             if len(encodings) > self.batcher.max_queue:
                 raise OverQueue(f"{len(encodings)} windows of {len(texts)} input(s) are "
                                 f"more than its queue holds ({self.batcher.max_queue}, "
@@ -515,8 +516,7 @@ class Engine:
             for i, enc in enumerate(encodings):
                 if len(enc.ids) > self.max_length:
                     raise InputTooLong(i, len(enc.ids), self.max_length)
-        queued = texts if groups is None else [  # an input's windows: each its input's
-            text for text, group in zip(texts, groups) for _ in group]
+        queued = texts if owners is None else [texts[i] for i in owners]  # a window: its input's
         try:
             items = self.batcher.submit(queued, truncation, encodings)
         except QueueFull:
@@ -530,9 +530,8 @@ class Engine:
         except BaseException as e:  # an input too long, or the client went away: drop the rest
             for item in items:
                 item.future.cancel()
-            if groups is not None and isinstance(e, InputFailed):  # a window: its input's
-                owner = [i for i, group in enumerate(groups) for _ in group][e.index]
-                raise type(e)(owner, *e.facts) from None
+            if owners is not None and isinstance(e, InputFailed):  # a window: its input's
+                raise type(e)(owners[e.index], *e.facts) from None
             raise
         encodings = [item.encoding for item in items]
         if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):

@@ -227,6 +227,13 @@ def numbered(index: int) -> str:
     return f"input {index}"
 
 
+def leading(first: str, then: str) -> Callable[[int], str]:
+    """What a client calls the text at an index of one text and then its inputs (a
+    rerank's query and documents, /similarity's source sentence and sentences): ``first``,
+    then ``then N`` counted from 0 (see infer's ``named``)."""
+    return lambda index: f"{then} {index - 1}" if index else first
+
+
 def check_limits(request: Request, texts: list, count: int | None = None,
                  what: str = "inputs", named: Callable[[int], str] = numbered) -> None:
     """The request's size limits, on what the client sent (before any prompt): ``count``

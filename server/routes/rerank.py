@@ -10,10 +10,19 @@ from fastapi import APIRouter, Request
 
 from server import errors, postprocess
 from server.engine import Engine, Result
-from server.routes.common import check_limits, choose_reranker, infer, reply, usage, with_prompt
+from server.routes.common import (
+    check_limits,
+    choose_reranker,
+    infer,
+    leading,
+    reply,
+    usage,
+    with_prompt,
+)
 from server.schemas import RerankRequest, RerankResponse, TeiRerankRequest
 
 router = APIRouter(tags=["rerank"])
+_query_first = leading("the query", "document")  # the texts run: the query, the documents
 
 
 @router.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True,
@@ -46,11 +55,6 @@ async def scored(body: RerankRequest | TeiRerankRequest, request: Request
     return engine, postprocess.relevance(np.stack(result.outputs), engine.labels,
                                          engine.relevant, engine.multi_label,
                                          body.raw_scores), result
-
-
-def _query_first(index: int) -> str:
-    """What a client calls the text at ``index`` of its query, then its documents."""
-    return f"document {index - 1}" if index else "the query"
 
 
 def _first(engine, *names: str) -> str | None:

@@ -31,6 +31,7 @@ from server.routes.common import (
     choose_giving,
     choose_root,
     infer,
+    leading,
     reply,
     service,
     with_prompt,
@@ -106,7 +107,7 @@ async def similarities(body: TeiSimilarityRequest, request: Request
     parameters = body.parameters or TeiSimilarityParameters()
     _, vectors, result = await embedded(
         request, body.model, body.texts, None, parameters.prompt_name, parameters.truncation,
-        named=lambda k: f"sentence {k - 1}" if k else "the source sentence")
+        named=leading("the source sentence", "sentence"))
     return vectors[1:] @ vectors[0], result  # unit length: the cosines
 
 
