@@ -1,7 +1,8 @@
 """One served model: validation that needs its tokenizer (an input too long, before
 anything is queued) -> batching queue -> tokenise and run on the model's inference thread
 (server/batching.py) -> one raw output per input (per token, [T, X], for NER, with its
-encoding, and for token embeddings). The routes postprocess them (server/postprocess.py).
+encoding, and for token embeddings; a dense embedding model's also as a unit vector,
+normalised with its batch). The routes postprocess them (server/postprocess.py).
 
 Nothing here knows about HTTP: errors are ``ApiError``-free exceptions that the routes
 translate (``InputTooLong``, ``NotFinite``, ``QueueFull``, ``OverQueue``,
@@ -88,6 +89,9 @@ class Result:
     queued_s: float  # waiting: neither tokenised nor in a batch
     inference_s: float  # while one of its batches ran
     device: str
+    # an embedding model's outputs as unit vectors, normalised with their batch on the
+    # model's thread (with_unit_vectors); None for other models
+    unit: list | None = None
 
     @property
     def compute_type(self) -> str:
@@ -215,6 +219,8 @@ class Engine:
                           or self.pools is not None)
         # SPLADE's embeddings: a weight per vocabulary entry, mostly zero, ranked by dot product
         self.sparse = manifest.pooling == "splade"
+        # a dense embedding model's batches give their unit vectors too (with_unit_vectors)
+        self.unit_vectors = manifest.task == "embed" and self.pools is None and not self.sparse
         self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
         self.max_length = manifest.max_length
         # OpenAI's model object's "created": when the model was exported (Unix seconds)
@@ -325,6 +331,8 @@ class Engine:
             run = functools.partial(_run_on, cpu_thread, run)
         if self.task == "fill-mask":
             run, collect = decoding(self, run, collect)
+        if self.unit_vectors:
+            run, collect = with_unit_vectors(run, collect)
         self.batcher = Batcher(
             self.tokenize, run,
             self.max_length, batch_size,
@@ -537,6 +545,10 @@ class Engine:
         if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):
             self.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
         outputs = [r[: len(e.ids)] if self.per_token else r for r, e in zip(raw, encodings)]
+        unit = None
+        if self.unit_vectors:  # each [2D]: its embedding, then its unit vector
+            unit = [r[len(r) // 2:] for r in outputs]
+            outputs = [r[:len(r) // 2] for r in outputs]
         if self.task in PER_TOKEN:  # postprocessed with their encodings
             outputs = list(zip(outputs, encodings))
         if groups is not None:  # each input's windows
@@ -547,7 +559,7 @@ class Engine:
         characters = sum(len(t) if isinstance(t, str) else 0 if isinstance(t, list)
                          else len(t[0]) + len(t[1]) for t in texts)  # text, ids, pair
         return Result(outputs, sum(len(e.ids) for e in encodings), characters,
-                      tokenizing, waited, running, self.backend.device)
+                      tokenizing, waited, running, self.backend.device, unit)
 
 
 def decoding(engine: Engine, run, collect) -> tuple:
@@ -563,6 +575,21 @@ def decoding(engine: Engine, run, collect) -> tuple:
         return (lambda arrays: decode(arrays["input_ids"], run(arrays))), None
     return ((lambda arrays: (run(arrays), arrays["input_ids"])),
             (lambda started: decode(started[1], collect(started[0]))))
+
+
+def with_unit_vectors(run, collect) -> tuple:
+    """A dense embedding model's batches: ``run`` and ``collect`` (a GPU's, or None) such
+    that a batch's outputs are [B, 2D], each input's embedding and then its unit vector,
+    normalised once per batch on the model's thread. Normalised per request on the event
+    loop instead, they cost a fifth of one process's throughput at 512 clients
+    (loadtests/RESULTS.md)."""
+    def both(embeddings: np.ndarray) -> np.ndarray:  # [B, D] -> [B, 2D]
+        with np.errstate(invalid="ignore"):  # an input's infinities: NotFinite, not a warning
+            return np.concatenate([embeddings, postprocess.normalize(embeddings)], axis=1)
+
+    if collect is None:
+        return (lambda arrays: both(run(arrays))), None
+    return run, (lambda started: both(collect(started)))
 
 
 def _run_on(thread: Executor, run, arrays):
