@@ -1,8 +1,9 @@
 """One served model: validation that needs its tokenizer (an input too long, before
 anything is queued) -> batching queue -> tokenise and run on the model's inference thread
 (server/batching.py) -> one raw output per input (per token, [T, X], for NER, with its
-encoding, and for token embeddings; a dense embedding model's also as a unit vector,
-normalised with its batch). The routes postprocess them (server/postprocess.py).
+encoding, and for token embeddings), and where a model's postprocessing does not
+depend on the request, each output postprocessed too, with its batch (batch_postprocess).
+The routes postprocess the rest (server/postprocess.py).
 
 Nothing here knows about HTTP: errors are ``ApiError``-free exceptions that the routes
 translate (``InputTooLong``, ``NotFinite``, ``QueueFull``, ``OverQueue``,
@@ -89,9 +90,9 @@ class Result:
     queued_s: float  # waiting: neither tokenised nor in a batch
     inference_s: float  # while one of its batches ran
     device: str
-    # an embedding model's outputs as unit vectors, normalised with their batch on the
-    # model's thread (with_unit_vectors); None for other models
-    unit: list | None = None
+    # each output as its batch was postprocessed on the model's thread (a dense embedding
+    # model's unit vector, a classifier's scores: batch_postprocess); None for other models
+    postprocessed: list | None = None
 
     @property
     def compute_type(self) -> str:
@@ -219,8 +220,9 @@ class Engine:
                           or self.pools is not None)
         # SPLADE's embeddings: a weight per vocabulary entry, mostly zero, ranked by dot product
         self.sparse = manifest.pooling == "splade"
-        # a dense embedding model's batches give their unit vectors too (with_unit_vectors)
-        self.unit_vectors = manifest.task == "embed" and self.pools is None and not self.sparse
+        # [B, X] -> [B, X]: what every request would do to its outputs, done by the batch
+        # (None: nothing is)
+        self.batch_postprocess = batch_postprocess(self)
         self.default_prompt = manifest.prompts.get(manifest.default_prompt_name or "", "")
         self.max_length = manifest.max_length
         # OpenAI's model object's "created": when the model was exported (Unix seconds)
@@ -331,8 +333,8 @@ class Engine:
             run = functools.partial(_run_on, cpu_thread, run)
         if self.task == "fill-mask":
             run, collect = decoding(self, run, collect)
-        if self.unit_vectors:
-            run, collect = with_unit_vectors(run, collect)
+        if self.batch_postprocess is not None:
+            run, collect = postprocessing(run, collect, self.batch_postprocess)
         self.batcher = Batcher(
             self.tokenize, run,
             self.max_length, batch_size,
@@ -545,9 +547,9 @@ class Engine:
         if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):
             self.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
         outputs = [r[: len(e.ids)] if self.per_token else r for r, e in zip(raw, encodings)]
-        unit = None
-        if self.unit_vectors:  # each [2D]: its embedding, then its unit vector
-            unit = [r[len(r) // 2:] for r in outputs]
+        postprocessed = None
+        if self.batch_postprocess is not None:  # each [2X]: its output, then postprocessed
+            postprocessed = [r[len(r) // 2:] for r in outputs]
             outputs = [r[:len(r) // 2] for r in outputs]
         if self.task in PER_TOKEN:  # postprocessed with their encodings
             outputs = list(zip(outputs, encodings))
@@ -559,7 +561,7 @@ class Engine:
         characters = sum(len(t) if isinstance(t, str) else 0 if isinstance(t, list)
                          else len(t[0]) + len(t[1]) for t in texts)  # text, ids, pair
         return Result(outputs, sum(len(e.ids) for e in encodings), characters,
-                      tokenizing, waited, running, self.backend.device, unit)
+                      tokenizing, waited, running, self.backend.device, postprocessed)
 
 
 def decoding(engine: Engine, run, collect) -> tuple:
@@ -577,15 +579,28 @@ def decoding(engine: Engine, run, collect) -> tuple:
             (lambda started: decode(started[1], collect(started[0]))))
 
 
-def with_unit_vectors(run, collect) -> tuple:
-    """A dense embedding model's batches: ``run`` and ``collect`` (a GPU's, or None) such
-    that a batch's outputs are [B, 2D], each input's embedding and then its unit vector,
-    normalised once per batch on the model's thread. Normalised per request on the event
-    loop instead, they cost a fifth of one process's throughput at 512 clients
-    (loadtests/RESULTS.md)."""
-    def both(embeddings: np.ndarray) -> np.ndarray:  # [B, D] -> [B, 2D]
+def batch_postprocess(engine: Engine) -> Callable[[np.ndarray], np.ndarray] | None:
+    """What every request to the model does to its outputs unless it asks otherwise, for a
+    whole batch [B, X] at once: a dense embedding model's unit vectors (not with
+    ``dimensions`` or ``normalize: false``), a classifier's scores (its labels' softmax or
+    sigmoid, as transformers' pipeline chooses; not with ``function_to_apply``). None for
+    other models."""
+    if engine.task == "embed" and engine.pools is None and not engine.sparse:
+        return postprocess.normalize
+    if engine.task == "classify":
+        return functools.partial(postprocess.label_scores, labels=engine.labels,
+                                 multi_label=engine.multi_label)
+    return None
+
+
+def postprocessing(run, collect, post: Callable[[np.ndarray], np.ndarray]) -> tuple:
+    """``run`` and ``collect`` (a GPU's, or None) such that a batch's outputs [B, X] come
+    with ``post`` of them, [B, 2X], each input's row and then its row postprocessed: once
+    per batch, on the model's thread. Done per request on the event loop, such small numpy
+    calls cost a fifth of one process's throughput at 512 clients (loadtests/RESULTS.md)."""
+    def both(outputs: np.ndarray) -> np.ndarray:  # [B, X] -> [B, 2X]
         with np.errstate(invalid="ignore"):  # an input's infinities: NotFinite, not a warning
-            return np.concatenate([embeddings, postprocess.normalize(embeddings)], axis=1)
+            return np.concatenate([outputs, post(outputs)], axis=1)
 
     if collect is None:
         return (lambda arrays: both(run(arrays))), None

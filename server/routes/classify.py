@@ -41,9 +41,11 @@ async def classified(body: ClassifyRequest | TeiPredictRequest | InfinityClassif
     """The classification model, each input's labels and scores (highest first, the best
     ``top_k``), and the run (also TEI's /predict and Infinity's /classify)."""
     engine, result = await run(body, request)
-    return engine, [postprocess.classification(logits, engine.labels, top_k,
-                                               engine.multi_label, body.function)
-                    for logits in result.outputs], result
+    scores = result.postprocessed  # the pipeline's function, applied by their batch
+    if body.function is not None or scores is None:
+        scores = [postprocess.label_scores(logits, engine.labels, engine.multi_label,
+                                           body.function) for logits in result.outputs]
+    return engine, [postprocess.best(each, engine.labels, top_k) for each in scores], result
 
 
 async def run(body: ClassifyRequest | TeiPredictRequest | InfinityClassifyRequest,

@@ -62,8 +62,8 @@ async def embedded(request: Request, model: str | None, texts: list,
     check_answer_size(engine, len(texts), dimensions or engine.dimensions or 1)
     result = await infer(request, engine, with_prompt(engine, texts, prompt_name), truncation,
                          named=named)
-    if normalize and dimensions is None and result.unit is not None:
-        return engine, np.asarray(result.unit), result  # [N, D], normalised with their batch
+    if normalize and dimensions is None and result.postprocessed is not None:
+        return engine, np.asarray(result.postprocessed), result  # [N, D], by their batch
     vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)  # [N, D]
     if dimensions is not None:  # [N, dimensions], its rows one after another (orjson's)
         vectors = np.ascontiguousarray(vectors[:, :dimensions])

@@ -496,29 +496,38 @@ def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collecte
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_an_embedding_batch_gives_each_inputs_unit_vector_whether_run_or_collected(
+def test_a_batch_is_postprocessed_once_whether_run_or_collected(
         onnx_model, tiny_checkpoints, tmp_path, monkeypatch):
-    """A dense embedding model's batches are normalised once each, on the model's thread
-    (per request on the event loop, that cost a fifth of the throughput at 512 clients):
-    each input's Result.unit is its embedding's unit vector, with a synchronous backend and
-    with one that starts a batch and collects it later; its outputs stay the model's own.
-    Other models have none."""
+    """What every request does to its outputs unless it asks otherwise is done once per
+    batch, on the model's thread (per request on the event loop, such small numpy calls
+    cost a fifth of the throughput at 512 clients): a dense embedding model's unit vectors,
+    a classifier's label scores, as Result.postprocessed beside the model's own outputs,
+    with a synchronous backend and with one that starts a batch and collects it later. An
+    NER model has none (its postprocessing is per request)."""
     texts = [f"sentence {i} " + "word " * (i % 7) for i in range(40)]  # batches of 32 and 8
     engine = load_engine("m", onnx_model, Settings(), Metrics())
     alone = engine.backend.run(pad(engine.tokenize(texts[:1], "right")))[0]  # [D]
     ran = _run(engine, texts)
     assert ran.outputs[0].shape == alone.shape == (engine.dimensions,)
     np.testing.assert_allclose(ran.outputs[0], alone, rtol=1e-5, atol=1e-6)
-    outputs, unit = np.stack(ran.outputs), np.stack(ran.unit)  # [N, D]
+    outputs, unit = np.stack(ran.outputs), np.stack(ran.postprocessed)  # [N, D]
     np.testing.assert_allclose(unit, outputs / np.linalg.norm(outputs, axis=1, keepdims=True),
                                rtol=1e-5, atol=1e-6)
+    for task in ("classify", "ner"):
+        export.export(tiny_checkpoints["bert", task], tmp_path / task, "onnx")
+    classified = _run(load_engine("c", tmp_path / "classify", Settings(), Metrics()), texts)
+    logits, scores = np.stack(classified.outputs), np.stack(classified.postprocessed)  # [N, L]
+    assert logits.shape == scores.shape == (len(texts), 2)
+    np.testing.assert_allclose(scores, torch.softmax(torch.from_numpy(logits), -1).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    assert _run(load_engine("n", tmp_path / "ner", Settings(), Metrics()),
+                texts[:2]).postprocessed is None
     defer(monkeypatch, Deferred)
     collected = _run(load_engine("m", onnx_model, Settings(), Metrics()), texts)
-    np.testing.assert_allclose(np.stack(collected.unit), unit, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.stack(collected.postprocessed), unit, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(np.stack(collected.outputs), outputs, rtol=1e-5, atol=1e-6)
-    export.export(tiny_checkpoints["bert", "classify"], tmp_path / "classify", "onnx")
-    assert _run(load_engine("c", tmp_path / "classify", Settings(), Metrics()),
-                texts[:2]).unit is None
+    collected = _run(load_engine("c", tmp_path / "classify", Settings(), Metrics()), texts)
+    np.testing.assert_allclose(np.stack(collected.postprocessed), scores, rtol=1e-5, atol=1e-6)
 
 
 def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(

@@ -10,32 +10,53 @@ from server.postprocess import TokenInfo
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
 
+def classification(logits, labels, top_k, multi_label=False, function=None):
+    """One input's labels and scores as the classify routes answer them."""
+    return postprocess.best(postprocess.label_scores(logits, labels, multi_label, function),
+                            labels, top_k)
+
+
 def test_classification_is_sorted_probabilities_with_top_k():
-    res = postprocess.classification(np.array([0.1, 2.0, -1.0]), ["a", "b", "c"], None)
+    res = classification(np.array([0.1, 2.0, -1.0]), ["a", "b", "c"], None)
     assert [r["label"] for r in res] == ["b", "a", "c"]
     assert abs(sum(r["score"] for r in res) - 1) < 1e-6
-    assert postprocess.classification(np.array([0.1, 2.0, -1.0]), ["a", "b", "c"], 1) == res[:1]
-    single = postprocess.classification(np.array([0.0]), ["yes"], None)
+    assert classification(np.array([0.1, 2.0, -1.0]), ["a", "b", "c"], 1) == res[:1]
+    single = classification(np.array([0.0]), ["yes"], None)
     assert single == [{"label": "yes", "score": 0.5}]  # one label: a sigmoid
-    independent = postprocess.classification(np.array([0.0, 2.0]), ["a", "b"], None, True)
+    independent = classification(np.array([0.0, 2.0]), ["a", "b"], None, True)
     assert [r["score"] for r in independent] == pytest.approx([0.8808, 0.5], abs=1e-4)
     assert postprocess.relevance(np.array([[0.0, 2.0]]), ["a", "b"], 1, True) == \
         pytest.approx([0.8808], abs=1e-4)
     # raw: the logits themselves, in the same order, for every kind of head
     for logits, labels, multi in (([0.1, 2.0, -1.0], ["a", "b", "c"], False),
                                   ([-3.0], ["yes"], False), ([0.0, 2.0], ["a", "b"], True)):
-        cooked = postprocess.classification(np.array(logits), labels, None, multi)
-        raw = postprocess.classification(np.array(logits), labels, None, multi, "none")
+        cooked = classification(np.array(logits), labels, None, multi)
+        raw = classification(np.array(logits), labels, None, multi, "none")
         assert [r["label"] for r in raw] == [r["label"] for r in cooked]
         assert sorted(r["score"] for r in raw) == sorted(logits)
     # a function asked for, whatever the head
-    assert [r["score"] for r in postprocess.classification(
+    assert [r["score"] for r in classification(
         np.array([0.0, 2.0]), ["a", "b"], None, False, "sigmoid")] == pytest.approx(
         [0.8808, 0.5], abs=1e-4)
-    assert [r["score"] for r in postprocess.classification(
+    assert [r["score"] for r in classification(
         np.array([0.0, 2.0]), ["a", "b"], None, True, "softmax")] == pytest.approx(
         [0.8808, 0.1192], abs=1e-4)
     assert postprocess.relevance(np.array([[0.5, -2.0]]), ["a", "b"], 1, raw=True) == [-2.0]
+
+
+def test_label_scores_of_a_batch_are_each_rows_and_best_keeps_ties_in_label_order():
+    """The model's thread scores a classifier's batch [B, L] at once (the engine's
+    batch_postprocess): each row as its input alone would be scored."""
+    logits = np.array([[0.1, 2.0, -1.0], [3.0, 3.0, -50.0], [-90.0, 0.0, 90.0]], np.float32)
+    for multi in (False, True):
+        batch = postprocess.label_scores(logits, ["a", "b", "c"], multi)
+        for row, scores in zip(logits, batch):
+            np.testing.assert_allclose(scores, postprocess.label_scores(row, ["a", "b", "c"],
+                                                                        multi), rtol=1e-6)
+    tied = postprocess.best(np.array([0.25, 0.5, 0.25], np.float32), ["a", "b", "c"], None)
+    assert tied == [{"label": "b", "score": 0.5}, {"label": "a", "score": 0.25},
+                    {"label": "c", "score": 0.25}]
+    assert all(type(r["score"]) is float for r in tied)
 
 
 def test_zero_shot_scores_as_the_pipeline_takes_an_nli_models_logits():
