@@ -4,16 +4,16 @@
 # `bash loadtests/gpu_prepare.sh` (../shared/gpu/prepare.sh --peer, the wheels it leaves
 # out, py-spy for the profile step), then first what issue 15 asks, the service beside
 # Infinity, e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer
-# gc700", carry=[".gpu"], timeout_s=540), then at once (the machine stays warm 30 s) with
-# the time left `... STEP_SECONDS=300 bash loadtests/gpu.sh bench` (rows are kept as
-# measured: a rerun on the same machine goes on), or `... gpu.sh workers eager nographs`
-# (on an H100, 26 Nov: the machine's start 30 s, tests 2.1 min, peer 3.7, the other
-# service steps 2 each; on an H200, 27 Nov, `tests peer eager` took 455 s and
-# `STEP_SECONDS=170 ... workers nographs` 242 s, 12.4 minutes of device time with the
-# start), or
-# `... gpu.sh nofuser profile benchgraphs`. Steps, run in the order given (the
-# service steps use /tmp/minilm, a MiniLM-shaped model that .gpu/setup.sh writes; CUDA
-# graphs for batches of up to 4,096 padded tokens, the default, unless a step says):
+# profile", carry=[".gpu"], timeout_s=540), then at once (the machine stays warm 30 s) with
+# the time left `... STEP_SECONDS=170 bash loadtests/gpu.sh workers nographs`, or `...
+# STEP_SECONDS=300 bash loadtests/gpu.sh bench` (rows are kept as measured: a rerun on the
+# same machine goes on). Timings: the machine's start 30 s, tests 2 min, peer 3.7, the other
+# service steps 2 each; on an H100, 27 Nov, `tests peer gc700` took 496 s and
+# `benchgraphs` 4.7 min (14.2 minutes of device time with the start); on an H200, 27 Nov,
+# `tests peer eager` 455 s and `STEP_SECONDS=170 ... workers nographs` 242 s. Steps, run in
+# the order given (the service steps use /tmp/minilm, a MiniLM-shaped model that
+# .gpu/setup.sh writes; CUDA graphs for batches of up to 4,096 padded tokens, the default,
+# unless a step says):
 #   tests     the tests marked gpu
 #   peer      distilserve (TorchScript) beside Infinity 0.0.78 (.gpu/peer.sh), one after
 #             the other with the same clients (python -m loadtests.peer)
@@ -24,7 +24,8 @@
 #   workers   the same with 4 worker processes (DISTILSERVE_WORKERS=4)
 #   gc700     the same with Python's own garbage-collection threshold
 #             (DISTILSERVE_GC_THRESHOLD=700, the service's until 27 Nov): beside `peer`,
-#             what the service's threshold (50,000) gains on this machine
+#             what the service's threshold (50,000) gains on this machine (on an H100,
+#             27 Nov, nothing one run each could tell apart)
 #   eager     the torch backend (no TorchScript)
 #   profile   the peer step's distilserve again, with py-spy sampling its threads in each
 #             phase (loadtests/profile.py): where the event loop and the model's threads
@@ -109,7 +110,10 @@ for name in "$@"; do
   # in a shell of its own, so that a step past its time is stopped (124) and the next runs
   timeout -k 10 "$STEP_SECONDS" bash -c "$(declare -f cli repo load step); step $name" ||
     { echo "== $name FAILED ($?)"; failed=$((failed + 1)); }
-  tar -czf "$archive" -C /tmp gpu
+  # the bench's exported checkpoints (artifacts/, hundreds of MB) stay: the archive must
+  # fit the 16 MiB a file brought back may have (on 27 Nov it did not, and the benchgraphs
+  # report came back only as printed)
+  tar -czf "$archive" --exclude=artifacts -C /tmp gpu
 done
 for table in /tmp/gpu/*/peer.md; do [ -e "$table" ] && cat "$table"; done
 exit $failed
