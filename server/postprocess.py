@@ -76,18 +76,6 @@ def cosine_ranking(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
     return normalize(documents) @ normalize(query)
 
 
-def relevance(logits: np.ndarray, labels: list[str], relevant: int,
-              multi_label: bool = False, raw: bool = False) -> np.ndarray:
-    """A cross-encoder's relevance scores from its logits [N, C]: sigmoid of the single
-    logit (or of the relevant one, for labels that are independent), or the softmax
-    probability of the relevant label; ``raw``: the relevant label's logit itself."""
-    if raw:
-        return logits[:, relevant]
-    if len(labels) == 1 or multi_label:
-        return sigmoid(logits[:, relevant])
-    return softmax(logits)[:, relevant]
-
-
 def ranked(scores: np.ndarray, documents: list[str], top_n: int | None,
            return_documents: bool) -> list[dict]:
     """Rerank results, highest score first (ties in input order), the best ``top_n``."""

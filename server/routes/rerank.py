@@ -52,9 +52,10 @@ async def scored(body: RerankRequest | TeiRerankRequest, request: Request
         return engine, postprocess.cosine_ranking(vectors[0], vectors[1:]), result
     result = await infer(request, engine, [(body.query, d) for d in documents], body.truncation,
                          named=lambda k: f"document {k} (with the query)")
-    return engine, postprocess.relevance(np.stack(result.outputs), engine.labels,
-                                         engine.relevant, engine.multi_label,
-                                         body.raw_scores), result
+    # [N]: the relevant label's score as /v1/classify gives it (the batch's label scores,
+    # scored on the model's thread: Engine.batch_postprocess), or its logit (raw_scores)
+    rows = result.outputs if body.raw_scores else result.postprocessed
+    return engine, np.stack(rows)[:, engine.relevant], result
 
 
 def _first(engine, *names: str) -> str | None:

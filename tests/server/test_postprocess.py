@@ -25,8 +25,6 @@ def test_classification_is_sorted_probabilities_with_top_k():
     assert single == [{"label": "yes", "score": 0.5}]  # one label: a sigmoid
     independent = classification(np.array([0.0, 2.0]), ["a", "b"], None, True)
     assert [r["score"] for r in independent] == pytest.approx([0.8808, 0.5], abs=1e-4)
-    assert postprocess.relevance(np.array([[0.0, 2.0]]), ["a", "b"], 1, True) == \
-        pytest.approx([0.8808], abs=1e-4)
     # raw: the logits themselves, in the same order, for every kind of head
     for logits, labels, multi in (([0.1, 2.0, -1.0], ["a", "b", "c"], False),
                                   ([-3.0], ["yes"], False), ([0.0, 2.0], ["a", "b"], True)):
@@ -41,7 +39,6 @@ def test_classification_is_sorted_probabilities_with_top_k():
     assert [r["score"] for r in classification(
         np.array([0.0, 2.0]), ["a", "b"], None, True, "softmax")] == pytest.approx(
         [0.8808, 0.1192], abs=1e-4)
-    assert postprocess.relevance(np.array([[0.5, -2.0]]), ["a", "b"], 1, raw=True) == [-2.0]
 
 
 def test_label_scores_of_a_batch_are_each_rows_and_best_keeps_ties_in_label_order():
