@@ -28,8 +28,6 @@ from transformers.models.distilbert import modeling_distilbert
 from models import heads, layers
 from models.tasks import LABELLED
 
-HF_MODEL_TYPES = ("bert", "distilbert", "albert", "mobilebert")
-
 PRESETS = {
     "bert": {
         "bert-base": dict(model_type="bert"),
