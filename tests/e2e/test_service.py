@@ -703,6 +703,25 @@ def test_rerank_by_a_cross_encoder_scores_each_pair(url):
     # the many embedding models
     unnamed = post(url, "/v1/rerank", {"query": query, "documents": docs}).json()
     assert unnamed["model"] == "cross"
+    # two labels and none named: the second (positive) is relevance, its softmax
+    two = name("bert", "classify", "onnx")
+    ranked = post(url, "/v1/rerank", {"model": two, "query": query, "documents": docs}).json()
+
+    def logits(document):  # the pair's, in the labels' order
+        row = post(url, "/v1/classify", {"model": two, "inputs": [[query, document]],
+                                         "function_to_apply": "none"}).json()["results"][0]
+        return [next(r["score"] for r in row if r["label"] == label)
+                for label in ("negative", "positive")]
+
+    z = np.array([logits(d) for d in docs])
+    softmax = np.exp(z[:, 1]) / np.exp(z).sum(axis=1)
+    assert [r["index"] for r in ranked["results"]] == list(np.argsort(-softmax, kind="stable"))
+    for r in ranked["results"]:
+        assert abs(r["relevance_score"] - softmax[r["index"]]) < 1e-5
+    # three labels and none named: no relevance to score
+    refused = post(url, "/v1/rerank", {"model": "multilabel", "query": query,
+                                       "documents": docs})
+    assert refused.status_code == 400 and "none is named relevant" in refused.text
 
 
 @pytest.mark.parametrize("route,body,words", [
