@@ -42,7 +42,7 @@ async def classified(body: ClassifyRequest | TeiPredictRequest | InfinityClassif
     ``top_k``), and the run (also TEI's /predict and Infinity's /classify)."""
     engine, result = await run(body, request)
     scores = result.postprocessed  # the pipeline's function, applied by their batch
-    if body.function is not None or scores is None:
+    if body.function is not None:
         scores = [postprocess.label_scores(logits, engine.labels, engine.multi_label,
                                            body.function) for logits in result.outputs]
     return engine, [postprocess.best(each, engine.labels, top_k) for each in scores], result
