@@ -83,9 +83,12 @@ def fastest(fn: Callable[[], object], runs: int,
 
 
 def gemm_rates(threads: int, runs: int = 5) -> dict[str, float]:
-    """The machine's fp32 matmul rate in FLOP/s, per library and shape: large square
-    products, and one shaped like a 768-wide encoder's FFN at batch 256 x 64. The best of
-    them is the reference for efficiency (ONNX Runtime's MLAS beats torch's GEMM here)."""
+    """The machine's matmul rates in FLOP/s (an int8 multiply-add counted as two), per
+    library, dtype and shape: fp32 large square products and one shaped like a 768-wide
+    encoder's FFN at batch 256 x 64 (torch's and ONNX Runtime's), the FFN in bf16 (torch,
+    on the CPU's bf16 matrix units where it has them) and in int8 (ONNX Runtime's
+    MatMulInteger, uint8 x int8, as its dynamic quantisation runs). The best of each dtype
+    is the reference for the efficiency of the rows computed in it (``reference_rates``)."""
     import numpy as np
     import onnx
     import onnxruntime as ort
@@ -93,25 +96,57 @@ def gemm_rates(threads: int, runs: int = 5) -> dict[str, float]:
     from onnx import TensorProto, helper
 
     torch.set_num_threads(threads)
-    shapes = {"square 2048": (2048, 2048, 2048), "ffn 16384x768x3072": (16384, 768, 3072)}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+
+    def onnx_rate(node: str, a: np.ndarray, b: np.ndarray, a_type, out_type) -> float:
+        (m, k), n = a.shape, b.shape[1]
+        graph = helper.make_graph(
+            [helper.make_node(node, ["a", "b"], ["c"])], "gemm",
+            [helper.make_tensor_value_info("a", a_type, [m, k])],
+            [helper.make_tensor_value_info("c", out_type, [m, n])],
+            initializer=[onnx.numpy_helper.from_array(b, "b")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                  ir_version=8)
+        session = ort.InferenceSession(model.SerializeToString(), options)
+        return 2 * m * k * n / fastest(lambda: session.run(None, {"a": a}), runs)
+
+    ffn = (16384, 768, 3072)
+    shapes = {"square 2048": (2048, 2048, 2048), f"ffn {'x'.join(map(str, ffn))}": ffn}
     rates = {}
     for name, (m, k, n) in shapes.items():
         a, b = torch.randn(m, k), torch.randn(k, n)
         rates[f"torch {name}"] = 2 * m * k * n / fastest(lambda a=a, b=b: a @ b, runs)
-        graph = helper.make_graph(
-            [helper.make_node("MatMul", ["a", "b"], ["c"])], "gemm",
-            [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k])],
-            [helper.make_tensor_value_info("c", TensorProto.FLOAT, [m, n])],
-            initializer=[onnx.numpy_helper.from_array(b.numpy(), "b")])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
-                                  ir_version=8)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        session = ort.InferenceSession(model.SerializeToString(), options)
-        feed = {"a": np.ascontiguousarray(a.numpy())}
-        rates[f"onnxruntime {name}"] = 2 * m * k * n / fastest(
-            lambda s=session, f=feed: s.run(None, f), runs)
+        rates[f"onnxruntime {name}"] = onnx_rate(
+            "MatMul", np.ascontiguousarray(a.numpy()), b.numpy(), TensorProto.FLOAT,
+            TensorProto.FLOAT)
+    (m, k, n), name = ffn, f"ffn {'x'.join(map(str, ffn))}"
+    a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16)
+    rates[f"torch bf16 {name}"] = 2 * m * k * n / fastest(lambda: a @ b, runs)
+    g = np.random.default_rng(0)
+    rates[f"onnxruntime int8 {name}"] = onnx_rate(
+        "MatMulInteger", g.integers(0, 256, (m, k), dtype=np.uint8),
+        g.integers(-128, 128, (k, n), dtype=np.int8), TensorProto.UINT8, TensorProto.INT32)
     return rates
+
+
+def rate_dtype(name: str) -> str:
+    """The dtype of one of ``gemm_rates``' (or ``gpu_gemm_rates``') rates, by its name."""
+    return next((d for d in ("int8", "bf16", "fp16") if f" {d} " in f" {name} "), "fp32")
+
+
+def reference_rates(rates: dict[str, float]) -> dict[str, float]:
+    """The best rate of each dtype, in FLOP/s."""
+    best: dict[str, float] = {}
+    for name, rate in rates.items():
+        best[rate_dtype(name)] = max(rate, best.get(rate_dtype(name), 0.0))
+    return best
+
+
+def compute_dtype(backend: str, dtype: str) -> str:
+    """What a row computes in: an int8 artifact in int8, ONNX Runtime's in fp32 (it runs
+    the graph as exported), the torch backends in the run's dtype."""
+    return "int8" if backend == "onnx-int8" else "fp32" if backend == "onnx" else dtype
 
 
 def gpu_gemm_rates(device: str, dtype: str, runs: int = 10) -> dict[str, float]:
@@ -195,24 +230,28 @@ def student_rows(folder: Path) -> list[Row]:
     return rows
 
 
-def rescore(results: list[dict], gemm: float, device: str, dtype: str) -> None:
-    """Efficiency against ``gemm``, this run's GEMM rate, for the rows measured on its
-    device in its dtype (those a resumed run skipped included); rows of another dtype (a
-    GPU's fp32 beside its fp16) keep their own run's rate."""
+def rescore(results: list[dict], references: dict[str, float], device: str, dtype: str) -> None:
+    """Efficiency against this run's GEMM rate of the dtype each row computes in
+    (``references``: dtype -> FLOP/s), for the rows measured on its device in its dtype
+    (those a resumed run skipped included); rows of another run's dtype (a GPU's fp32
+    beside its fp16) keep that run's rate."""
     for r in results:
         measured_here = (r.get("device", "cpu"), r.get("dtype", "fp32")) == (device, dtype)
-        if "gflop_per_s" in r and measured_here:
+        gemm = references.get(compute_dtype(r.get("backend", ""), r.get("dtype", "fp32")))
+        if "gflop_per_s" in r and measured_here and gemm:
             r.update(gemm_gflop_per_s=gemm / 1e9, efficiency=r["gflop_per_s"] * 1e9 / gemm)
 
 
 def _key(row: Row, backend: str, loop: str, opts: Options | None = None) -> str:
-    where = f"|{opts.device}|{opts.dtype}" if opts and opts.device != "cpu" else ""
+    where = (f"|{opts.device}|{opts.dtype}" if opts and (opts.device, opts.dtype) != ("cpu", "fp32")
+             else "")
     return f"{row.name}|{backend}|{loop}{where}{'|graphs' if opts and opts.cuda_graphs else ''}"
 
 
 def _column(backend: str, opts: Options) -> str:
-    """The report's column: the backend; on a GPU with its dtype, and graphs if used."""
-    if opts.device == "cpu":
+    """The report's column: the backend; on a GPU or in a half dtype with its dtype, and
+    graphs if used."""
+    if (opts.device, opts.dtype) == ("cpu", "fp32"):
         return backend
     return f"{backend} {opts.dtype}{' graphs' if opts.cuda_graphs else ''}"
 
@@ -238,12 +277,12 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
                 done[r["key"]] = r
     threads = opts.threads or available_cores()
     if opts.device == "cpu":
-        progress(f"measuring the fp32 GEMM rate ({threads} threads)")
+        progress(f"measuring the fp32, bf16 and int8 GEMM rates ({threads} threads)")
         rates = gemm_rates(threads)
     else:
         progress(f"measuring the {opts.dtype} GEMM rate on {opts.device}")
         rates = gpu_gemm_rates(opts.device, opts.dtype)
-    gemm = max(rates.values())
+    references = reference_rates(rates)
     rows = [row for row in opts.rows if opts.dtype in families.get(row.family).dtypes]
     for row in opts.rows:
         if row not in rows:  # e.g. CMOW in fp16: not a failure, a row the dtype leaves out
@@ -268,8 +307,7 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
             result = {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
         else:
             result = json.loads(out.stdout.strip().splitlines()[-1])
-            achieved = result["sentences_per_s"] * flops
-            result.update(gflop_per_s=achieved / 1e9, efficiency=achieved / gemm)
+            result["gflop_per_s"] = result["sentences_per_s"] * flops / 1e9
         if row.source:
             distilled = json.loads((Path(row.source) / "distillation.json").read_text())
             result["fidelity"] = distilled["fidelity"]
@@ -279,22 +317,22 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
                   "column": _column(backend, opts),
                   "loop": loop if row.family in families.RECURSIVE else None,
                   "parameters": spec["parameters"], "flops_per_sentence": flops,
-                  "gemm_gflop_per_s": gemm / 1e9, "batch_size": opts.batch_size,
+                  "batch_size": opts.batch_size,
                   "length": opts.length, "parity_max_abs_diff": spec["parity"],
                   "int8_agreement": spec["quantization"], **result}
         done[key] = record
         with log.open("a") as f:
             f.write(json.dumps(record) + "\n")
     results = list(done.values())  # in the order measured, earlier (resumed) runs included
-    rescore(results, gemm, opts.device, opts.dtype)
+    rescore(results, references, opts.device, opts.dtype)
     (opts.output / "results.json").write_text(json.dumps(
         {"machine": {"cores": available_cores(), "device": opts.device, "dtype": opts.dtype,
-                     "gemm_gflop_per_s": gemm / 1e9,
+                     "gemm_gflop_per_s": {d: v / 1e9 for d, v in references.items()},
                      "gemm_gflop_per_s_by_library": {k: v / 1e9 for k, v in rates.items()}},
          "settings": {"batch_size": opts.batch_size, "length": opts.length,
                       "batches": opts.batches, "repeats": opts.repeats},
          "results": results}, indent=2) + "\n")
     from bench import report
 
-    report.write(opts.output, results, gemm, rates, _versions(opts.device))
+    report.write(opts.output, results, references, rates, _versions(opts.device))
     return results

@@ -48,7 +48,7 @@ def _get(results, model, col, loop="unroll"):
     return None
 
 
-def _machine(results: list[dict], gemm: float, rates: dict | None,
+def _machine(results: list[dict], references: dict[str, float], rates: dict | None,
              versions: dict | None) -> str:
     versions = versions or {}
     measured = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (rates or {}).items())
@@ -60,22 +60,25 @@ def _machine(results: list[dict], gemm: float, rates: dict | None,
                  + f" TFLOP/s, each measured in its dtype's run (this run: {measured})")
         memory = "peak GPU memory (torch.cuda.max_memory_allocated)"
     else:
-        where = (f"{available_cores()} cores, fp32 GEMM {gemm / 1e9:.0f} GFLOP/s measured in "
-                 f"this run ({measured})")
+        by_dtype = ", ".join(f"{d} {v / 1e9:.0f}" for d, v in references.items())
+        where = (f"{available_cores()} cores, GEMM {by_dtype} GFLOP/s measured in this run "
+                 f"({measured})")
         memory = "peak RSS of the measuring process"
     used = ", ".join(f"{k} {v}" for k, v in versions.items() if k not in ("gpu", "cuda"))
     return f"Machine: {where}; {used}. Memory is {memory}."
 
 
-def write(folder: Path, results: list[dict], gemm: float, rates: dict | None = None,
+def write(folder: Path, results: list[dict], references: dict[str, float],
+          rates: dict | None = None,
           versions: dict | None = None) -> None:
     backends = list(dict.fromkeys(column(r) for r in results))
     quick = results and all(r.get("preset") == "tiny" for r in results)
     sizes = ("the tiny test presets (--quick: a check that the harness works, not the "
              "papers' sizes)" if quick else "the papers' sizes")
     lines = ["# distilserve bench", "",
-             _machine(results, gemm, rates, versions) + " Efficiency is achieved FLOP/s "
-             "(counted FLOPs x sentences/s) over the GEMM rate. Batches of "
+             _machine(results, references, rates, versions) + " Efficiency is achieved "
+             "FLOP/s (counted FLOPs x sentences/s) over the GEMM rate of the dtype the row "
+             "computes in (ONNX Runtime's in fp32, an int8 export's in int8). Batches of "
              f"{results[0]['batch_size'] if results else '?'} x "
              f"{results[0]['length'] if results else '?'} random token ids, median of "
              "repeats (min-max in brackets), each model in its own process. Fresh weights "
@@ -104,7 +107,7 @@ def write(folder: Path, results: list[dict], gemm: float, rates: dict | None = N
             f"({r['sentences_per_s_min']:.0f}-{r['sentences_per_s_max']:.0f}) | "
             f"{r['latency_ms_p50']:.1f} / {r['latency_ms_p95']:.1f} | "
             f"{quantity(r, 'memory'):.0f} | "
-            f"{r['efficiency']:.0%}{' (int8 vs fp32 peak)' if r['backend'] == 'onnx-int8' else ''} |")
+            f"{format(r['efficiency'], '.0%') if 'efficiency' in r else '-'} |")
     lines += ["", "![memory](memory.png)", "", "![throughput vs parameters](params.png)", ""]
     students = [r for r in results if "fidelity" in r and "error" not in r]
     if students:

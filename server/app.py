@@ -261,8 +261,9 @@ def freeze_long_lived(thaw: bool = False) -> None:
 
 def announce(engine: Engine, how: str) -> None:
     """Logs that ``engine`` is served now (``how``: serving, reloaded)."""
-    log.info("%s %s (%s, %s, %s)", how, engine.name, engine.task, engine.family,
-             engine.describe()["backend"])
+    info = engine.describe()
+    log.info("%s %s (%s, %s, %s on %s in %s: %s)", how, engine.name, engine.task, engine.family,
+             info["backend"], info["device"], info["dtype"], info["dtype_reason"])
 
 
 async def load_models(service: Service, folders: list[Path], open_folder) -> None:

@@ -328,7 +328,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
                            batches=args.batches, repeats=args.repeats, threads=args.threads,
                            device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
-    if args.device != "cpu":  # ONNX Runtime on a GPU needs onnxruntime-gpu (the gpu extra)
+    if args.device != "cpu" or args.dtype != "fp32":  # ONNX Runtime: fp32 on the CPU only
         opts.backends = ("torch", "torchscript")
     if args.quick:
         opts.rows = list(harness.QUICK_ROWS)
@@ -467,7 +467,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", help="DISTILSERVE_DEVICE: cpu, cuda, cuda:N or auto "
                        "(default: a GPU when one is visible)")
     serve.add_argument("--dtype", help="DISTILSERVE_DTYPE: auto, fp32, fp16 or bf16 "
-                       "(default auto: fp32 on the CPU, fp16 or bf16 on a GPU)")
+                       "(default auto: fp16 or bf16 on a GPU, bf16 on a CPU with bf16 "
+                       "matrix units, fp32 otherwise)")
     serve.set_defaults(func=cmd_serve)
 
     ray = sub.add_parser("ray", help="serve a model repository on Ray Serve",
@@ -541,7 +542,8 @@ def parser() -> argparse.ArgumentParser:
                        help="cpu, or cuda[:N]: the torch and torchscript backends on a "
                        "GPU (auto: a GPU where one is visible)")
     bench.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"],
-                       help="compute dtype (fp16 and bf16 on a GPU)")
+                       help="compute dtype (fp16 and bf16: the torch and TorchScript "
+                       "backends; bf16 on the CPU where it has bf16 matrix units)")
     bench.add_argument("--cuda-graphs", action="store_true",
                        help="on a GPU, run each timed shape from a CUDA graph (one launch "
                        "per batch, as DISTILSERVE_CUDA_GRAPH_TOKENS serves small batches)")

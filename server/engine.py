@@ -187,8 +187,9 @@ def open_runtime(folder: Path, manifest: Manifest, settings: Settings) -> Backen
         return open_backend(
             manifest.backend, folder, manifest.artifact, settings.model_threads(),
             manifest.num_iterations, manifest.device or settings.device,
-            manifest.dtype or settings.dtype, manifest.allowed_dtypes, checkpoint_on_gpu=True,
-            token_embeddings=manifest.token_embeddings, task=manifest.task)
+            manifest.dtype or settings.dtype, manifest.allowed_dtypes, checkpoint_instead=True,
+            token_embeddings=manifest.token_embeddings, task=manifest.task,
+            quantized=manifest.quantization is not None)
     except BackendError as e:
         raise ModelLoadError(f"{folder}: {e}") from None
 
@@ -348,7 +349,7 @@ class Engine:
                 "owned_by": "distilserve",
                 "task": self.task, "family": self.family, "backend": self.backend.name,
                 "max_length": self.max_length, "device": self.backend.device,
-                "dtype": self.backend.dtype}
+                "dtype": self.backend.dtype, "dtype_reason": self.backend.dtype_reason}
         for key in ("loop", "pooling", "dimensions", "parameters"):
             if getattr(self.manifest, key) is not None:
                 info[key] = getattr(self.manifest, key)

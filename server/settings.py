@@ -82,8 +82,9 @@ class Settings(BaseSettings):
     device: str = Field("auto", description="cpu, cuda, cuda:N, or auto: a GPU when one is "
                         "visible (an ONNX model without onnxruntime-gpu: its checkpoint)")
     dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field(
-        "auto", description="compute dtype; auto: fp32 on the CPU, fp16 or bf16 on a GPU as "
-        "the model allows")
+        "auto", description="compute dtype; auto: fp16 or bf16 on a GPU, bf16 on a CPU with "
+        "bf16 matrix units (AMX, AVX-512 BF16, Arm BF16; an ONNX model then runs from its "
+        "checkpoint, traced with TorchScript), fp32 otherwise, as the model allows")
     threads: int = Field(0, ge=0, le=1024, description="intra-op threads per model (0: "
                          "this process's share of the cores, all of them over the workers)")
     cuda_graph_tokens: int = Field(4096, ge=0, description="on a GPU, batches of up to this "

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from models.runtime.matrix_units import KNOWN, bf16_units
+
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 DTYPES = ("fp32", "fp16", "bf16")
 DEVICES_HELP = "cpu, cuda, cuda:N or auto"
@@ -35,6 +37,7 @@ class Backend(ABC):
     name: str = ""
     device: str = "cpu"  # where it runs: cpu, cuda:0, ...
     dtype: str = "fp32"  # what it computes in
+    dtype_reason: str = ""  # why that dtype (choose_dtype)
     asynchronous: bool = False  # launch returns before the work is done (a GPU)
     # it computes on the CPU through PyTorch's thread pool (OpenMP), which keeps a team of
     # threads for each thread that calls it (the service runs all such models on one)
@@ -69,25 +72,38 @@ def check_device(device: str) -> str:
     raise BackendError(f"unknown device {device!r} ({DEVICES_HELP})")
 
 
-def choose_dtype(requested: str, device: str, allowed: Sequence[str]) -> str:
-    """The compute dtype: ``auto`` is fp32 on the CPU and on a GPU the first of fp16,
-    bf16 that the model allows (fp32 if neither); an explicit dtype must be allowed."""
+def choose_dtype(requested: str, device: str, allowed: Sequence[str]) -> tuple[str, str]:
+    """The compute dtype and why: ``auto`` is, on a GPU, the first of fp16, bf16 that the
+    model allows, and on the CPU bf16 where the processor has bf16 matrix units
+    (models/runtime/matrix_units.py) and the model allows it; fp32 otherwise. An explicit
+    dtype must be allowed."""
     if requested == "auto":
-        if device == "cpu":
-            return "fp32"
-        return next((d for d in ("fp16", "bf16") if d in allowed), "fp32")
+        if device != "cpu":
+            chosen = next((d for d in ("fp16", "bf16") if d in allowed), None)
+            if chosen is None:
+                return "fp32", "auto: fp32 on a GPU, the model runs in neither fp16 nor bf16"
+            return chosen, f"auto: {chosen}, the first of fp16, bf16 that the model allows on a GPU"
+        units = bf16_units()
+        if units is None:
+            return "fp32", f"auto: fp32, this CPU has no bf16 matrix units ({KNOWN})"
+        if "bf16" not in allowed:
+            return "fp32", (f"auto: fp32; this CPU's {units} would run bf16, which the "
+                            f"model does not ({', '.join(allowed)}: its family's, less "
+                            "those its export's parity check failed)")
+        return "bf16", f"auto: bf16, on this CPU's {units}"
     if requested not in DTYPES:
         raise BackendError(f"unknown dtype {requested!r} (auto, {', '.join(DTYPES)})")
     if requested not in allowed:
         raise BackendError(f"dtype {requested} is not one this model runs in "
                            f"({', '.join(allowed)})")
-    return requested
+    return requested, "asked for (DISTILSERVE_DTYPE, or the model's manifest)"
 
 
 def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: int = 0,
                  num_iterations: int | None = None, device: str = "cpu", dtype: str = "fp32",
-                 allowed: Sequence[str] = DTYPES, checkpoint_on_gpu: bool = False,
-                 token_embeddings: bool = False, task: str | None = None) -> Backend:
+                 allowed: Sequence[str] = DTYPES, checkpoint_instead: bool = False,
+                 token_embeddings: bool = False, task: str | None = None,
+                 quantized: bool = False) -> Backend:
     """``kind`` is the manifest's backend: onnx, torchscript or torch. ``device`` and
     ``dtype`` may be ``auto``; ``allowed`` are the dtypes the model may run in (its
     family's, less those that failed the export's parity check); ``token_embeddings``: an
@@ -95,21 +111,36 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
     checkpoint run in its place, or traced at load, gives what the artifact gives: a
     masked-language model's checkpoint loaded without its task is an embedding model).
 
-    With ``checkpoint_on_gpu`` (the service), an ONNX model asked to run on a GPU (cuda,
-    or auto with one visible) by an onnxruntime without the CUDA execution provider runs
-    there all the same: its folder's checkpoint, traced with TorchScript at load."""
+    With ``checkpoint_instead`` (the service), an ONNX model runs as asked where ONNX
+    Runtime cannot run it so: from its folder's checkpoint, traced with TorchScript at
+    load. That is on a GPU (cuda, or auto with one visible) where this onnxruntime has no
+    CUDA execution provider, and on the CPU in fp16 or bf16 (ONNX Runtime computes in
+    fp32), as ``auto`` chooses on a CPU with bf16 matrix units; not for an int8 artifact
+    (``quantized``), which ONNX Runtime serves as exported. Where ``auto`` asked for it
+    and the checkpoint does not run (or torch is not installed), ONNX Runtime on the CPU
+    in fp32."""
     folder = Path(folder)
     check_device(device)
     if kind == "onnx":
-        from models.runtime.onnx import OnnxBackend, has_cuda_provider
+        from models.runtime.onnx import FP32, OnnxBackend, has_cuda_provider
 
-        if checkpoint_on_gpu and not has_cuda_provider() and _wants_gpu(device):
-            backend = _checkpoint_instead(folder, threads, device, dtype, allowed,
-                                          token_embeddings, task)
+        failed = None
+        if checkpoint_instead and _wants_gpu(device):
+            if not has_cuda_provider():
+                backend, failed = _checkpoint_instead(folder, threads, device, dtype, allowed,
+                                                      token_embeddings, task, NO_CUDA_PROVIDER)
+                if backend is not None:
+                    return backend
+                device = "cpu"  # auto, and the checkpoint did not run on the GPU
+        elif checkpoint_instead and not quantized and choose_dtype(dtype, "cpu", allowed)[0] != "fp32":
+            backend, failed = _checkpoint_instead(folder, threads, "cpu", dtype, allowed,
+                                                  token_embeddings, task, FP32)
             if backend is not None:
                 return backend
-            device = "cpu"  # auto, and the checkpoint did not run on the GPU
-        return OnnxBackend(folder / artifact, threads, num_iterations, device, dtype)
+        onnx = OnnxBackend(folder / artifact, threads, num_iterations, device, dtype)
+        if failed:
+            onnx.dtype_reason = f"{FP32}: its checkpoint, run instead, did not ({failed})"
+        return onnx
     if kind == "torchscript":
         from models.runtime.torchscript import TorchScriptBackend
 
@@ -137,29 +168,38 @@ def _wants_gpu(device: str) -> bool:
     return device.startswith("cuda")
 
 
-def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
-                        allowed: Sequence[str], token_embeddings: bool,
-                        task: str | None) -> Backend | None:
-    """An ONNX model's checkpoint traced on the GPU; None (ONNX Runtime on the CPU) where
-    that fails and ``device`` is auto, a BackendError where it is cuda (the torch
-    backends' own where they refuse the device or the dtype)."""
-    from models.runtime.torchscript import TorchScriptBackend
+NO_CUDA_PROVIDER = ("this onnxruntime has no CUDA execution provider (pip install "
+                    "'distilserve[gpu]' for onnxruntime-gpu)")
 
-    why = ("this onnxruntime has no CUDA execution provider (pip install "
-           "'distilserve[gpu]' for onnxruntime-gpu)")
+
+def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
+                        allowed: Sequence[str], token_embeddings: bool, task: str | None,
+                        why: str) -> tuple[Backend | None, str | None]:
+    """An ONNX model's checkpoint traced with TorchScript on ``device`` in ``dtype``,
+    where ONNX Runtime cannot run it so (``why``). Where that fails: (None, the error),
+    for ONNX Runtime on the CPU in fp32, if ``auto`` asked for what failed (device or
+    dtype); a BackendError if it was asked for by name (the torch backends' own where
+    they refuse the device or the dtype)."""
+    on_gpu = device != "cpu"
+    asked, wanted = (f"device {device}", device) if on_gpu else (f"dtype {dtype}", dtype)
     try:
+        from models.runtime.torchscript import TorchScriptBackend
+
         backend = TorchScriptBackend(folder / "checkpoint", threads, device, dtype, allowed,
                                      token_embeddings, task)
     except Exception as e:
-        if device != "auto":
+        error = f"{type(e).__name__}: {e}"
+        if wanted != "auto":
             if isinstance(e, BackendError):
                 raise
-            raise BackendError(f"device {device}: {why}, and the model's checkpoint, which "
-                               f"would run there instead, did not: {type(e).__name__}: {e}"
+            raise BackendError(f"{asked}: {why}, and the model's checkpoint, which would run "
+                               f"{'there' if on_gpu else 'so'} instead, did not: {error}"
                                ) from None
-        log.warning("%s: ONNX Runtime on the CPU, not the GPU: %s, and the model's "
-                    "checkpoint did not run there: %s: %s", folder.name, why, type(e).__name__, e)
-        return None
+        log.warning("%s: ONNX Runtime on the CPU in fp32, not %s: %s, and the model's "
+                    "checkpoint did not run %s: %s", folder.name,
+                    "on the GPU" if on_gpu else f"in {choose_dtype(dtype, device, allowed)[0]}",
+                    why, "there" if on_gpu else "so", error)
+        return None, error
     log.info("%s: an ONNX model, run on %s in %s from its checkpoint, traced with TorchScript: "
              "%s", folder.name, backend.device, backend.dtype, why)
-    return backend
+    return backend, None

@@ -10,6 +10,8 @@ import onnxruntime as ort
 
 from models.runtime.base import Backend, BackendError, choose_dtype
 
+FP32 = "ONNX Runtime runs the graph as exported, in fp32"
+
 
 def has_cuda_provider() -> bool:
     """Whether this onnxruntime runs on a GPU (onnxruntime-gpu)."""
@@ -31,11 +33,11 @@ class OnnxBackend(Backend):
                                "with --format torch")
         self.device = device
         try:
-            self.dtype = choose_dtype(dtype, "cpu" if device == "cpu" else "cuda", ("fp32",))
+            self.dtype, _ = choose_dtype(dtype, "cpu" if device == "cpu" else "cuda", ("fp32",))
         except BackendError as e:  # (the embedded default's models, with DISTILSERVE_DTYPE)
-            raise BackendError(f"{e}: ONNX Runtime runs the graph as exported, in fp32; "
-                               "export with --format torchscript or torch to run in fp16 "
-                               "or bf16, as its family allows") from None
+            raise BackendError(f"{e}: {FP32}; export with --format torchscript or torch "
+                               "to run in fp16 or bf16, as its family allows") from None
+        self.dtype_reason = FP32
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.intra_op_num_threads = threads  # 0: onnxruntime's choice (all cores)

@@ -41,7 +41,7 @@ class Placement:
 
     def __init__(self, device: str, dtype: str, allowed: Sequence[str]):
         self.device = resolve_device(device)
-        self.dtype_name = choose_dtype(dtype, self.device.type, allowed)
+        self.dtype_name, self.dtype_reason = choose_dtype(dtype, self.device.type, allowed)
         self.dtype = TORCH_DTYPES[self.dtype_name]
         self.cuda = self.device.type == "cuda"
         self.staging = [torch.empty(0, dtype=torch.int64)] * 2
@@ -112,6 +112,7 @@ class TorchRuntime(Backend):
             torch.set_num_threads(threads)
         self.place = Placement(device, dtype, allowed)
         self.device, self.dtype = str(self.place.device), self.place.dtype_name
+        self.dtype_reason = self.place.dtype_reason
         self.asynchronous = self.place.cuda
         self.openmp = not self.place.cuda
         self.forward = None

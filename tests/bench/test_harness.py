@@ -30,8 +30,23 @@ def test_fastest_times_each_run_to_its_sync_and_leaves_the_warm_up_out():
 def test_cpu_gemm_rates_are_plausible_flop_rates():
     rates = harness.gemm_rates(threads=1, runs=1)
     assert set(rates) == {f"{lib} {shape}" for lib in ("torch", "onnxruntime")
-                          for shape in ("square 2048", "ffn 16384x768x3072")}
+                          for shape in ("square 2048", "ffn 16384x768x3072")} | {
+        "torch bf16 ffn 16384x768x3072", "onnxruntime int8 ffn 16384x768x3072"}
     assert all(1e8 < r < 1e13 for r in rates.values())
+    assert set(harness.reference_rates(rates)) == {"fp32", "bf16", "int8"}
+
+
+def test_each_row_is_scored_against_the_gemm_rate_of_the_dtype_it_computes_in():
+    """On the CPU in bf16, the torch rows against the bf16 rate; ONNX Runtime's in fp32
+    and an int8 export's in int8, whatever the run's dtype."""
+    references = harness.reference_rates({"torch square 2048": 150e9, "onnxruntime ffn": 200e9,
+                                          "torch bf16 ffn": 400e9, "onnxruntime int8 ffn": 600e9})
+    assert references == {"fp32": 200e9, "bf16": 400e9, "int8": 600e9}
+    rows = [{"backend": b, "device": "cpu", "dtype": "bf16", "gflop_per_s": 100.0}
+            for b in ("torch", "torchscript", "onnx", "onnx-int8")]
+    harness.rescore(rows, references, "cpu", "bf16")
+    assert [r["efficiency"] for r in rows] == [0.25, 0.25, 0.5, 100 / 600]
+    assert [r["gemm_gflop_per_s"] for r in rows] == [400, 400, 200, 600]
 
 
 @pytest.mark.gpu
@@ -60,7 +75,7 @@ def test_a_resumed_run_rescores_its_own_dtype_only():
     """fp32 then fp16 into one folder: the fp16 run's GEMM rate is 15 times the fp32
     run's, and must not become the fp32 rows' reference."""
     fp32, fp16 = _gpu_row("fp32", 52_000, 44_000), _gpu_row("fp16", 700_000, 280_000)
-    harness.rescore([fp32, fp16], 760_000e9, "cuda:0", "fp16")
+    harness.rescore([fp32, fp16], {"fp16": 760_000e9}, "cuda:0", "fp16")
     assert fp32["efficiency"] == 44_000 / 52_000 and fp32["gemm_gflop_per_s"] == 52_000
     assert fp16["efficiency"] == 280_000 / 760_000 and fp16["gemm_gflop_per_s"] == 760_000
 
@@ -69,7 +84,7 @@ def test_a_gpu_report_names_each_dtypes_gemm_rate():
     from bench import report
 
     rows = [_gpu_row("fp32", 52_000, 44_000), _gpu_row("fp16", 760_000, 280_000)]
-    line = report._machine(rows, 760_000e9, {"torch fp16 square 8192": 760_000e9},
+    line = report._machine(rows, {"fp16": 760_000e9}, {"torch fp16 square 8192": 760_000e9},
                            {"gpu": "NVIDIA H100", "cuda": "13.0", "torch": "2.11.0"})
     assert "GEMM at the compute dtype fp32 52, fp16 760 TFLOP/s" in line
     assert "NVIDIA H100" in line and "torch 2.11.0" in line and "peak GPU memory" in line

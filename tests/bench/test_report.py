@@ -22,7 +22,7 @@ def test_without_matplotlib_the_report_is_written_and_the_charts_drawn_later(
         tmp_path, monkeypatch, capsys):
     results = _committed()
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing it fails
-    report.write(tmp_path, results, 100e9, {}, {"torch": "2.13.0"})
+    report.write(tmp_path, results, {"fp32": 100e9}, {}, {"torch": "2.13.0"})
     assert "| BERT-base vs DistilBERT (speed) | 0.50 |" in (tmp_path / "REPORT.md").read_text()
     assert not any((tmp_path / chart).exists() for chart in CHARTS)
     assert f"`python -m bench.report {tmp_path}` draws them" in capsys.readouterr().err
@@ -43,7 +43,7 @@ def test_no_charts_where_no_row_was_measured(tmp_path, capsys):
     """(every row failed: the charts had been drawn with empty axes, matplotlib warning of
     a legend with nothing in it)"""
     failed = [{**r, "error": "CUDA graphs need a GPU"} for r in _committed()]
-    report.write(tmp_path, failed, 100e9, {}, {"torch": "2.13.0"})
+    report.write(tmp_path, failed, {"fp32": 100e9}, {}, {"torch": "2.13.0"})
     assert (tmp_path / "REPORT.md").exists()
     assert not any((tmp_path / chart).exists() for chart in CHARTS)
     assert "charts not drawn: no row was measured" in capsys.readouterr().err
@@ -53,5 +53,5 @@ def test_students_alone_get_their_chart_and_no_empty_ones(tmp_path):
     """(``bench --students DIR --models`` naming students only)"""
     students = [r for r in _committed() if "fidelity" in r]
     assert students
-    report.write(tmp_path, students, 100e9, {}, {"torch": "2.13.0"})
+    report.write(tmp_path, students, {"fp32": 100e9}, {}, {"torch": "2.13.0"})
     assert [c for c in CHARTS if (tmp_path / c).exists()] == ["fidelity.png"]

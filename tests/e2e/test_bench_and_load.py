@@ -25,7 +25,8 @@ def test_bench_quick_writes_results_report_and_charts(tmp_path, monkeypatch):
     assert main(["bench", "--quick", "--output", "results"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     rows = results["results"]
-    assert results["machine"]["gemm_gflop_per_s"] > 0
+    assert set(results["machine"]["gemm_gflop_per_s"]) == {"fp32", "bf16", "int8"}
+    assert all(rate > 0 for rate in results["machine"]["gemm_gflop_per_s"].values())
     assert {r["family"] for r in rows} == {"bert", "distilbert", "minialbert", "falbert", "cmow"}
     assert {r["loop"] for r in rows if r["family"] == "minialbert"} == {"unroll", "keep"}
     for r in rows:
@@ -36,6 +37,7 @@ def test_bench_quick_writes_results_report_and_charts(tmp_path, monkeypatch):
     report = (tmp_path / "REPORT.md").read_text()
     assert "## The papers' claims, measured" in report and "minialbert tiny" in report
     assert "Fresh weights at the tiny test presets" in report  # not "the papers' sizes"
+    assert "GEMM fp32 " in report and ", bf16 " in report and ", int8 " in report
     for chart in ("throughput.png", "memory.png", "params.png"):
         assert (tmp_path / chart).read_bytes()[:8] == PNG
     # resumable: a second run measures nothing again

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import pytest
 
+from models import samples
 from server import embedded_default as default
 from tests.conftest import running_server
 from training import handwritten
@@ -87,3 +89,35 @@ def test_default_serves_all_three_tasks_and_they_work(built):
             got = {(e["entity_group"], e["word"]) for e in found}
             assert expected <= got, (text, found)
             assert all(text[e["start"]:e["end"]] == e["word"] for e in found)
+
+
+def _answers(url: str) -> tuple[list, list, np.ndarray]:
+    """Labels of the hand-written sentiment sentences, entities of the hand-written NER
+    sentences, and embeddings of real sentences."""
+    texts = [s for s, _ in handwritten.SENTIMENT] + POSITIVE + NEGATIVE + NEUTRAL
+    res = httpx.post(url + "/v1/classify", json={"inputs": texts, "top_k": 1},
+                     timeout=120).json()["results"]
+    labels = [r[0]["label"] for r in res]
+    res = httpx.post(url + "/v1/ner", json={"inputs": [t for t, _ in handwritten.NER]},
+                     timeout=120).json()["results"]
+    entities = [{(e["entity_group"], e["start"], e["end"]) for e in found} for found in res]
+    sentences = list(samples.SENTENCES) + texts
+    res = httpx.post(url + "/v1/embed", json={"inputs": sentences}, timeout=120).json()
+    return labels, entities, np.array(res["embeddings"])
+
+
+def test_bf16_gives_the_labels_and_embeddings_of_fp32(built):
+    """What ``auto`` serves on a CPU with bf16 matrix units (here asked for by name, so
+    that it runs on any CPU): the models' checkpoints in bf16, with the hand-written
+    sets' labels and entities of fp32 and its embeddings within cosine 0.9999."""
+    _, folder = built
+    with running_server(folder, dtype="fp32") as url:
+        assert {m["dtype"] for m in httpx.get(url + "/v1/models").json()["data"]} == {"fp32"}
+        labels, entities, vectors = _answers(url)
+    with running_server(folder, dtype="bf16") as url:
+        models = httpx.get(url + "/v1/models").json()["data"]
+        assert {(m["backend"], m["dtype"]) for m in models} == {("torchscript", "bf16")}
+        half_labels, half_entities, half_vectors = _answers(url)
+    assert half_labels == labels and half_entities == entities
+    assert (vectors * half_vectors).sum(-1).min() >= 0.9999  # (unit vectors)
+    assert not np.array_equal(vectors, half_vectors)

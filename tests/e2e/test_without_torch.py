@@ -8,6 +8,7 @@ served through transformers, alike."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import httpx
 from models import export
 from models.io import checkpoint
 from models.io.manifest import FILE
+from models.runtime.matrix_units import bf16_units
 from tests.conftest import free_port, running_server, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,9 +65,12 @@ def test_onnx_models_are_served_with_torch_and_transformers_unimportable(tiny_ch
         (older / folder.name / FILE).write_text(json.dumps(manifest))
 
     port, log = free_port(), tmp_path / "serve.log"
+    # dtype auto, as served by default: on a CPU with bf16 matrix units it would run the
+    # models' checkpoints in bf16, through torch; without torch, ONNX Runtime in fp32
     server = subprocess.Popen(
         [sys.executable, "-c", UNIMPORTABLE, "serve", "--model-repository", str(repo),
-         "--port", str(port)], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT)
+         "--port", str(port)], cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        env={**os.environ, "DISTILSERVE_DTYPE": "auto"})
     url = f"http://127.0.0.1:{port}"
 
     def ready():
@@ -82,6 +87,8 @@ def test_onnx_models_are_served_with_torch_and_transformers_unimportable(tiny_ch
         server.terminate()
         server.wait(120)
     assert "Traceback" not in log.read_text()
+    if bf16_units():
+        assert "bert-embed: ONNX Runtime on the CPU in fp32, not in bf16" in log.read_text()
     filled = without["bert-fill-mask", "/v1/fill-mask"]["results"][0][0]  # the first mask's
     assert all(a["sequence"].endswith(" to paris, didn't he?") for a in filled)  # cleaned up
     with running_server(older) as through_transformers:

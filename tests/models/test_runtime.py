@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ import torch
 
 from models import export
 from models.io.manifest import Manifest
-from models.runtime import base, open_backend, torch_device
+from models.runtime import base, matrix_units, open_backend, torch_device
 from models.runtime.base import BackendError, check_device, choose_dtype
 from models.runtime.onnx import has_cuda_provider
 from models.runtime.torchscript import TorchScriptBackend
@@ -21,11 +22,13 @@ from models.runtime.torchscript import TorchScriptBackend
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
 
 
-def test_auto_dtype_is_fp32_on_the_cpu_and_half_on_a_gpu_as_the_model_allows():
-    assert choose_dtype("auto", "cpu", ("fp32", "fp16", "bf16")) == "fp32"
-    assert choose_dtype("auto", "cuda", ("fp32", "fp16", "bf16")) == "fp16"
-    assert choose_dtype("auto", "cuda", ("fp32", "bf16")) == "bf16"  # CMOW
-    assert choose_dtype("auto", "cuda", ("fp32",)) == "fp32"
+def test_auto_dtype_is_half_on_a_gpu_as_the_model_allows():
+    assert choose_dtype("auto", "cuda", ("fp32", "fp16", "bf16"))[0] == "fp16"
+    assert choose_dtype("auto", "cuda", ("fp32", "bf16"))[0] == "bf16"  # CMOW
+    assert choose_dtype("auto", "cuda", ("fp32",)) == (
+        "fp32", "auto: fp32 on a GPU, the model runs in neither fp16 nor bf16")
+    assert choose_dtype("fp32", "cuda", ("fp32", "bf16")) == (
+        "fp32", "asked for (DISTILSERVE_DTYPE, or the model's manifest)")
     with pytest.raises(BackendError, match="fp16 is not one this model runs in"):
         choose_dtype("fp16", "cuda", ("fp32", "bf16"))
     with pytest.raises(BackendError, match="unknown dtype"):
@@ -158,7 +161,7 @@ NO_GPU = pytest.mark.skipif(torch.cuda.is_available() or has_cuda_provider(),
 @NO_GPU
 def test_the_service_runs_onnx_on_the_cpu_where_there_is_no_gpu(exported):
     backend = open_backend("onnx", exported["onnx"], "model.onnx", device="auto",
-                           checkpoint_on_gpu=True)
+                           checkpoint_instead=True)
     assert (backend.name, backend.device, backend.dtype) == ("onnx", "cpu", "fp32")
 
 
@@ -168,7 +171,7 @@ def test_onnx_asked_for_a_gpu_goes_to_its_checkpoint_which_says_there_is_none(ex
     checkpoint there instead, so the error is the torch backends' one-line one."""
     with pytest.raises(BackendError, match="^device cuda asked for, but no GPU is visible"):
         open_backend("onnx", exported["onnx"], "model.onnx", device="cuda",
-                     checkpoint_on_gpu=True)
+                     checkpoint_instead=True)
 
 
 @NO_GPU
@@ -183,15 +186,15 @@ def test_auto_keeps_onnx_on_the_cpu_when_the_checkpoint_cannot_run_on_the_gpu(
     monkeypatch.setattr(torch_device, "resolve_device", lambda device: torch.device("cpu"))
     with caplog.at_level(logging.WARNING, logger="distilserve"):
         backend = open_backend("onnx", folder, "model.onnx", device="auto",
-                               checkpoint_on_gpu=True)
+                               checkpoint_instead=True)
     assert (backend.name, backend.device) == ("onnx", "cpu")
-    assert "m: ONNX Runtime on the CPU, not the GPU: this onnxruntime has no CUDA " \
+    assert "m: ONNX Runtime on the CPU in fp32, not on the GPU: this onnxruntime has no CUDA " \
            "execution provider" in caplog.text
     assert "no model.safetensors or pytorch_model.bin" in caplog.text
     with pytest.raises(BackendError, match="^device cuda: this onnxruntime has no CUDA "
                        ".* the model's checkpoint, which would run there instead, did not: "
                        "CheckpointError: .*no model.safetensors"):
-        open_backend("onnx", folder, "model.onnx", device="cuda", checkpoint_on_gpu=True)
+        open_backend("onnx", folder, "model.onnx", device="cuda", checkpoint_instead=True)
 
 
 @NO_GPU
@@ -202,12 +205,13 @@ def test_auto_asks_torch_for_a_gpu_only_where_a_gpu_driver_is(exported, tmp_path
     monkeypatch.setattr(base, "GPU_DEVICE_FILES", (str(tmp_path / "nvidiactl"),))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # would be asked: a GPU
     tried = []
-    monkeypatch.setattr(base, "_checkpoint_instead", lambda *args: tried.append(args))
+    monkeypatch.setattr(base, "_checkpoint_instead",
+                        lambda *args: tried.append(args) or (None, "not run"))
     backend = open_backend("onnx", exported["onnx"], "model.onnx", device="auto",
-                           checkpoint_on_gpu=True)
+                           checkpoint_instead=True)
     assert (backend.name, backend.device, tried) == ("onnx", "cpu", [])
     (tmp_path / "nvidiactl").touch()  # a driver: torch is asked, and says a GPU
-    open_backend("onnx", exported["onnx"], "model.onnx", device="auto", checkpoint_on_gpu=True)
+    open_backend("onnx", exported["onnx"], "model.onnx", device="auto", checkpoint_instead=True)
     assert len(tried) == 1
 
 
@@ -219,7 +223,7 @@ def test_the_service_runs_an_onnx_model_on_the_gpu_without_onnxruntime_gpu(expor
     inputs = _inputs()
     ref = open_backend("onnx", exported["onnx"], "model.onnx").run(inputs)
     backend = open_backend("onnx", exported["onnx"], "model.onnx", device="auto",
-                           dtype="auto", checkpoint_on_gpu=True)
+                           dtype="auto", checkpoint_instead=True)
     assert (backend.name, backend.device, backend.dtype) == ("torchscript", "cuda:0", "fp16")
     assert _cosines(ref, backend.run(inputs)).min() >= 0.999
 
@@ -263,3 +267,92 @@ def test_linear_on_a_device_gives_the_hosts_product_as_float32(device, dtype, to
         assert got.dtype == np.float32 and got.shape == (n, 50)
         expected = x @ weight.T + bias
         assert np.abs(got - expected).max() <= tolerance * np.abs(expected).max()
+
+
+AMD_ZEN4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+SAPPHIRE_RAPIDS = "flags\t\t: avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+GRAVITON3 = "Features\t: fp asimd sve bf16 i8mm\n"
+SKYLAKE = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\nbugs\t\t: bf16\n"
+
+
+def test_bf16_matrix_units_are_read_from_the_processors_features():
+    assert matrix_units.bf16_units_in(AMD_ZEN4) == "AVX-512 BF16 (avx512_bf16)"
+    assert matrix_units.bf16_units_in(SAPPHIRE_RAPIDS) == "AMX (amx_bf16)"
+    assert matrix_units.bf16_units_in(GRAVITON3) == "Arm BF16 (bf16)"
+    assert matrix_units.bf16_units_in(SKYLAKE) is None  # (a word on another line is not one)
+    assert matrix_units.bf16_units_in("") is None
+
+
+@pytest.fixture
+def units(monkeypatch):
+    """Sets what the processor is said to have: a /proc/cpuinfo text."""
+    return lambda cpuinfo: monkeypatch.setattr(
+        base, "bf16_units", lambda: matrix_units.bf16_units_in(cpuinfo))
+
+
+def test_auto_dtype_on_the_cpu_is_bf16_where_it_has_bf16_matrix_units_and_the_model_allows(units):
+    units(SAPPHIRE_RAPIDS)
+    assert choose_dtype("auto", "cpu", ("fp32", "fp16", "bf16")) == (
+        "bf16", "auto: bf16, on this CPU's AMX (amx_bf16)")
+    dtype, why = choose_dtype("auto", "cpu", ("fp32", "fp16"))  # bf16 failed its parity
+    assert dtype == "fp32" and why.startswith("auto: fp32; this CPU's AMX (amx_bf16) would "
+                                              "run bf16, which the model does not (fp32, fp16")
+    units(SKYLAKE)
+    assert choose_dtype("auto", "cpu", ("fp32", "fp16", "bf16")) == (
+        "fp32", "auto: fp32, this CPU has no bf16 matrix units (AMX, AVX-512 BF16 or Arm BF16)")
+
+
+def test_the_service_runs_an_onnx_model_from_its_checkpoint_in_bf16_on_a_cpu_with_the_units(
+        exported, units, caplog):
+    inputs = _inputs()
+    ref = open_backend("onnx", exported["onnx"], "model.onnx").run(inputs)
+    units(AMD_ZEN4)
+    with caplog.at_level(logging.INFO, logger="distilserve"):
+        backend = open_backend("onnx", exported["onnx"], "model.onnx", device="auto",
+                               dtype="auto", checkpoint_instead=True)
+    assert (backend.name, backend.device, backend.dtype) == ("torchscript", "cpu", "bf16")
+    assert backend.dtype_reason == "auto: bf16, on this CPU's AVX-512 BF16 (avx512_bf16)"
+    assert "onnx: an ONNX model, run on cpu in bf16 from its checkpoint, traced with " \
+           "TorchScript: ONNX Runtime runs the graph as exported, in fp32" in caplog.text
+    got = backend.run(inputs)
+    assert _cosines(ref, got).min() >= 0.999 and not np.array_equal(ref, got)
+    # an int8 artifact is served as exported; so is any ONNX model outside the service
+    for kwargs in ({"checkpoint_instead": True, "quantized": True}, {}):
+        backend = open_backend("onnx", exported["onnx"], "model.onnx", dtype="auto", **kwargs)
+        assert (backend.name, backend.dtype) == ("onnx", "fp32"), kwargs
+        assert backend.dtype_reason == "ONNX Runtime runs the graph as exported, in fp32"
+    units(SKYLAKE)
+    backend = open_backend("onnx", exported["onnx"], "model.onnx", dtype="auto",
+                           checkpoint_instead=True)
+    assert (backend.name, backend.dtype) == ("onnx", "fp32")
+    # asked for by name, bf16 is had from the checkpoint whatever the processor
+    backend = open_backend("onnx", exported["onnx"], "model.onnx", dtype="bf16",
+                           checkpoint_instead=True)
+    assert (backend.name, backend.dtype) == ("torchscript", "bf16")
+
+
+def test_auto_keeps_onnx_in_fp32_where_the_checkpoint_cannot_run_in_bf16(
+        exported, tmp_path, units, monkeypatch, caplog):
+    """No weights in the checkpoint, or no torch to run it (the CPU-only install serves
+    ONNX without it): ONNX Runtime in fp32, with why; asked for by name, an error."""
+    folder = tmp_path / "m"
+    shutil.copytree(exported["onnx"], folder)
+    units(AMD_ZEN4)
+    monkeypatch.setitem(sys.modules, "models.runtime.torchscript", None)  # no torch
+    with caplog.at_level(logging.WARNING, logger="distilserve"):
+        backend = open_backend("onnx", folder, "model.onnx", dtype="auto",
+                               checkpoint_instead=True)
+    assert (backend.name, backend.dtype) == ("onnx", "fp32")
+    assert backend.dtype_reason.startswith("ONNX Runtime runs the graph as exported, in fp32: "
+                                           "its checkpoint, run instead, did not (ModuleNotFoundError")
+    assert "m: ONNX Runtime on the CPU in fp32, not in bf16: ONNX Runtime runs the graph as " \
+           "exported, in fp32, and the model's checkpoint did not run so: ModuleNotFound" \
+        in caplog.text
+    monkeypatch.delitem(sys.modules, "models.runtime.torchscript")
+    (folder / "checkpoint" / "model.safetensors").unlink()
+    assert open_backend("onnx", folder, "model.onnx", dtype="auto",
+                        checkpoint_instead=True).name == "onnx"
+    with pytest.raises(BackendError, match="^dtype bf16: ONNX Runtime runs the graph as "
+                       "exported, in fp32, and the model's checkpoint, which would run so "
+                       "instead, did not: CheckpointError: .*no model.safetensors"):
+        open_backend("onnx", folder, "model.onnx", dtype="bf16", checkpoint_instead=True)

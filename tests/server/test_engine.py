@@ -244,7 +244,7 @@ def test_cuda_without_a_gpu_names_the_model(torch_model):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_an_onnx_model_runs_its_checkpoint_where_onnxruntime_cannot_use_the_gpu(
         tiny_checkpoints, tmp_path, monkeypatch, caplog):
-    """The service opts in (models/runtime's checkpoint_on_gpu): here the 'GPU' is the CPU,
+    """The service opts in (models/runtime's checkpoint_instead): here the 'GPU' is the CPU,
     made visible to the choice and given to the torch backend in its place."""
     from models.runtime import base, torch_device
 
@@ -263,6 +263,32 @@ def test_an_onnx_model_runs_its_checkpoint_where_onnxruntime_cannot_use_the_gpu(
            "TorchScript: this onnxruntime has no CUDA execution provider" in caplog.text
     a, b = np.stack(_run(onnx, texts).outputs), np.stack(_run(traced, texts).outputs)
     assert np.allclose(a, b, atol=1e-4)
+
+
+def test_auto_serves_an_onnx_model_in_bf16_on_a_cpu_with_bf16_matrix_units(
+        onnx_model, monkeypatch, caplog):
+    """Where the processor has bf16 matrix units, ``auto`` runs an ONNX model's checkpoint
+    in bf16 (ONNX Runtime computes in fp32), says why in /v1/models and the log, and gives
+    what fp32 gives within bf16's precision; where it has none, ONNX Runtime as before."""
+    from models.runtime import base, matrix_units
+
+    texts = ["The cat sat on the mat.", "A longer sentence about something else entirely."]
+    fp32 = load_engine("m", onnx_model, Settings(dtype="fp32"), Metrics())
+    assert fp32.describe()["dtype_reason"] == "ONNX Runtime runs the graph as exported, in fp32"
+    monkeypatch.setattr(base, "bf16_units", lambda: matrix_units.bf16_units_in(
+        "flags\t\t: avx512f amx_bf16 avx512_bf16"))
+    with caplog.at_level(logging.INFO, logger="distilserve"):
+        bf16 = load_engine("m", onnx_model, Settings(dtype="auto"), Metrics())
+    described = bf16.describe()
+    assert (described["backend"], described["dtype"]) == ("torchscript", "bf16")
+    assert described["dtype_reason"] == "auto: bf16, on this CPU's AMX (amx_bf16)"
+    assert "bert: an ONNX model, run on cpu in bf16 from its checkpoint" in caplog.text
+    a, b = np.stack(_run(fp32, texts).outputs), np.stack(_run(bf16, texts).outputs)
+    cosines = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+    assert cosines.min() >= 0.999 and not np.array_equal(a, b)
+    monkeypatch.setattr(base, "bf16_units", lambda: None)
+    plain = load_engine("m", onnx_model, Settings(dtype="auto"), Metrics()).describe()
+    assert (plain["backend"], plain["dtype"]) == ("onnx", "fp32")
 
 
 def test_cuda_graphs_on_by_default_change_nothing_on_the_cpu(torch_model, caplog):
