@@ -236,10 +236,16 @@ def rescore(results: list[dict], references: dict[str, float], device: str, dtyp
     (those a resumed run skipped included); rows of another run's dtype (a GPU's fp32
     beside its fp16) keep that run's rate."""
     for r in results:
-        measured_here = (r.get("device", "cpu"), r.get("dtype", "fp32")) == (device, dtype)
-        gemm = references.get(compute_dtype(r.get("backend", ""), r.get("dtype", "fp32")))
-        if "gflop_per_s" in r and measured_here and gemm:
-            r.update(gemm_gflop_per_s=gemm / 1e9, efficiency=r["gflop_per_s"] * 1e9 / gemm)
+        if (r.get("device", "cpu"), r.get("dtype", "fp32")) == (device, dtype):
+            score(r, references)
+
+
+def score(r: dict, references: dict[str, float]) -> None:
+    """A measured row's efficiency against the GEMM rate of the dtype it computes in,
+    where that rate was measured."""
+    gemm = references.get(compute_dtype(r.get("backend", ""), r.get("dtype", "fp32")))
+    if "gflop_per_s" in r and gemm:
+        r.update(gemm_gflop_per_s=gemm / 1e9, efficiency=r["gflop_per_s"] * 1e9 / gemm)
 
 
 def _key(row: Row, backend: str, loop: str, opts: Options | None = None) -> str:
@@ -320,6 +326,7 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
                   "batch_size": opts.batch_size,
                   "length": opts.length, "parity_max_abs_diff": spec["parity"],
                   "int8_agreement": spec["quantization"], **result}
+        score(record, references)
         done[key] = record
         with log.open("a") as f:
             f.write(json.dumps(record) + "\n")

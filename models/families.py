@@ -32,6 +32,9 @@ class Family:
     # --token-embeddings); CMOW's embedding is a product of token matrices
     token_vectors: bool = True
     dtypes: tuple[str, ...] = ALL_DTYPES  # compute dtypes it runs in
+    # its forward pass is mostly large matrix products, which a CPU's bf16 matrix units
+    # speed up: dtype auto runs it in bf16 there (models/runtime/base.choose_dtype)
+    cpu_bf16: bool = True
 
     @property
     def transformers(self) -> bool:
@@ -62,9 +65,10 @@ REGISTRY: dict[str, Family] = {f.name: f for f in (
            "MiniAlbert", recursive=True),
     Family("falbert", "falbert", ("falbert",), ("FAlbertConfig", "FAlbert"), "FAlbert",
            recursive=True),
-    # CMOW's matrix products pass fp16's largest number (65504); bf16 has fp32's range
+    # CMOW's matrix products pass fp16's largest number (65504); bf16 has fp32's range.
+    # They are products of small matrices, which bf16 slows down on a CPU.
     Family("cmow", "cmow", ("seq2mat",), ("CmowConfig", "Cmow"), "Seq2Mat",
-           pooling="cmow", dtypes=("fp32", "bf16"), token_vectors=False),
+           pooling="cmow", dtypes=("fp32", "bf16"), token_vectors=False, cpu_bf16=False),
 )}
 FAMILIES = tuple(REGISTRY)
 RECURSIVE = tuple(f.name for f in REGISTRY.values() if f.recursive)

@@ -27,6 +27,7 @@ import numpy as np
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
+from models import families
 from models.io.manifest import DECODER, Manifest, ManifestError, TokenizerFacts
 from models.io.manifest import FILE as manifest_file
 from models.runtime import open_backend
@@ -189,7 +190,8 @@ def open_runtime(folder: Path, manifest: Manifest, settings: Settings) -> Backen
             manifest.num_iterations, manifest.device or settings.device,
             manifest.dtype or settings.dtype, manifest.allowed_dtypes, checkpoint_instead=True,
             token_embeddings=manifest.token_embeddings, task=manifest.task,
-            quantized=manifest.quantization is not None)
+            quantized=manifest.quantization is not None,
+            cpu_bf16=families.get(manifest.family).cpu_bf16)
     except BackendError as e:
         raise ModelLoadError(f"{folder}: {e}") from None
 

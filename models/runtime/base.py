@@ -72,11 +72,12 @@ def check_device(device: str) -> str:
     raise BackendError(f"unknown device {device!r} ({DEVICES_HELP})")
 
 
-def choose_dtype(requested: str, device: str, allowed: Sequence[str]) -> tuple[str, str]:
+def choose_dtype(requested: str, device: str, allowed: Sequence[str],
+                 cpu_bf16: bool = True) -> tuple[str, str]:
     """The compute dtype and why: ``auto`` is, on a GPU, the first of fp16, bf16 that the
     model allows, and on the CPU bf16 where the processor has bf16 matrix units
-    (models/runtime/matrix_units.py) and the model allows it; fp32 otherwise. An explicit
-    dtype must be allowed."""
+    (models/runtime/matrix_units.py), the model allows it and its family gains from it
+    (``cpu_bf16``: Family.cpu_bf16); fp32 otherwise. An explicit dtype must be allowed."""
     if requested == "auto":
         if device != "cpu":
             chosen = next((d for d in ("fp16", "bf16") if d in allowed), None)
@@ -86,6 +87,9 @@ def choose_dtype(requested: str, device: str, allowed: Sequence[str]) -> tuple[s
         units = bf16_units()
         if units is None:
             return "fp32", f"auto: fp32, this CPU has no bf16 matrix units ({KNOWN})"
+        if not cpu_bf16:
+            return "fp32", (f"auto: fp32; this CPU's {units} would run bf16, which is "
+                            "slower for this family (not large matrix products)")
         if "bf16" not in allowed:
             return "fp32", (f"auto: fp32; this CPU's {units} would run bf16, which the "
                             f"model does not ({', '.join(allowed)}: its family's, less "
@@ -103,13 +107,14 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
                  num_iterations: int | None = None, device: str = "cpu", dtype: str = "fp32",
                  allowed: Sequence[str] = DTYPES, checkpoint_instead: bool = False,
                  token_embeddings: bool = False, task: str | None = None,
-                 quantized: bool = False) -> Backend:
+                 quantized: bool = False, cpu_bf16: bool = True) -> Backend:
     """``kind`` is the manifest's backend: onnx, torchscript or torch. ``device`` and
     ``dtype`` may be ``auto``; ``allowed`` are the dtypes the model may run in (its
     family's, less those that failed the export's parity check); ``token_embeddings``: an
     embedding model exported to give its token vectors, and ``task``: the manifest's (a
     checkpoint run in its place, or traced at load, gives what the artifact gives: a
-    masked-language model's checkpoint loaded without its task is an embedding model).
+    masked-language model's checkpoint loaded without its task is an embedding model);
+    ``cpu_bf16``: whether auto may choose bf16 on a CPU (its family's ``cpu_bf16``).
 
     With ``checkpoint_instead`` (the service), an ONNX model runs as asked where ONNX
     Runtime cannot run it so: from its folder's checkpoint, traced with TorchScript at
@@ -128,13 +133,15 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
         if checkpoint_instead and _wants_gpu(device):
             if not has_cuda_provider():
                 backend, failed = _checkpoint_instead(folder, threads, device, dtype, allowed,
-                                                      token_embeddings, task, NO_CUDA_PROVIDER)
+                                                      token_embeddings, task, cpu_bf16,
+                                                      NO_CUDA_PROVIDER)
                 if backend is not None:
                     return backend
                 device = "cpu"  # auto, and the checkpoint did not run on the GPU
-        elif checkpoint_instead and not quantized and choose_dtype(dtype, "cpu", allowed)[0] != "fp32":
+        elif (checkpoint_instead and not quantized
+              and choose_dtype(dtype, "cpu", allowed, cpu_bf16)[0] != "fp32"):
             backend, failed = _checkpoint_instead(folder, threads, "cpu", dtype, allowed,
-                                                  token_embeddings, task, FP32)
+                                                  token_embeddings, task, cpu_bf16, FP32)
             if backend is not None:
                 return backend
         onnx = OnnxBackend(folder / artifact, threads, num_iterations, device, dtype)
@@ -145,12 +152,12 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
         from models.runtime.torchscript import TorchScriptBackend
 
         return TorchScriptBackend(folder / artifact, threads, device, dtype, allowed,
-                                  token_embeddings, task)
+                                  token_embeddings, task, cpu_bf16)
     if kind == "torch":
         from models.runtime.torch import TorchBackend
 
         return TorchBackend(folder / (artifact or "checkpoint"), threads, device, dtype, allowed,
-                            token_embeddings, task)
+                            token_embeddings, task, cpu_bf16)
     raise ValueError(f"unknown backend {kind!r} (onnx, torchscript, torch)")
 
 
@@ -174,7 +181,7 @@ NO_CUDA_PROVIDER = ("this onnxruntime has no CUDA execution provider (pip instal
 
 def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
                         allowed: Sequence[str], token_embeddings: bool, task: str | None,
-                        why: str) -> tuple[Backend | None, str | None]:
+                        cpu_bf16: bool, why: str) -> tuple[Backend | None, str | None]:
     """An ONNX model's checkpoint traced with TorchScript on ``device`` in ``dtype``,
     where ONNX Runtime cannot run it so (``why``). Where that fails: (None, the error),
     for ONNX Runtime on the CPU in fp32, if ``auto`` asked for what failed (device or
@@ -186,7 +193,7 @@ def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
         from models.runtime.torchscript import TorchScriptBackend
 
         backend = TorchScriptBackend(folder / "checkpoint", threads, device, dtype, allowed,
-                                     token_embeddings, task)
+                                     token_embeddings, task, cpu_bf16)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
         if wanted != "auto":
@@ -197,7 +204,7 @@ def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
                                ) from None
         log.warning("%s: ONNX Runtime on the CPU in fp32, not %s: %s, and the model's "
                     "checkpoint did not run %s: %s", folder.name,
-                    "on the GPU" if on_gpu else f"in {choose_dtype(dtype, device, allowed)[0]}",
+                    "on the GPU" if on_gpu else f"in {choose_dtype(dtype, device, allowed, cpu_bf16)[0]}",
                     why, "there" if on_gpu else "so", error)
         return None, error
     log.info("%s: an ONNX model, run on %s in %s from its checkpoint, traced with TorchScript: "

@@ -15,7 +15,7 @@ class TorchBackend(TorchRuntime):
 
     def __init__(self, path: Path, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
                  allowed: Sequence[str] = DTYPES, token_embeddings: bool = False,
-                 task: str | None = None):
-        super().__init__(threads, device, dtype, allowed)
+                 task: str | None = None, cpu_bf16: bool = True):
+        super().__init__(threads, device, dtype, allowed, cpu_bf16)
         model = checkpoint.load(path, task, token_embeddings=token_embeddings).model
         self.forward = model.to(self.place.device, self.place.dtype)

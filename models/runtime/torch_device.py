@@ -39,9 +39,10 @@ class Placement:
     (models/runtime/cuda_graphs.py); outputs come back by a non-blocking copy and an
     event, so that nothing waits for the GPU until the outputs are wanted."""
 
-    def __init__(self, device: str, dtype: str, allowed: Sequence[str]):
+    def __init__(self, device: str, dtype: str, allowed: Sequence[str], cpu_bf16: bool = True):
         self.device = resolve_device(device)
-        self.dtype_name, self.dtype_reason = choose_dtype(dtype, self.device.type, allowed)
+        self.dtype_name, self.dtype_reason = choose_dtype(dtype, self.device.type, allowed,
+                                                          cpu_bf16)
         self.dtype = TORCH_DTYPES[self.dtype_name]
         self.cuda = self.device.type == "cuda"
         self.staging = [torch.empty(0, dtype=torch.int64)] * 2
@@ -107,10 +108,10 @@ class TorchRuntime(Backend):
     device, in its dtype)."""
 
     def __init__(self, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
-                 allowed: Sequence[str] = DTYPES):
+                 allowed: Sequence[str] = DTYPES, cpu_bf16: bool = True):
         if threads:
             torch.set_num_threads(threads)
-        self.place = Placement(device, dtype, allowed)
+        self.place = Placement(device, dtype, allowed, cpu_bf16)
         self.device, self.dtype = str(self.place.device), self.place.dtype_name
         self.dtype_reason = self.place.dtype_reason
         self.asynchronous = self.place.cuda

@@ -27,8 +27,8 @@ class TorchScriptBackend(TorchRuntime):
 
     def __init__(self, path: Path, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
                  allowed: Sequence[str] = DTYPES, token_embeddings: bool = False,
-                 task: str | None = None):
-        super().__init__(threads, device, dtype, allowed)
+                 task: str | None = None, cpu_bf16: bool = True):
+        super().__init__(threads, device, dtype, allowed, cpu_bf16)
         # a checkpoint traced here gives what the artifact gives (see open_backend)
         self.token_embeddings, self.task = token_embeddings, task
         if path.is_dir():

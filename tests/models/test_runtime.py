@@ -297,6 +297,9 @@ def test_auto_dtype_on_the_cpu_is_bf16_where_it_has_bf16_matrix_units_and_the_mo
     dtype, why = choose_dtype("auto", "cpu", ("fp32", "fp16"))  # bf16 failed its parity
     assert dtype == "fp32" and why.startswith("auto: fp32; this CPU's AMX (amx_bf16) would "
                                               "run bf16, which the model does not (fp32, fp16")
+    assert choose_dtype("auto", "cpu", ("fp32", "bf16"), cpu_bf16=False) == (  # CMOW
+        "fp32", "auto: fp32; this CPU's AMX (amx_bf16) would run bf16, which is slower for "
+        "this family (not large matrix products)")
     units(SKYLAKE)
     assert choose_dtype("auto", "cpu", ("fp32", "fp16", "bf16")) == (
         "fp32", "auto: fp32, this CPU has no bf16 matrix units (AMX, AVX-512 BF16 or Arm BF16)")
