@@ -20,5 +20,6 @@ RUN make install \
 ENV PATH=/home/app/distilserve/deploy/sagemaker:${PATH}
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
-    CMD python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/ready', timeout=2)"
-CMD ["make", "serve"]
+    CMD python3 -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('DISTILSERVE_PORT', '8000'), timeout=2)"
+# the server itself as PID 1 (not make), so that docker stop's SIGTERM reaches its drain
+CMD ["/home/app/distilserve/.venv/bin/distilserve", "serve"]

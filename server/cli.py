@@ -167,10 +167,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as e:
         raise Refused(f"cannot listen on {settings.host}:{port}: {e.strerror or e}") from None
     log_config = logs.configure(settings.log_format)
+    say = logging.getLogger("distilserve").info
     if repository is None:
-        logging.getLogger("distilserve").info(
-            "serving the embedded default; it is built on the first start (a few minutes; "
-            "/ready says how far along)")
+        from server import embedded_default
+
+        say("serving the embedded default%s", "" if embedded_default.is_built(settings.cache_dir)
+            else "; it is built on this first start (a few minutes; /ready says how far along)")
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    say("listening on http://%s:%d%s", host, settings.port, "" if settings.grpc_port is None
+        else f", gRPC on {host}:{settings.grpc_port}")
     # the app builds the embedded default (no repository) and loads the models in the
     # background, with the port open: /health answers at once, /ready when they are loaded
     common = dict(settings=settings, host=settings.host, port=settings.port, log_level="info",

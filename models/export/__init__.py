@@ -23,8 +23,10 @@ quantize.py makes the int8 model.
 from __future__ import annotations
 
 import shutil
+import stat
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -112,11 +114,15 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
                           f"special tokens around each input (task {ckpt.task}): at least "
                           f"{least}")
     output.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
+    # made with the umask's mode, as the files in it are (mkdtemp's would be 0700: a
+    # repository exported by one user, unreadable to a service running as another)
+    staging = output.parent / f".{output.name}.{uuid.uuid4().hex[:12]}"
+    staging.mkdir()
     try:
         manifest = _export_into(staging, ckpt, tokenizer, fmt, loop, quantize, max_length,
                                 progress, relevant_label, token_embeddings)
         progress("moving into place")
+        _as_the_umask_makes(staging)
         replace(staging, output)
         return manifest
     finally:
@@ -136,6 +142,14 @@ def _check_vocabulary(ckpt: checkpoint.Checkpoint, tokens: int, source: Path) ->
     raise ExportError(f"{whose} has {tokens} tokens, but the model's embedding table has "
                       f"{rows} rows (vocab_size): ids {rows}-{tokens - 1} would fail; give "
                       "the checkpoint the tokenizer it was trained with")
+
+
+def _as_the_umask_makes(folder: Path) -> None:
+    """Gives the files and folders in ``folder`` the modes the umask gives (``folder``'s
+    own, made by mkdir): some writers make theirs 0600 (safetensors' files)."""
+    folders = stat.S_IMODE(folder.stat().st_mode)
+    for path in folder.rglob("*"):
+        path.chmod(folders if path.is_dir() else folders & 0o666)
 
 
 def replace(new: Path, output: Path) -> None:

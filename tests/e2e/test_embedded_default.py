@@ -4,6 +4,11 @@ that really work; the second start reuses it."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -11,8 +16,10 @@ import pytest
 
 from models import samples
 from server import embedded_default as default
-from tests.conftest import running_server
+from tests.conftest import free_port, running_server, wait_until_ready
 from training import handwritten
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # Written by hand for this test; none of them comes from training/synthetic.py or is in
 # training/handwritten.py (the development set the build scores the models on).
@@ -121,3 +128,21 @@ def test_bf16_gives_the_labels_and_embeddings_of_fp32(built):
     assert half_labels == labels and half_entities == entities
     assert (vectors * half_vectors).sum(-1).min() >= 0.9999  # (unit vectors)
     assert not np.array_equal(vectors, half_vectors)
+
+
+def test_a_start_on_the_built_default_says_where_it_listens_and_builds_nothing(built,
+                                                                               tmp_path):
+    cache, _ = built
+    port, log = free_port(), tmp_path / "serve.log"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--port", str(port)], cwd=ROOT,
+        env={**os.environ, "DISTILSERVE_CACHE_DIR": str(cache)}, stdout=log.open("w"),
+        stderr=subprocess.STDOUT)
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}", lambda: server.poll() is None, "the server")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(120)
+    said = log.read_text()
+    assert "serving the embedded default\n" in said and "first start" not in said
+    assert f"listening on http://127.0.0.1:{port}\n" in said

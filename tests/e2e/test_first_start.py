@@ -47,6 +47,9 @@ def test_the_port_opens_while_the_default_is_built(tmp_path):
         wait_for(lambda: "building the embedded default (" in log.read_text(),
                   "a progress line in the log")
         assert server.poll() is None
+        said = log.read_text()
+        assert f"listening on http://127.0.0.1:{port}\n" in said
+        assert "serving the embedded default; it is built on this first start" in said
     finally:
         server.send_signal(signal.SIGTERM)  # stops the build too
         try:

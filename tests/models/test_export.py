@@ -258,3 +258,23 @@ def test_the_manifest_has_the_special_tokens_where_tokenizer_json_alone_is_the_t
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "do_lower_case": False}))
     assert AutoTokenizer.from_pretrained(folder)("Hello").input_ids != hf("Hello").input_ids
     assert export._tokenizer_facts(folder) is None
+
+
+def test_an_exported_folder_has_the_umasks_modes(tiny_checkpoints, tmp_path):
+    """Readable by a service that runs as another user (a container's, a volume's): the
+    folder and everything in it as the umask makes them, not 0700."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "m", "onnx")
+    finally:
+        os.umask(old)
+    folder = tmp_path / "repo" / "m"
+    modes = {p.relative_to(folder).as_posix(): stat.S_IMODE(p.stat().st_mode)
+             for p in [folder, *folder.rglob("*")]}
+    assert modes["."] == modes["checkpoint"] == 0o755
+    assert modes["manifest.json"] == modes["model.onnx"] == 0o644
+    assert all(mode in (0o755, 0o644) for mode in modes.values()), modes
+    assert [p.name for p in (tmp_path / "repo").iterdir()] == ["m"]  # no staging left
