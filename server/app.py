@@ -66,6 +66,19 @@ class Service:
         return [folder.name for folder in model_folders(self.repository)
                 if folder.name not in self.engines and folder.name not in self.failures]
 
+    def nothing_to_serve(self) -> str | None:
+        """Why a repository that has been read serves no model (None where it serves one,
+        or where models are loaded by request): for /ready's 503 and the start's log."""
+        if self.engines or self.settings.model_control == "explicit":
+            return None
+        why = "no model folder in the model repository" if not self.failures else (
+            "no model in the model repository loaded (failed: "
+            + ", ".join(sorted(self.failures)) + ")")
+        if self.repository is not None and (self.repository / MANIFEST).is_file():
+            why += ("; the repository is itself a model folder (it has a manifest.json): "
+                    "serve the folder that holds it, a folder per model")
+        return why
+
     def _controlled(self, name: str) -> Path:
         """The folder of the model ``name`` of the repository, to load or unload by
         request: a 400 unless DISTILSERVE_MODEL_CONTROL is explicit, a 503 while the
@@ -161,8 +174,6 @@ async def load_repository(service: Service, repository: Path) -> None:
 
     service.repository = repository
     folders = model_folders(repository)
-    if not folders:
-        log.error("model repository %s holds no model folders", repository)
     service.versions = {folder.name: folder_version(folder) for folder in folders}
     await load_models(service, folders, lambda folder: _open(service, folder))
 
@@ -279,6 +290,8 @@ async def load_models(service: Service, folders: list[Path], open_folder) -> Non
             continue
         service.engines[folder.name] = engine
         announce(engine, "serving")
+    if (nothing := service.nothing_to_serve()) is not None:
+        log.error("serving nothing, not ready: %s (%s)", nothing, service.repository)
     freeze_long_lived()
     service.status = "ready"
     service.ready = True

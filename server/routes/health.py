@@ -19,7 +19,7 @@ async def health():
 
 
 READY = {503: {"model": errors.ErrorBody, "description": "still building or loading the "
-               "models ('status' says what), shutting down, or (with "
+               "models ('status' says what), shutting down, no model to serve, or (with "
                "DISTILSERVE_REQUIRE_ALL_MODELS) a model failed to load"}}
 
 
@@ -30,7 +30,8 @@ READY = {503: {"model": errors.ErrorBody, "description": "still building or load
 @router.get("/", responses=READY)
 async def ready(request: Request):
     """200 once every model folder has been loaded and warmed or has failed (failures are
-    listed); with DISTILSERVE_REQUIRE_ALL_MODELS, 503 while any failed."""
+    listed) and at least one is served; with DISTILSERVE_REQUIRE_ALL_MODELS, 503 while any
+    failed."""
     svc = service(request)
     if svc.draining:
         return JSONResponse(errors.body("unavailable", "shutting down"), 503,
@@ -39,6 +40,8 @@ async def ready(request: Request):
     if svc.ready and svc.failures and svc.settings.require_all_models:
         status = "models failed to load (DISTILSERVE_REQUIRE_ALL_MODELS): " + "; ".join(
             f"{name}: {why}" for name, why in sorted(svc.failures.items()))
+    elif svc.ready and (nothing := svc.nothing_to_serve()) is not None:
+        status = nothing
     elif svc.ready:
         return {"status": "ready", "models": sorted(svc.engines), "failed": svc.failures}
     return JSONResponse({**errors.body("unavailable", f"not ready: {status}"),

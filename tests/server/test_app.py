@@ -51,3 +51,47 @@ def test_the_service_collects_garbage_at_its_own_threshold_and_puts_pythons_back
     assert asyncio.run(serve()) == (12_345, *before[1:])
     assert gc.get_threshold() == before
     assert Settings().gc_threshold == 50_000
+
+
+def _ready_after_loading(repository, caplog, **settings):
+    """/ready's status code and body once the repository is read (in-process, no port),
+    and what the start logged."""
+    import logging
+
+    import httpx
+
+    app = create_app(Settings(**settings), repository=repository)
+
+    async def serve():
+        async with app.router.lifespan_context(app):
+            service = app.state.service
+            while not service.ready:
+                await asyncio.sleep(0.01)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                return await client.get("/ready")
+
+    with caplog.at_level(logging.ERROR, logger="distilserve"):
+        response = asyncio.run(serve())
+    return response.status_code, response.json(), caplog.text
+
+
+def test_a_repository_with_nothing_to_serve_is_not_ready_and_says_why(tmp_path, caplog):
+    status, body, logged = _ready_after_loading(tmp_path, caplog)
+    assert status == 503 and body["status"] == "no model folder in the model repository"
+    assert "serving nothing, not ready: no model folder in the model repository" in logged
+    # pointed at a model folder rather than the folder that holds it
+    (tmp_path / "manifest.json").write_text("{}")
+    status, body, _ = _ready_after_loading(tmp_path, caplog)
+    assert status == 503 and body["status"].endswith(
+        "the repository is itself a model folder (it has a manifest.json): serve the folder "
+        "that holds it, a folder per model")
+    # every folder failed
+    (tmp_path / "manifest.json").unlink()
+    (tmp_path / "broken").mkdir()
+    status, body, _ = _ready_after_loading(tmp_path, caplog)
+    assert status == 503
+    assert body["status"] == "no model in the model repository loaded (failed: broken)"
+    # models loaded by request: an empty start is how it begins
+    status, body, _ = _ready_after_loading(tmp_path, caplog, model_control="explicit")
+    assert status == 200 and body["models"] == [] and "broken" in body["failed"]
