@@ -41,6 +41,10 @@ def test_deployments_probe_the_service_and_services_reach_it(path):
         env["DISTILSERVE_PORT"], "/metrics")
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    # /health is 200 while the default is built: started means ready, within 10 minutes
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/ready"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     # kube-proxy and ingresses stop sending to a terminating pod seconds after it is told
     # to stop: it serves on through preStop's sleep, then drains for up to 30 s on SIGTERM
     pause = container["lifecycle"]["preStop"]["exec"]["command"]
