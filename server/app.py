@@ -21,7 +21,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from models.io.manifest import FILE as MANIFEST
 from server import errors
-from server.engine import Engine, ModelLoadError, on_own_thread, open_engine
+from server.engine import Engine, ModelLoadError, on_daemon_thread, open_engine
 from server.metrics import Metrics
 from server.middleware import ApiKey, BodyLimit, Decompress, Gzip, RequestId, RequestMetrics
 from server.routes import classify, embed, fill_mask, health, ner, oip, qa, rerank, tei, tokenize
@@ -147,7 +147,7 @@ async def build_and_load(service: Service, repository: Path | None) -> None:
             service.status = f"building the embedded default: {text}"
 
         try:
-            repository = await on_own_thread(  # it trains two models
+            repository = await on_daemon_thread(  # it trains two models
                 ensure_default_repository, service.settings.cache_dir, hear)
         except BuildCancelled:
             return

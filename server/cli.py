@@ -183,8 +183,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
                   log_config=log_config)
     if settings.workers == 1:
         Server(Config(create_app(settings, repository), **common)).run(sockets=[sock])
+        leave_an_abandoned_build()
         return 0
     return serve_workers(settings, overrides, sock, common)
+
+
+def leave_an_abandoned_build() -> None:
+    """Exits at once where the embedded default's build was stopped mid-step: its thread
+    (server.engine.on_daemon_thread) may be inside PyTorch, which the interpreter's
+    finalisation would abort ("terminate called without an active exception"); the exit's
+    clean-up (the half-built folder removed: server.embedded_default) runs first."""
+    import atexit
+    import logging
+    import os
+    import threading
+
+    from server.engine import DAEMON_THREAD
+
+    if any(t.name == DAEMON_THREAD and t.is_alive() for t in threading.enumerate()):
+        logging.shutdown()
+        atexit._run_exitfuncs()
+        os._exit(0)
 
 
 def serve_workers(settings, overrides: dict, sock, common: dict) -> int:

@@ -12,6 +12,7 @@ their manifests under ``training``.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import json
@@ -163,11 +164,21 @@ def _build_default(cache_dir: Path, folder: Path,
     staging = cache_dir / f".default-v{VERSION}.building"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    models = staging / "models"
-    timings = build(models, progress=progress)
-    (models / STAMP).write_text(json.dumps({"version": VERSION, "seconds": timings}) + "\n")
-    for old in cache_dir.glob("default-v*"):  # earlier versions
-        shutil.rmtree(old, ignore_errors=True)
-    models.rename(folder)
-    shutil.rmtree(staging, ignore_errors=True)
-    return folder
+
+    def leave_nothing() -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    # a build stopped at a step (BuildCancelled) or failed, or a process that exits while
+    # its build thread is abandoned (server.engine.on_daemon_thread), leaves nothing
+    atexit.register(leave_nothing)
+    try:
+        models = staging / "models"
+        timings = build(models, progress=progress)
+        (models / STAMP).write_text(json.dumps({"version": VERSION, "seconds": timings}) + "\n")
+        for old in cache_dir.glob("default-v*"):  # earlier versions
+            shutil.rmtree(old, ignore_errors=True)
+        models.rename(folder)
+        return folder
+    finally:
+        leave_nothing()
+        atexit.unregister(leave_nothing)

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -649,3 +650,32 @@ async def on_own_thread(fn, *args):
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)
     finally:
         pool.shutdown(wait=False)  # its thread ends once fn returns
+
+
+DAEMON_THREAD = "abandonable"  # on_daemon_thread's threads' name
+
+
+async def on_daemon_thread(fn, *args):
+    """``fn(*args)`` on a new thread, as ``on_own_thread``, that the process does not wait
+    for at exit: work that a stopping service abandons (the embedded default's build, which
+    stops itself at its next step, while an export in between runs for seconds)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def run():
+        try:
+            outcome = (done.set_result, fn(*args))
+        except BaseException as e:
+            outcome = (done.set_exception, e)
+
+        def settle():
+            if not done.done():  # (cancelled: the service stopped waiting)
+                outcome[0](outcome[1])
+
+        try:
+            loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop is closed: nobody waits for it any more
+            pass
+
+    threading.Thread(target=run, daemon=True, name=DAEMON_THREAD).start()
+    return await done

@@ -58,6 +58,10 @@ def test_the_port_opens_while_the_default_is_built(tmp_path):
             server.kill()
             raise AssertionError("SIGTERM did not stop the build") from None
     assert not (tmp_path / "cache" / f"default-v{VERSION}").exists()  # nothing half-built is used
+    # the build abandoned mid-step: nothing half-built left, a clean exit
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".build.lock"]
+    assert server.returncode == 0
+    assert "Traceback" not in log.read_text() and "terminate called" not in log.read_text()
 
 
 @pytest.mark.parametrize("which", ["http", "grpc"])

@@ -62,3 +62,28 @@ def test_waiting_stops_when_progress_raises(tmp_path):
         waiter.start()
         waiter.join(30)
     assert failures and not waiter.is_alive()
+
+
+def test_a_build_stopped_or_failed_leaves_nothing_in_the_cache(tmp_path, monkeypatch):
+    """Stopped at a step (the service shutting down) or failed: no half-built folder (an
+    abandoned one is removed at the process's exit: tests/e2e/test_first_start.py)."""
+    import atexit
+
+    import pytest
+
+    from server import embedded_default
+    from server.app import BuildCancelled
+
+    def build(models, progress):  # a model written, then stopped
+        (models / "all-minilm-l6-v2").mkdir(parents=True)
+        (models / "all-minilm-l6-v2" / "model.onnx").write_bytes(b"half")
+        raise BuildCancelled("the service is shutting down")
+
+    registered = []
+    monkeypatch.setattr(embedded_default, "build", build)
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.setattr(atexit, "unregister", registered.remove)
+    with pytest.raises(BuildCancelled):
+        embedded_default.ensure_default_repository(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".build.lock"]
+    assert registered == []  # the exit's clean-up is dropped once the build has ended
