@@ -13,7 +13,11 @@ from server.routes.common import service
 router = APIRouter(tags=["health"])
 
 
-@router.get("/health")
+# the probes answer HEAD too, as load balancers' health checks send it
+PROBE = ["GET", "HEAD"]
+
+
+@router.api_route("/health", methods=PROBE)
 async def health():
     return {"status": "ok"}
 
@@ -25,9 +29,9 @@ READY = {503: {"model": errors.ErrorBody, "description": "still building or load
 
 # also GET / and /ping: the health checks of TEI's clients and of SageMaker (which sends
 # traffic to a container once its /ping answers 200)
-@router.get("/ready", responses=READY)
-@router.get("/ping", responses=READY)
-@router.get("/", responses=READY)
+@router.api_route("/ready", methods=PROBE, responses=READY)
+@router.api_route("/ping", methods=PROBE, responses=READY)
+@router.api_route("/", methods=PROBE, responses=READY)
 async def ready(request: Request):
     """200 once every model folder has been loaded and warmed or has failed (failures are
     listed) and at least one is served; with DISTILSERVE_REQUIRE_ALL_MODELS, 503 while any

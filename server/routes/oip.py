@@ -104,13 +104,13 @@ async def server_metadata(request: Request):
                 else [])}
 
 
-@router.get("/v2/health/live")
+@router.api_route("/v2/health/live", methods=health.PROBE)
 async def live():
     """200 while the process is alive (as /health)."""
     return {"live": True}
 
 
-@router.get("/v2/health/ready", responses=health.READY)
+@router.api_route("/v2/health/ready", methods=health.PROBE, responses=health.READY)
 async def ready(request: Request):
     """200 once every model is loaded and warmed (as /ready, whose 503 it answers)."""
     answer = await health.ready(request)

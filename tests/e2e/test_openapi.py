@@ -60,6 +60,9 @@ def test_schemathesis_all_checks_on_every_operation(repository, tmp_path):
         "GET /v2/models/{model_name}/config",
         *(f"{method} /v2/models/{{model_name}}/versions/{{model_version}}{path}"
           for method, path in (("GET", ""), ("GET", "/ready"), ("POST", "/infer"),
-                               ("GET", "/stats"), ("GET", "/config")))]
+                               ("GET", "/stats"), ("GET", "/config"))),
+        # the probes answer HEAD too
+        *(f"HEAD {path}" for path in ("/health", "/ready", "/ping", "/", "/v2/health/live",
+                                      "/v2/health/ready"))]
     assert tested.split()[-1] == str(len(operations)), summary  # every operation
     assert " passed" in summary and "failure" not in summary.lower(), summary

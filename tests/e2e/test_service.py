@@ -564,6 +564,8 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         assert 'distilserve_requests_total{route="/v1/models/{model_id}",status="401"}' in text
         for probe in ("/health", "/ready", "/ping", "/", "/v2/health/live", "/v2/health/ready"):
             assert httpx.get(u + probe).status_code == 200, probe
+            head = httpx.head(u + probe)  # as load balancers' health checks ask
+            assert (head.status_code, head.content) == (200, b""), probe
         assert httpx.post(u + "/", json={"inputs": "x"}).status_code == 401  # runs a model
         # the docs and the OpenAPI document too: all but the probes
         for page in ("/docs", "/redoc", "/openapi.json", "/metrics"):
@@ -573,8 +575,8 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         assert schema["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
         public = {(method, path) for path, ops in schema["paths"].items()
                   for method, op in ops.items() if "security" not in op}
-        assert public == {("get", p) for p in ("/health", "/ready", "/ping", "/",
-                                               "/v2/health/live", "/v2/health/ready")}
+        assert public == {(m, p) for m in ("get", "head") for p in (
+            "/health", "/ready", "/ping", "/", "/v2/health/live", "/v2/health/ready")}
 
 
 def test_cors_lets_the_origins_named_call_from_a_browser(repository, tmp_path, url):
