@@ -293,7 +293,7 @@ def test_the_root_and_ping_are_readiness_checks(url):
         res = httpx.get(url + probe)
         assert res.status_code == 200 and res.json() == ready
     wrong = httpx.put(url + "/")  # two routes at one path: the 405 names both methods
-    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, POST"
+    assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD, POST"
 
 
 def test_predict_takes_a_text_a_pair_or_a_batch_as_tei_does(url):
