@@ -145,8 +145,8 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
             if backend is not None:
                 return backend
         onnx = OnnxBackend(folder / artifact, threads, num_iterations, device, dtype)
-        if failed:
-            onnx.dtype_reason = f"{FP32}: its checkpoint, run instead, did not ({failed})"
+        if failed:  # (the log has the whole error, which may name server paths)
+            onnx.dtype_reason = f"{FP32}: its checkpoint, run instead, did not ({failed}; logged)"
         return onnx
     if kind == "torchscript":
         from models.runtime.torchscript import TorchScriptBackend
@@ -183,10 +183,10 @@ def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
                         allowed: Sequence[str], token_embeddings: bool, task: str | None,
                         cpu_bf16: bool, why: str) -> tuple[Backend | None, str | None]:
     """An ONNX model's checkpoint traced with TorchScript on ``device`` in ``dtype``,
-    where ONNX Runtime cannot run it so (``why``). Where that fails: (None, the error),
-    for ONNX Runtime on the CPU in fp32, if ``auto`` asked for what failed (device or
-    dtype); a BackendError if it was asked for by name (the torch backends' own where
-    they refuse the device or the dtype)."""
+    where ONNX Runtime cannot run it so (``why``). Where that fails: (None, the error's
+    type, the error logged), for ONNX Runtime on the CPU in fp32, if ``auto`` asked for
+    what failed (device or dtype); a BackendError if it was asked for by name (the torch
+    backends' own where they refuse the device or the dtype)."""
     on_gpu = device != "cpu"
     asked, wanted = (f"device {device}", device) if on_gpu else (f"dtype {dtype}", dtype)
     try:
@@ -206,7 +206,7 @@ def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
                     "checkpoint did not run %s: %s", folder.name,
                     "on the GPU" if on_gpu else f"in {choose_dtype(dtype, device, allowed, cpu_bf16)[0]}",
                     why, "there" if on_gpu else "so", error)
-        return None, error
+        return None, type(e).__name__
     log.info("%s: an ONNX model, run on %s in %s from its checkpoint, traced with TorchScript: "
              "%s", folder.name, backend.device, backend.dtype, why)
     return backend, None

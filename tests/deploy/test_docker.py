@@ -30,7 +30,7 @@ def _instructions() -> dict[str, str]:
 
 def test_the_server_is_the_containers_main_process():
     """Exec form, the venv's distilserve: docker stop's SIGTERM reaches the server's drain
-    (through make, or a shell, it stopped there)."""
+    (make, or a shell, as PID 1 would not pass it on)."""
     docker = _instructions()
     command = json.loads(docker["CMD"])
     assert command[1:] == ["serve"]

@@ -346,8 +346,9 @@ def test_auto_keeps_onnx_in_fp32_where_the_checkpoint_cannot_run_in_bf16(
         backend = open_backend("onnx", folder, "model.onnx", dtype="auto",
                                checkpoint_instead=True)
     assert (backend.name, backend.dtype) == ("onnx", "fp32")
-    assert backend.dtype_reason.startswith("ONNX Runtime runs the graph as exported, in fp32: "
-                                           "its checkpoint, run instead, did not (ModuleNotFoundError")
+    assert backend.dtype_reason == ("ONNX Runtime runs the graph as exported, in fp32: its "
+                                    "checkpoint, run instead, did not (ModuleNotFoundError; "
+                                    "logged)")
     assert "m: ONNX Runtime on the CPU in fp32, not in bf16: ONNX Runtime runs the graph as " \
            "exported, in fp32, and the model's checkpoint did not run so: ModuleNotFound" \
         in caplog.text
