@@ -153,15 +153,18 @@ class Decompress:
 
 class ApiKey:
     """401 unless ``Authorization: Bearer KEY`` matches DISTILSERVE_API_KEY (when one is
-    set), on every request but a GET (or HEAD) of a probe: POST / runs a model, and the
-    docs and the OpenAPI document need the key too."""
+    set), on every request of a method the service serves (GET, HEAD, POST) but a GET (or
+    HEAD) of a probe: POST / runs a model, and the docs and the OpenAPI document need the
+    key too. Other methods (TRACE, PUT, ...) reach no route: the router's 405 answers
+    them, keyed or not."""
 
     PUBLIC = frozenset({"/health", "/ready", "/ping", "/", "/v2/health/live",
                         "/v2/health/ready"})
+    SERVED = frozenset({"GET", "HEAD", "POST"})
 
     @classmethod
     def public(cls, method: str, path: str) -> bool:
-        return path in cls.PUBLIC and method in ("GET", "HEAD")
+        return method not in cls.SERVED or path in cls.PUBLIC and method in ("GET", "HEAD")
 
     @staticmethod
     def accepts(key: bytes, authorization: str) -> bool:

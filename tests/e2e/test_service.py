@@ -567,6 +567,10 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
             head = httpx.head(u + probe)  # as load balancers' health checks ask
             assert (head.status_code, head.content) == (200, b""), probe
         assert httpx.post(u + "/", json={"inputs": "x"}).status_code == 401  # runs a model
+        for method, path in (("TRACE", "/health"), ("TRACE", "/v1/embed"), ("PUT", "/v1/embed"),
+                             ("DELETE", "/v1/models")):  # served nowhere: 405, keyed or not
+            refused = httpx.request(method, u + path)
+            assert refused.status_code == 405 and "allow" in refused.headers, (method, path)
         # the docs and the OpenAPI document too: all but the probes
         for page in ("/docs", "/redoc", "/openapi.json", "/metrics"):
             assert httpx.get(u + page).status_code == 401, page

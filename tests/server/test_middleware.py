@@ -156,6 +156,8 @@ def test_api_key_guards_all_but_the_probes():
         assert call(app, path=path, method="GET")[0] == 200
         assert call(app, path=path, method="HEAD")[0] == 200
         assert call(app, path=path)[0] == 401, path  # POST / runs a model
+    for method in ("TRACE", "PUT", "DELETE"):  # no route serves them: the router's 405
+        assert call(app, path="/v1/embed", method=method)[0] == 200, method
     assert call(app, headers=[("authorization", "Bearer sekret")])[0] == 200
     assert call(app, headers=[("authorization", "bearer sekret")])[0] == 200  # scheme: any case
     for wrong in ("Bearer nope", "Basic sekret", "sekret", "Bearer "):
