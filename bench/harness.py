@@ -111,8 +111,8 @@ def gemm_rates(threads: int, runs: int = 5) -> dict[str, float]:
         session = ort.InferenceSession(model.SerializeToString(), options)
         return 2 * m * k * n / fastest(lambda: session.run(None, {"a": a}), runs)
 
-    ffn = (16384, 768, 3072)
-    shapes = {"square 2048": (2048, 2048, 2048), f"ffn {'x'.join(map(str, ffn))}": ffn}
+    ffn, ffn_name = (16384, 768, 3072), "ffn 16384x768x3072"
+    shapes = {"square 2048": (2048, 2048, 2048), ffn_name: ffn}
     rates = {}
     for name, (m, k, n) in shapes.items():
         a, b = torch.randn(m, k), torch.randn(k, n)
@@ -120,11 +120,11 @@ def gemm_rates(threads: int, runs: int = 5) -> dict[str, float]:
         rates[f"onnxruntime {name}"] = onnx_rate(
             "MatMul", np.ascontiguousarray(a.numpy()), b.numpy(), TensorProto.FLOAT,
             TensorProto.FLOAT)
-    (m, k, n), name = ffn, f"ffn {'x'.join(map(str, ffn))}"
+    m, k, n = ffn
     a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16)
-    rates[f"torch bf16 {name}"] = 2 * m * k * n / fastest(lambda: a @ b, runs)
+    rates[f"torch bf16 {ffn_name}"] = 2 * m * k * n / fastest(lambda: a @ b, runs)
     g = np.random.default_rng(0)
-    rates[f"onnxruntime int8 {name}"] = onnx_rate(
+    rates[f"onnxruntime int8 {ffn_name}"] = onnx_rate(
         "MatMulInteger", g.integers(0, 256, (m, k), dtype=np.uint8),
         g.integers(-128, 128, (k, n), dtype=np.int8), TensorProto.UINT8, TensorProto.INT32)
     return rates
