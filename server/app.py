@@ -14,9 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from stat import S_ISDIR
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
+from pydantic.json_schema import models_json_schema
 from starlette.middleware.cors import CORSMiddleware
 
 from models.io.manifest import FILE as MANIFEST
@@ -50,7 +52,7 @@ class Service:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="torch-cpu"))
     failures: dict[str, str] = field(default_factory=dict)
     # each model folder's version when it was loaded (or failed): folder_version
-    versions: dict[str, tuple | None] = field(default_factory=dict)
+    versions: dict[str, tuple] = field(default_factory=dict)
     ready: bool = False
     draining: bool = False
     status: str = "starting"  # what is being built or loaded, for /ready
@@ -183,15 +185,20 @@ def _open(service: Service, folder: Path):
                        service.cpu_thread)
 
 
-def folder_version(folder: Path) -> tuple | None:
-    """What changes when a model folder is exported again (export --force puts a new folder
-    in its place whole): its manifest's inode, size and modification time; None without
-    one."""
-    try:
-        stat = (folder / MANIFEST).stat()
-    except OSError:
-        return None
-    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+def folder_version(folder: Path) -> tuple:
+    """What changes when any file a model folder serves changes (a new export put in its
+    place whole, an artefact copied under an unchanged manifest, the rest of a folder
+    copied after its manifest): each file's path, inode, size and modification time."""
+    version = []
+    for path in sorted(folder.rglob("*")):
+        try:
+            stat = path.stat()
+        except OSError:  # removed while listed: the next poll sees the folder without it
+            continue
+        if not S_ISDIR(stat.st_mode):
+            version.append((str(path.relative_to(folder)), stat.st_ino, stat.st_size,
+                            stat.st_mtime_ns))
+    return tuple(version)
 
 
 async def poll_repository(service: Service, repository: Path, every: float) -> None:
@@ -212,8 +219,8 @@ async def sync_repository(service: Service, repository: Path) -> bool:
     """Serves the repository's folders as they are now: a folder removed is unloaded (its
     queued inputs answered first); one added, or exported again, is loaded and then takes
     the place of the one before (which finishes what was queued for it). A folder that fails
-    to load leaves the one before it served, if any. True where a model was unloaded or
-    replaced, or a new one loaded."""
+    to load leaves the one before it served, if any, and is tried again once any of its
+    files changes. True where a model was unloaded or replaced, or a new one loaded."""
     folders = {folder.name: folder for folder in model_folders(repository)}
     changed = False
     for name in sorted(set(service.versions) - set(folders)):
@@ -350,8 +357,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     errors.install(app)
 
     key = settings.bearer_key()
-    if key:
-        document_api_key(app)
+    document(app, keyed=bool(key))
     routers = (embed.router, classify.router, ner.router, qa.router, fill_mask.router,
                rerank.router, tokenize.router, tei.router, oip.router, models_route.router,
                health.router)
@@ -381,21 +387,29 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     return app
 
 
-def document_api_key(app: FastAPI) -> None:
-    """The OpenAPI document says which operations need the API key (all but the probes),
-    so that /docs' Authorize button and generated clients send it."""
+def document(app: FastAPI, keyed: bool) -> None:
+    """The OpenAPI document names the bodies POST / and /invocations take (the routes'
+    they stand for, which no route of their own declares), and, with an API key, says
+    which operations need it (all but the probes), so that /docs' Authorize button and
+    generated clients send it."""
     plain = app.openapi
 
     def openapi() -> dict:
         if app.openapi_schema is None:
             schema = plain()
-            schema.setdefault("components", {})["securitySchemes"] = {
-                "apiKey": {"type": "http", "scheme": "bearer",
-                           "description": "DISTILSERVE_API_KEY"}}
-            for path, operations in schema["paths"].items():
-                for method, operation in operations.items():
-                    if not ApiKey.public(method.upper(), path):
-                        operation["security"] = [{"apiKey": []}]
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+            _, bodies = models_json_schema([(body, "validation") for body in tei.ANSWERS],
+                                           ref_template="#/components/schemas/{model}")
+            for name, body in bodies["$defs"].items():
+                schemas.setdefault(name, body)
+            if keyed:
+                schema["components"]["securitySchemes"] = {
+                    "apiKey": {"type": "http", "scheme": "bearer",
+                               "description": "DISTILSERVE_API_KEY"}}
+                for path, operations in schema["paths"].items():
+                    for method, operation in operations.items():
+                        if not ApiKey.public(method.upper(), path):
+                            operation["security"] = [{"apiKey": []}]
         return app.openapi_schema
 
     app.openapi = openapi

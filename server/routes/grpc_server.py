@@ -16,7 +16,9 @@ the HTTP status it would have had). An error is the gRPC status of its HTTP one 
 google.rpc's mapping) with the same message; Retry-After, where HTTP sends it, is
 trailing metadata. With DISTILSERVE_API_KEY every call needs ``authorization: Bearer KEY``
 metadata but the probes (Health, the protocol's ServerLive and ServerReady) and
-reflection, which are public, as /ready is."""
+reflection, which are public, as /ready is. The key is checked before a message is read
+(Guard); a message that does not decode is INVALID_ARGUMENT, logged in a line at most
+every LOG_EVERY seconds."""
 
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTIC
          429: grpc.StatusCode.RESOURCE_EXHAUSTED, 499: grpc.StatusCode.CANCELLED,
          501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE}
 WATCH_SECONDS = 1.0  # how often a health Watch looks at the service's state
+LOG_EVERY = 10.0  # seconds between two log lines of undecodable messages
 
 
 def http_request(app: FastAPI, path: str) -> Request:
@@ -86,7 +89,7 @@ class Rpcs:
         route = f"/{self.SERVICE}/{method}"
         sent = dict(context.invocation_metadata() or ())
         logs.REQUEST_ID.set(logs.request_id(sent.get("x-request-id", "")))
-        request, status = http_request(self.app, route), 500
+        request, status, counted = http_request(self.app, route), 500, False
         tracing = self.app.state.tracing if method not in self.PUBLIC else None
         if tracing is not None:  # (scope[SPAN]: where a model's run records its times)
             request.scope[SPAN] = span = tracing.start_rpc(self.SERVICE, method, sent)
@@ -104,12 +107,16 @@ class Rpcs:
         except asyncio.CancelledError:  # the client went (or its deadline passed)
             status = 499
             raise
+        except grpc.aio.AbortError:  # a message that does not decode (Guard counted it)
+            status, counted = 400, True
+            raise
         except Exception as e:
             log.exception("%s failed", route)
             raise ApiError(500, "internal_error", f"{type(e).__name__}: {e}") from e
         finally:
-            service(request).metrics.observe_request(
-                route, status, time.perf_counter() - request.scope[STARTED])
+            if not counted:
+                service(request).metrics.observe_request(
+                    route, status, time.perf_counter() - request.scope[STARTED])
             if tracing is not None:
                 code = grpc.StatusCode.OK if status == 200 else CODES.get(
                     status, grpc.StatusCode.INTERNAL)
@@ -176,6 +183,93 @@ class Health(health_pb2_grpc.HealthServicer):
             await asyncio.sleep(WATCH_SECONDS)
 
 
+class Guard(grpc.aio.ServerInterceptor):
+    """Every call but those to the ``public`` methods (full names, ``/service/method``, or
+    a service's, ``/service/``) needs the API key (when there is one), checked before its
+    messages are read; the messages are decoded in the call, so that one that does not
+    decode ends it INVALID_ARGUMENT (counted as a 400 under its method's path), not as
+    grpc's UNKNOWN with a traceback logged."""
+
+    def __init__(self, app: FastAPI, key: str | None, public: set[str]):
+        self.app, self.key, self.public = app, key and key.encode(), public
+        self.last_logged, self.unlogged = float("-inf"), 0
+
+    async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
+        handler = await continuation(details)
+        if handler is None or handler.request_deserializer is None:
+            return handler
+        method = details.method
+        keyed = self.key is not None and method not in self.public \
+            and method[:method.rfind("/") + 1] not in self.public
+        if keyed and not ApiKey.accepts(self.key, dict(details.invocation_metadata or ()).get(
+                "authorization", "")):
+            return self._refusing(handler, method, ApiError(
+                401, "unauthorized", "missing or wrong API key: send 'authorization: "
+                "Bearer KEY' metadata"))
+        decode, kind = handler.request_deserializer, _kind(handler)
+        run = getattr(handler, kind)
+        if handler.request_streaming:
+            async def decoded(raws, context):
+                async for raw in raws:
+                    yield await self._decoded(decode, raw, method, context)
+
+            if handler.response_streaming:
+                async def call(raws, context):
+                    async for answer in run(decoded(raws, context), context):
+                        yield answer
+            else:
+                async def call(raws, context):
+                    return await run(decoded(raws, context), context)
+        elif handler.response_streaming:
+            async def call(raw, context):
+                async for answer in run(await self._decoded(decode, raw, method, context),
+                                        context):
+                    yield answer
+        else:
+            async def call(raw, context):
+                return await run(await self._decoded(decode, raw, method, context), context)
+        return handler._replace(request_deserializer=None, **{kind: call})
+
+    async def _decoded(self, decode, raw: bytes, method: str, context):
+        try:
+            return decode(raw)
+        except Exception as e:
+            now = time.monotonic()
+            if now - self.last_logged >= LOG_EVERY:
+                log.warning("%s: a message that does not decode (%s: %s)%s", method,
+                            type(e).__name__, e, f"; {self.unlogged} more since the last "
+                            "such line" if self.unlogged else "")
+                self.last_logged, self.unlogged = now, 0
+            else:
+                self.unlogged += 1
+            self._count(method, 400)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"the message is not a valid {method} request: it does not "
+                                f"decode ({type(e).__name__})")
+
+    def _count(self, method: str, status: int) -> None:
+        self.app.state.service.metrics.observe_request(method, status, 0.0)
+
+    def _refusing(self, handler, method: str, error: ApiError):
+        async def refused(_, context):
+            self._count(method, error.status)
+            await refuse(context, error)
+
+        if handler.response_streaming:
+            async def refused_stream(_, context):
+                await refused(_, context)
+                yield  # never reached: a stream's handler is an async generator
+            return handler._replace(request_deserializer=None,
+                                    **{_kind(handler): refused_stream})
+        return handler._replace(request_deserializer=None, **{_kind(handler): refused})
+
+
+def _kind(handler: grpc.RpcMethodHandler) -> str:
+    """The field of ``handler`` that holds its behaviour: unary_unary, stream_stream, ..."""
+    return (("stream" if handler.request_streaming else "unary") + "_"
+            + ("stream" if handler.response_streaming else "unary"))
+
+
 def _address(settings: Settings) -> str:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     return f"{host}:{settings.grpc_port}"
@@ -186,11 +280,14 @@ async def start(app: FastAPI, settings: Settings) -> grpc.aio.Server:
     DISTILSERVE_MAX_BODY_BYTES; the workers of ``--workers N`` share the port)."""
     from server.routes import oip_grpc, tei_grpc
 
-    server = grpc.aio.server(options=[
+    key = settings.bearer_key()
+    public = {f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/",
+              f"/{reflection.SERVICE_NAME}/",
+              *(f"/{oip_grpc.Inference.SERVICE}/{m}" for m in oip_grpc.Inference.PUBLIC)}
+    server = grpc.aio.server(interceptors=[Guard(app, key, public)], options=[
         ("grpc.max_receive_message_length", settings.max_body_bytes),
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", int(settings.workers > 1))])
-    key = settings.bearer_key()
     names = [*oip_grpc.add(server, app, key), *tei_grpc.add(server, app, key)]
     health_pb2_grpc.add_HealthServicer_to_server(Health(app, names), server)
     reflection.enable_server_reflection(

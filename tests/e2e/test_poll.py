@@ -80,6 +80,40 @@ def test_the_repository_is_served_as_it_changes(repo, tiny_checkpoints, caplog):
         assert gone.status_code == 404, gone.text
 
 
+def test_a_folder_is_tried_again_when_any_of_its_files_changes(repo, tiny_checkpoints, tmp_path):
+    """A folder copied manifest first fails to load, then is served at the next poll after
+    the rest arrives; an artefact copied under an unchanged manifest is loaded too."""
+    import asyncio
+
+    from server.app import Service, load_repository, sync_repository
+    from server.metrics import Metrics
+    from server.settings import Settings
+
+    made = tmp_path / "made"
+    export.export(tiny_checkpoints["bert", "embed"], made, "onnx")
+
+    async def copy_in_parts():
+        service = Service(Settings(warmup=False), Metrics())
+        await load_repository(service, repo)
+        (repo / "late").mkdir()
+        shutil.copy2(made / "manifest.json", repo / "late")
+        assert not await sync_repository(service, repo)
+        assert "late" in service.failures and "late" not in service.engines
+        assert not await sync_repository(service, repo)  # nothing changed: not tried again
+        for part in made.iterdir():
+            if part.name != "manifest.json":
+                (shutil.copytree if part.is_dir() else shutil.copy2)(part, repo / "late" / part.name)
+        assert await sync_repository(service, repo)
+        assert "late" in service.engines and "late" not in service.failures
+        first = service.engines["late"]
+        (repo / "late" / "model.onnx").write_bytes((made / "model.onnx").read_bytes())
+        assert await sync_repository(service, repo)  # same manifest, new artefact
+        assert service.engines["late"] is not first
+        for engine in service.engines.values():
+            await engine.stop()
+
+    asyncio.run(copy_in_parts())
+
 
 def test_a_model_replaced_or_removed_is_freed(repo, tiny_checkpoints):
     """Frozen with the rest of what loaded at start (server/app.py: freeze_long_lived), a

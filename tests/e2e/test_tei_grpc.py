@@ -4,6 +4,7 @@ checks and reflection (server/routes/grpc_server.py)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from types import SimpleNamespace
 
@@ -318,3 +319,35 @@ def test_the_messages_keep_teis_field_numbers():
     assert services["tei.v1.Embed"] == ["Embed", "EmbedAll", "EmbedAllStream", "EmbedSparse",
                                         "EmbedSparseStream", "EmbedStream"]
     assert services["tei.v1.Rerank"] == ["Rerank", "RerankStream"]
+
+
+def refusals(url) -> float:
+    """How many /tei.v1.Embed/Embed calls were answered as a 400's, by /metrics."""
+    line = 'distilserve_requests_total{route="/tei.v1.Embed/Embed",status="400"} '
+    metrics = httpx.get(url + "/metrics", headers=HEADERS).text
+    return sum(float(row[len(line):]) for row in metrics.splitlines() if row.startswith(line))
+
+
+def test_an_undecodable_message_is_invalid_argument_after_the_key(url, channel, caplog):
+    """A message that is not the method's is INVALID_ARGUMENT, unary or streamed, logged
+    in one line without a traceback however often it comes; without the key it is never
+    read: UNAUTHENTICATED."""
+    junk = b"\xff\xff\xff"  # a field number 0: not a protobuf message
+    one = channel.unary_unary("/tei.v1.Embed/Embed")
+    stream = channel.stream_stream("/tei.v1.Embed/EmbedStream")
+    caplog.clear()
+    before = refusals(url)
+    for _ in range(20):
+        error = refused(one, junk, metadata=key("embedder"))
+        assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert "does not decode" in error.details()
+        assert refused(one, junk).code() == grpc.StatusCode.UNAUTHENTICATED
+    error = refused(lambda: list(stream(iter([junk]), metadata=key("embedder"))))
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error.details()
+    rerank = channel.stream_unary("/tei.v1.Rerank/RerankStream")
+    assert refused(rerank, iter([junk]), metadata=key()).code() == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    assert refused(rerank, iter([junk])).code() == grpc.StatusCode.UNAUTHENTICATED
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 1 and lines[0].exc_info is None, [r.getMessage() for r in lines]
+    assert refusals(url) == before + 20
