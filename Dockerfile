@@ -10,16 +10,19 @@ ARG PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
 ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
     HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
     DISTILSERVE_HOST=0.0.0.0 DISTILSERVE_PORT=8000
-RUN useradd --create-home app
-WORKDIR /home/app/distilserve
-COPY --chown=app:app . .
-USER app
+# the code and its virtual environment belong to root: the user the service runs as
+# reads them and cannot change them (its own files: the embedded default, in its home)
+WORKDIR /opt/distilserve
+COPY . .
 RUN make install \
-    && .venv/bin/python -c "from server.embedded_default import ensure_default_repository as build; from server.settings import Settings; build(Settings().cache_dir)"
+    && .venv/bin/python -m compileall -q bench client loadtests models server training
+RUN useradd --create-home app
+USER app
+RUN .venv/bin/python -c "from server.embedded_default import ensure_default_repository as build; from server.settings import Settings; build(Settings().cache_dir)"
 # SageMaker runs the image as `docker run IMAGE serve`: deploy/sagemaker/serve (port 8080)
-ENV PATH=/home/app/distilserve/deploy/sagemaker:${PATH}
+ENV PATH=/opt/distilserve/deploy/sagemaker:${PATH}
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=60s --retries=3 \
     CMD python3 -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('DISTILSERVE_PORT', '8000'), timeout=2)"
 # the server itself as PID 1 (not make), so that docker stop's SIGTERM reaches its drain
-CMD ["/home/app/distilserve/.venv/bin/distilserve", "serve"]
+CMD ["/opt/distilserve/.venv/bin/distilserve", "serve"]

@@ -50,7 +50,7 @@ class Service:
     # the thread the PyTorch models run on when on the CPU, in turn (server/engine.py)
     cpu_thread: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="torch-cpu"))
-    failures: dict[str, str] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)  # why, as clients read it: said
     # each model folder's version when it was loaded (or failed): folder_version
     versions: dict[str, tuple] = field(default_factory=dict)
     ready: bool = False
@@ -111,12 +111,22 @@ class Service:
             try:
                 engine = await _open(self, folder)
             except Exception as e:
+                log.error("model %s not loaded by request: %s", name, failure(e))
                 if name not in self.engines:
-                    self.failures[name] = failure(e)
+                    self.failures[name] = self.said(failure(e))
                 raise errors.ApiError(400, "invalid_request", f"model {name!r} failed to "
-                                      f"load: {failure(e)}") from None
+                                      f"load: {self.said(failure(e))}") from None
             await put_in_place(self, engine)
             freeze_long_lived(thaw=True)
+
+    def said(self, why: str) -> str:
+        """``why`` as clients may read it: without the repository's path (the model's
+        folder named within it, as the log does not)."""
+        if self.repository is None:
+            return why
+        for root in {str(self.repository), str(self.repository.resolve())}:
+            why = why.replace(root + os.sep, "")
+        return why
 
     async def unload(self, name: str) -> None:
         """Triton's explicit model control: the model ``name`` no longer served (what was
@@ -242,8 +252,8 @@ async def sync_repository(service: Service, repository: Path) -> bool:
                 log.error("model %s not reloaded, the one loaded before still served: %s",
                           name, failure(e))
             else:
-                service.failures[name] = failure(e)
-                log.error("model %s not served: %s", name, service.failures[name])
+                log.error("model %s not served: %s", name, failure(e))
+                service.failures[name] = service.said(failure(e))
             continue
         await put_in_place(service, engine)
         changed = True
@@ -292,8 +302,8 @@ async def load_models(service: Service, folders: list[Path], open_folder) -> Non
         try:
             engine = await open_folder(folder)
         except Exception as e:  # a broken folder, or a model that loads but cannot run
-            service.failures[folder.name] = failure(e)
-            log.error("model %s not served: %s", folder.name, service.failures[folder.name])
+            log.error("model %s not served: %s", folder.name, failure(e))
+            service.failures[folder.name] = service.said(failure(e))
             continue
         service.engines[folder.name] = engine
         announce(engine, "serving")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -126,6 +127,15 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or localhost): reachable from this machine
+    only."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -176,6 +186,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     say("listening on http://%s:%d%s", host, settings.port, "" if settings.grpc_port is None
         else f", gRPC on {host}:{settings.grpc_port}")
+    if not settings.bearer_key() and not _loopback(settings.host):
+        logging.getLogger("distilserve").warning(
+            "no DISTILSERVE_API_KEY: every route (inference, /metrics, model loading) is "
+            "open to whoever reaches %s; set a key, or put the service behind a proxy that "
+            "authenticates", host)
     # the app builds the embedded default (no repository) and loads the models in the
     # background, with the port open: /health answers at once, /ready when they are loaded
     common = dict(settings=settings, host=settings.host, port=settings.port, log_level="info",

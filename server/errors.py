@@ -3,10 +3,14 @@ inference routes' fast path, server/routes/fast_path.py, renders the same respon
 
 from __future__ import annotations
 
+import json
+from typing import get_args
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from pydantic_core.core_schema import ErrorType
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
@@ -77,9 +81,11 @@ def _location(loc) -> str:
 def _closest_branches(errors: list[dict]) -> list[dict]:
     """The errors, less those of a union's branches other than the one the value came
     closest to: the branch with the deepest error (it matched most of the value's
-    structure), then the one with the fewest; ties all kept. [-1, 5] for a text, texts or
-    token ids fails every branch, token ids' only at "input.0: ... greater than or equal
-    to 0", which alone is said (not "a valid string" and "a valid list" twice each)."""
+    structure), then one whose errors are all of values of the right type (a number too
+    large, not a number where a list is due), then the one with the fewest; ties all
+    kept. [-1, 5] for a text, texts or token ids fails every branch, token ids' only at
+    "input.0: ... greater than or equal to 0", which alone is said (not "a valid string"
+    and "a valid list" twice each)."""
     branches: dict[tuple, dict[str, list[dict]]] = {}  # a location's branches' errors
     for e in errors:
         loc = tuple(e.get("loc", ()))
@@ -88,8 +94,9 @@ def _closest_branches(errors: list[dict]) -> list[dict]:
             branches.setdefault(loc[:branch], {}).setdefault(loc[branch], []).append(e)
     farther = set()
     for tried in branches.values():
-        reach = {name: (max(len(e["loc"]) for e in its), -len(its)) for name, its in
-                 tried.items()}
+        reach = {name: (max(len(e["loc"]) for e in its),
+                        not any(e["type"].endswith("_type") for e in its), -len(its))
+                 for name, its in tried.items()}
         closest = max(reach.values())
         farther.update(id(e) for name, its in tried.items() if reach[name] < closest
                        for e in its)
@@ -102,7 +109,18 @@ def json_content_type(headers) -> bool:
     return kind in ("", "application/json") or kind.endswith("+json")
 
 
-def _not_json(content_type: str) -> str:
+def unparseable(error: Exception) -> str:
+    """Why a body is not JSON, in a client's words."""
+    if isinstance(error, json.JSONDecodeError):
+        return f"malformed JSON: {error.msg} at character {error.pos}"
+    if isinstance(error, UnicodeDecodeError):
+        return f"malformed JSON: the body is not UTF-8 (byte {error.start})"
+    if isinstance(error, RecursionError):
+        return "malformed JSON: nested too deeply"
+    return f"malformed JSON: {error}"  # e.g. an integer of more than 4300 digits
+
+
+def not_json(content_type: str) -> str:
     return (f"the body must be JSON, sent with Content-Type: application/json (this one was "
             f"sent as {content_type!r}; curl -d sends application/x-www-form-urlencoded: add "
             "-H 'Content-Type: application/json')")
@@ -129,8 +147,21 @@ def invalid(errors: list[dict]) -> str:
         if e.get("type") == "json_invalid":
             problems.append(f"malformed JSON: {e.get('ctx', {}).get('error', e['msg'])}")
         else:
-            problems.append(f"{_location(loc)}: {e['msg']}")
+            sent = _sent(e.get("input")) if e.get("type") in PYDANTICS else ""  # not ours
+            problems.append(f"{_location(loc)}: {e['msg']}{sent}")
     return "; ".join(dict.fromkeys(problems))
+
+
+PYDANTICS = frozenset(get_args(ErrorType)) - {"value_error", "assertion_error"}
+
+
+def _sent(value) -> str:
+    """What the client sent where it was refused, as JSON, where that is short (a
+    number, a boolean, null, a short string)."""
+    if isinstance(value, bool | int | float | None) or isinstance(value, str) and len(value) <= 40:
+        said = json.dumps(value, ensure_ascii=False)
+        return f" (sent {said})" if len(said) <= 42 else ""
+    return ""
 
 
 def _allowed(routes, scope) -> list[str]:
@@ -152,7 +183,7 @@ def install(app: FastAPI) -> None:
             # FastAPI validated the body's bytes, unparsed (against each model of a union
             # body): "a valid dictionary", it says
             return JSONResponse(body("invalid_request",
-                                     _not_json(request.headers["content-type"])), 422)
+                                     not_json(request.headers["content-type"])), 422)
         return JSONResponse(body("invalid_request", invalid(exc.errors())), 422)
 
     @app.exception_handler(StarletteHTTPException)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -34,6 +35,19 @@ def _check_unicode(text: str, what: str) -> None:
                                   {"what": what, "at": e.start}) from None
 
 
+def numbered(index: int) -> str:
+    """What a client calls the text at ``index`` of those a route runs, where they are its
+    inputs in order."""
+    return f"input {index}"
+
+
+def leading(first: str, then: str) -> Callable[[int], str]:
+    """What a client calls the text at an index of one text and then its inputs (a
+    rerank's query and documents, /similarity's source sentence and sentences): ``first``,
+    then ``then N`` counted from 0."""
+    return lambda index: f"{then} {index - 1}" if index else first
+
+
 def _whole(value):
     """JSON Schema's integers include 3.0; the strict models take it as 3 (but not 3.5,
     "3" or true)."""
@@ -54,6 +68,8 @@ class _Request(BaseModel):
     # strict: true/false are booleans (not 0, 1 or "false"), numbers are not strings
     model_config = ConfigDict(extra="ignore", protected_namespaces=(), strict=True)
     model: str | None = None
+    # what the client calls the text at an index of ``texts`` (in messages)
+    name_of: ClassVar[Callable[[int], str]] = staticmethod(numbered)
 
     @property
     def texts(self) -> list:
@@ -71,7 +87,7 @@ class _Request(BaseModel):
             if isinstance(text, list):  # token ids
                 continue
             for part in (text,) if isinstance(text, str) else text:
-                _check_unicode(part, f"input {i}")
+                _check_unicode(part, self.name_of(i))
         return self
 
 
@@ -134,6 +150,7 @@ class RerankRequest(_Truncated):
         description='texts, or objects with a "text" (Jina\'s and Cohere\'s other form)')
     top_n: Count | None = Field(None, description="return the best N (default all)")
     return_documents: bool = False
+    name_of = staticmethod(leading("the query", "document"))
     raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
                              "probability (TEI's field); an embedding model: the cosine")
 
@@ -404,6 +421,7 @@ class TeiRerankRequest(_Truncated):
     raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
                              "probability; an embedding model: the cosine")
     return_text: bool = False
+    name_of = staticmethod(leading("the query", "document"))
 
     @property
     def document_texts(self) -> list[str]:
@@ -438,6 +456,7 @@ class TeiSimilarityRequest(_Request):
 
     inputs: TeiSimilarityInputs
     parameters: TeiSimilarityParameters | None = None
+    name_of = staticmethod(leading("the source sentence", "sentence"))
 
     @property
     def texts(self) -> list:

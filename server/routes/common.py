@@ -24,6 +24,7 @@ from server.engine import (
 )
 from server.errors import ApiError, client_closed
 from server.metrics import STARTED
+from server.schemas import numbered
 
 
 def service(request: Request):
@@ -42,11 +43,22 @@ def _serving(request: Request):
 
 
 def named(svc, name: str) -> Engine:
-    """The served model of that name, or 404 naming the ones served."""
+    """The served model of that name, or 404 saying why it is not served (it failed to
+    load, or is not loaded) or naming the ones served."""
     engine = svc.engines.get(name)
     if engine is None:
         served = ", ".join(sorted(svc.engines)) or "none"
-        raise ApiError(404, "model_not_found", f"unknown model {name!r}; served: {served}")
+        if name in svc.failures:
+            why = f"model {name!r} is not served: it failed to load ({svc.failures[name]})"
+        elif name in svc.unloaded():
+            why = f"model {name!r} is not loaded " + (
+                f"(load it: POST /v2/repository/models/{name}/load)"
+                if svc.settings.model_control == "explicit" else "yet; retry shortly"
+                if svc.settings.poll_seconds else "(its folder came after the repository "
+                "was read: restart the service, or set DISTILSERVE_POLL_SECONDS)")
+        else:
+            why = f"unknown model {name!r}"
+        raise ApiError(404, "model_not_found", f"{why}; served: {served}")
     return engine
 
 
@@ -219,19 +231,6 @@ def with_prompt(engine: Engine, texts: list, name: str | None) -> list:
     if not prefix:
         return texts
     return [prefix + t if isinstance(t, str) else t for t in texts]
-
-
-def numbered(index: int) -> str:
-    """What a client calls the text at ``index`` of those a route runs, where they are its
-    inputs in order (see infer's ``named``)."""
-    return f"input {index}"
-
-
-def leading(first: str, then: str) -> Callable[[int], str]:
-    """What a client calls the text at an index of one text and then its inputs (a
-    rerank's query and documents, /similarity's source sentence and sentences): ``first``,
-    then ``then N`` counted from 0 (see infer's ``named``)."""
-    return lambda index: f"{then} {index - 1}" if index else first
 
 
 def check_limits(request: Request, texts: list, count: int | None = None,

@@ -16,12 +16,17 @@ from server.routes.common import (
     check_limits,
     choose,
     infer,
-    numbered,
     reply,
     usage,
     with_prompt,
 )
-from server.schemas import EmbeddingsRequest, EmbeddingsResponse, EmbedRequest, EmbedResponse
+from server.schemas import (
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbedRequest,
+    EmbedResponse,
+    numbered,
+)
 
 router = APIRouter(tags=["embeddings"])
 

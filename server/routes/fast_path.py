@@ -32,17 +32,6 @@ from starlette.routing import Match
 from server import errors
 
 
-def _unparseable(error: Exception) -> str:
-    """Why a body is not JSON, in a client's words."""
-    if isinstance(error, json.JSONDecodeError):
-        return f"malformed JSON: {error.msg} at character {error.pos}"
-    if isinstance(error, UnicodeDecodeError):
-        return f"malformed JSON: the body is not UTF-8 (byte {error.start})"
-    if isinstance(error, RecursionError):
-        return "malformed JSON: nested too deeply"
-    return f"malformed JSON: {error}"  # e.g. an integer of more than 4300 digits
-
-
 def replay(body: bytes, receive):
     """``receive`` for the next app: the body already read, then the connection's events."""
     first = True
@@ -111,7 +100,7 @@ class FastPath:
         try:
             parsed = json.loads(raw)
         except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError too
-            response = errors.api_error(errors.ApiError(422, "invalid_request", _unparseable(e)))
+            response = errors.api_error(errors.ApiError(422, "invalid_request", errors.unparseable(e)))
             return await response(scope, receive, send)
         try:
             body = validate(parsed)

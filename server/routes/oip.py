@@ -76,6 +76,9 @@ INPUTS = {"embed": [TEXT], "classify": [TEXT, PAIR], "ner": [TEXT],
 PLATFORMS = {"onnx": "onnxruntime_onnx", "torchscript": "pytorch_libtorch", "torch": "pytorch"}
 BACKENDS = {"onnx": "onnxruntime", "torchscript": "pytorch", "torch": "python"}
 BINARY = "application/octet-stream"
+# the content types a body is taken as besides JSON's: binary tensors', and curl -d's
+# default (Triton's documented curl commands send it)
+TRITONS_TYPES = (BINARY, "application/x-www-form-urlencoded")
 HEADER_LENGTH = "inference-header-content-length"
 
 
@@ -299,11 +302,14 @@ async def model_infer(model_name: str, request: Request):
     ``outputs`` names), as JSON or as binary data (``binary_data_output``, or an output's
     ``binary_data``)."""
     engine = served(request, model_name)
+    kind = request.headers.get("content-type", "")
+    if not (errors.json_content_type(request.headers) or kind.lower().startswith(TRITONS_TYPES)):
+        raise ApiError(422, "invalid_request", errors.not_json(kind))
     try:
         header, data = tensors.split(await request.body(), request.headers.get(HEADER_LENGTH))
         sent = orjson.loads(header)
-    except orjson.JSONDecodeError as e:
-        raise ApiError(422, "invalid_request", f"malformed JSON: {e}") from None
+    except orjson.JSONDecodeError as e:  # (orjson's words for a body not UTF-8 are Rust's)
+        raise ApiError(422, "invalid_request", errors.unparseable(_utf8(header) or e)) from None
     except tensors.TensorError as e:
         raise ApiError(422, "invalid_request", str(e)) from None
     call, outputs, result = await inferred(request, engine, sent, data)
@@ -345,6 +351,15 @@ async def inferred(request: Request, engine: Engine, sent, data: memoryview
                   for name in wanted}, result
 
 
+def _utf8(text: bytes) -> UnicodeDecodeError | None:
+    """Why ``text`` is not UTF-8, if it is not."""
+    try:
+        bytes(text).decode()
+    except UnicodeDecodeError as e:
+        return e
+    return None
+
+
 def _wanted(engine: Engine, call: OipInferRequest) -> list[str]:
     """The outputs the request asks for (default: all of the model's), said before it runs:
     a 422 for an output the model does not give, and for what Triton's extensions ask of
@@ -362,11 +377,16 @@ def _wanted(engine: Engine, call: OipInferRequest) -> list[str]:
                            "JSON or binary data")
     for output in call.outputs or ():
         k = output.parameters.get("classification")
-        if k is not None and (output.name != "scores" or isinstance(k, bool)
-                              or not isinstance(k, int) or not 1 <= k <= len(engine.labels)):
+        if k is None:
+            continue
+        if output.name != "scores" or engine.task != "classify":
             raise ApiError(422, "invalid_request", f"{output.name}: classification {k!r}: "
-                           "the number of best classes (1 to the model's "
-                           f"{len(engine.labels)}) of a classifier's scores")
+                           "the classification extension takes a classifier's scores "
+                           f"only; model {engine.name!r} does {engine.task}")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(engine.labels):
+            raise ApiError(422, "invalid_request", f"{output.name}: classification {k!r}: "
+                           "the number of best classes, 1 to the model's "
+                           f"{len(engine.labels)}")
     return wanted
 
 

@@ -14,7 +14,6 @@ from server.routes.common import (
     check_limits,
     choose_reranker,
     infer,
-    leading,
     reply,
     usage,
     with_prompt,
@@ -22,7 +21,6 @@ from server.routes.common import (
 from server.schemas import RerankRequest, RerankResponse, TeiRerankRequest
 
 router = APIRouter(tags=["rerank"])
-_query_first = leading("the query", "document")  # the texts run: the query, the documents
 
 
 @router.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True,
@@ -40,11 +38,11 @@ async def scored(body: RerankRequest | TeiRerankRequest, request: Request
     engine = choose_reranker(request, body.model)
     documents = body.document_texts
     check_limits(request, body.texts, len(documents), "documents",  # the query: not counted
-                 _query_first)
+                 body.name_of)
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         texts = (with_prompt(engine, [body.query], _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
-        result = await infer(request, engine, texts, body.truncation, named=_query_first)
+        result = await infer(request, engine, texts, body.truncation, named=body.name_of)
         # [1 + N, D]: the query, then the documents
         vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)
         if engine.sparse:  # SPLADE ranks by dot product

@@ -31,7 +31,6 @@ from server.routes.common import (
     choose_giving,
     choose_root,
     infer,
-    leading,
     reply,
     service,
     with_prompt,
@@ -107,7 +106,7 @@ async def similarities(body: TeiSimilarityRequest, request: Request
     parameters = body.parameters or TeiSimilarityParameters()
     _, vectors, result = await embedded(
         request, body.model, body.texts, None, parameters.prompt_name, parameters.truncation,
-        named=leading("the source sentence", "sentence"))
+        named=body.name_of)
     return vectors[1:] @ vectors[0], result  # unit length: the cosines
 
 

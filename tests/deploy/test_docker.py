@@ -67,3 +67,18 @@ def test_the_health_check_asks_ready_on_the_port_served():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_the_code_is_roots_and_the_service_runs_as_another_user():
+    """The image's code and virtual environment are installed by root (COPY without
+    --chown, make install before USER), so that the service, run as ``app``, cannot
+    change them; the code is not in that user's home, which it owns."""
+    text = re.sub(r"\\\n\s*", " ", (ROOT / "Dockerfile").read_text())
+    lines = [line.strip() for line in text.splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    kinds = [line.partition(" ")[0] for line in lines]
+    copy = next(line for line in lines if line.startswith("COPY "))
+    install = next(i for i, line in enumerate(lines) if "make install" in line)
+    assert "--chown" not in copy and kinds.index("USER") > install
+    assert lines[kinds.index("USER")] == "USER app"
+    assert not _instructions()["WORKDIR"].startswith("/home/")

@@ -71,4 +71,4 @@ def test_every_pod_mounts_the_model_repository_the_builder_reads():
         volumes = {v["name"] for v in template["spec"]["volumes"]}
         assert mounts[repository] in volumes
         path = next(e["value"] for e in container["env"] if e["name"] == "PATH")
-        assert path.startswith("/home/app/distilserve/.venv/bin")  # the image's ray
+        assert path.startswith("/opt/distilserve/.venv/bin")  # the image's ray (Dockerfile)

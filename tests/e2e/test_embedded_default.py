@@ -146,3 +146,4 @@ def test_a_start_on_the_built_default_says_where_it_listens_and_builds_nothing(b
     said = log.read_text()
     assert "serving the embedded default\n" in said and "first start" not in said
     assert f"listening on http://127.0.0.1:{port}\n" in said
+    assert "no DISTILSERVE_API_KEY" not in said  # loopback: reachable from here only

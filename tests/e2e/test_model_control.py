@@ -60,6 +60,9 @@ def test_a_model_unloaded_and_loaded_again_by_request(served, client):
     assert not client.is_model_ready("classify") and client.is_model_ready("embed")
     assert states(client)["classify"] == ("UNAVAILABLE", "unloaded")
     assert classify(url) == 404  # no served model classifies
+    named = httpx.post(url + "/v1/classify", json={"model": "classify", "inputs": "A text."})
+    assert named.status_code == 404 and "model 'classify' is not loaded (load it: POST " \
+        "/v2/repository/models/classify/load)" in named.json()["error"]["message"]
     with pytest.raises(InferenceServerException) as e:
         client.unload_model("classify")
     assert e.value.status() == "404" and "not served" in said(e)

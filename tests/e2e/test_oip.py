@@ -75,7 +75,9 @@ def test_the_repository_index_lists_every_folder_and_its_state(url, client):
     index = client.get_model_repository_index(headers=dict(HEADERS))
     assert [(m["name"], m["state"]) for m in index] == [
         ("broken", "UNAVAILABLE"), ("classify", "READY"), ("embed", "READY"), ("ner", "READY")]
-    assert "manifest" in index[0]["reason"]
+    # the folder within the repository: no server path reaches a client (the log has it)
+    assert index[0]["reason"].startswith("broken/manifest.json: missing")
+    assert index[0]["reason"] == httpx.get(url + "/ready").json()["failed"]["broken"]
     ready = httpx.post(url + "/v2/repository/index", json={"ready": True}, headers=HEADERS)
     assert [m["name"] for m in ready.json()] == ["classify", "embed", "ner"]
     bad = httpx.post(url + "/v2/repository/index", json={"ready": "yes"}, headers=HEADERS)
@@ -182,9 +184,12 @@ def test_the_fast_path_and_fastapi_answer_alike(url):
      "parameters: aggregation_strategy"),
     ("embed", {"text": TEXTS * 5}, None, {}, 413, "10 inputs; at most 8"),
     ("embed", {"text": TEXTS}, [triton.InferRequestedOutput("embedding", class_count=2)], {},
-     422, "embedding: classification 2"),
+     422, "embedding: classification 2: the classification extension takes a "
+     "classifier's scores only; model 'embed' does embed"),
     ("classify", {"text": TEXTS}, [triton.InferRequestedOutput("scores", class_count=3)], {},
-     422, "scores: classification 3: the number of best classes (1 to the model's 2)"),
+     422, "scores: classification 3: the number of best classes, 1 to the model's 2"),
+    ("broken", {"text": TEXTS}, None, {}, 404, "model 'broken' is not served: it failed to "
+     "load (broken/manifest.json: missing"),
 ])
 def test_errors_are_the_services_with_its_statuses(client, model, inputs, outputs, params,
                                                     status, message):
@@ -218,6 +223,28 @@ def test_a_malformed_body_is_a_422_and_the_api_key_is_needed(url):
             assert "shared memory (Triton's extension) is not served" in res.text
     assert httpx.get(url + "/v2/health/ready").json() == {"ready": True}
     assert httpx.get(url + "/v2/models/embed").status_code == 401
+
+
+@pytest.mark.parametrize("body, content_type, says", [
+    (b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["\xff"]}]}',
+     "application/json", "malformed JSON: the body is not UTF-8 (byte 74)"),
+    (b'{"inputs": [', "application/json", "malformed JSON: "),
+    (b'{"inputs": []}', "text/plain", "the body must be JSON, sent with Content-Type: "
+     "application/json (this one was sent as 'text/plain'"),
+])
+def test_a_body_that_is_not_json_is_said_as_elsewhere(url, body, content_type, says):
+    res = httpx.post(url + "/v2/models/embed/infer", content=body,
+                     headers={**HEADERS, "content-type": content_type})
+    assert res.status_code == 422 and says in res.json()["error"]["message"], res.text
+    assert "char 0" not in res.text and "surrogates" not in res.text
+
+
+def test_curl_ds_default_content_type_is_taken_as_triton_takes_it(url):
+    """Triton's documented curl commands send curl -d's default type."""
+    res = httpx.post(url + "/v2/models/embed/infer", headers={
+        **HEADERS, "content-type": "application/x-www-form-urlencoded"}, content=json.dumps(
+        {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}))
+    assert res.status_code == 200, res.text
 
 
 def _stats(client, model: str) -> dict:

@@ -101,7 +101,7 @@ def test_similarity_is_the_cosine_of_the_embeddings_also_at_the_root(url):
     # the root: the body's shape says which it is, and the errors are that body's alone
     for body, message in (({"inputs": {"source_sentence": source}}, "inputs.sentences: Field "
                            "required"), ({"inputs": "x", "normalize": 1},
-                                         "normalize: Input should be a valid boolean")):
+                                         "normalize: Input should be a valid boolean (sent 1)")):
         res = httpx.post(url + "/", json=body)
         assert (res.status_code, res.json()["error"]["message"]) == (422, message)
 
@@ -363,7 +363,7 @@ def test_rerank_answers_infinitys_and_vllms_body_as_v1_rerank(url):
     for body, message in (
             ({"query": "q"}, "body: a rerank body has 'texts' (TEI's) or 'documents' "
              "(Cohere's, as /v1/rerank)"),
-            ({"query": "q", "texts": "a"}, "texts: Input should be a valid list"),
+            ({"query": "q", "texts": "a"}, 'texts: Input should be a valid list (sent "a")'),
             ({"query": "q", "documents": []}, "documents: List should have at least 1 item "
              "after validation, not 0")):
         res = httpx.post(url + "/rerank", json=body)

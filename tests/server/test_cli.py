@@ -253,3 +253,14 @@ def test_a_student_that_cannot_learn_from_the_teacher_is_one_line(capsys, tmp_pa
                  str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "distilserve distill: minialbert preset 'tiny' takes at most 128 tokens"
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("example.internal", False)])
+def test_a_host_other_than_loopback_without_a_key_is_warned_of(host, loopback):
+    """``serve`` warns at start that every route is open where the host is reachable
+    from elsewhere (0.0.0.0, the image's) and no DISTILSERVE_API_KEY is set."""
+    from server.cli import _loopback
+
+    assert _loopback(host) is loopback
