@@ -19,7 +19,8 @@ def cpu_s() -> float:
 
 
 async def _client(host: str, port: int, path: str, bodies: list[bytes], until: float,
-                  latencies: list[float], statuses: dict) -> None:
+                  latencies: list[float], statuses: dict, key: str | None = None) -> None:
+    auth = f"Authorization: Bearer {key}\r\n".encode() if key else b""
     reader, writer = await asyncio.open_connection(host, port)
     i = 0
     try:
@@ -28,8 +29,8 @@ async def _client(host: str, port: int, path: str, bodies: list[bytes], until: f
             i += 1
             started = time.perf_counter()
             writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: %d\r\n\r\n%s" % (path.encode(), host.encode(),
-                                                              len(body), body))
+                         b"%sContent-Length: %d\r\n\r\n%s" % (path.encode(), host.encode(),
+                                                                auth, len(body), body))
             await writer.drain()
             status_line = await reader.readline()
             length = 0
@@ -46,13 +47,14 @@ async def _client(host: str, port: int, path: str, bodies: list[bytes], until: f
 
 
 def drive(url: str, path: str, payloads: list[dict], clients: int, seconds: float,
-        processes: int = 1) -> dict:
-    """``clients`` concurrent connections for ``seconds``; returns the figures. With
-    ``processes`` > 1 the clients are spread over that many processes (one asyncio loop
-    tops out near one core: many clients against a fast service need several)."""
+          processes: int = 1, key: str | None = None) -> dict:
+    """``clients`` concurrent connections for ``seconds`` (with the API key ``key``);
+    returns the figures. With ``processes`` > 1 the clients are spread over that many
+    processes (one asyncio loop tops out near one core: many clients against a fast
+    service need several)."""
     if processes > 1:
-        return _spread(url, path, payloads, clients, seconds, processes)
-    return _summary(clients, *_drive(url, path, payloads, clients, seconds))
+        return _spread(url, path, payloads, clients, seconds, processes, key)
+    return _summary(clients, *_drive(url, path, payloads, clients, seconds, key))
 
 
 def beside_bulk(url: str, path: str, bulk: dict, queries: list[dict],
@@ -78,12 +80,13 @@ def beside_bulk(url: str, path: str, bulk: dict, queries: list[dict],
                  for latencies, statuses in figures)
 
 
-def _spread(url, path, payloads, clients, seconds, processes) -> dict:
+def _spread(url, path, payloads, clients, seconds, processes, key) -> dict:
     import multiprocessing
 
     shares = [clients // processes + (i < clients % processes) for i in range(processes)]
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        parts = pool.starmap(_drive, [(url, path, payloads, n, seconds) for n in shares if n])
+        parts = pool.starmap(_drive, [(url, path, payloads, n, seconds, key)
+                                      for n in shares if n])
     latencies = [x for part in parts for x in part[0]]
     statuses: dict[int, int] = {}
     for part in parts:
@@ -103,8 +106,8 @@ def _summary(clients: int, latencies: list[float], statuses: dict, wall: float,
             "client_cpu_share": cpu / wall}
 
 
-def _drive(url: str, path: str, payloads: list[dict], clients: int,
-           seconds: float) -> tuple[list[float], dict, float, float]:
+def _drive(url: str, path: str, payloads: list[dict], clients: int, seconds: float,
+           key: str | None = None) -> tuple[list[float], dict, float, float]:
     """Runs the clients in this process: (latencies in s, statuses, wall s, CPU s)."""
     host, port = url.removeprefix("http://").split(":")
     bodies = [json.dumps(p).encode() for p in payloads]
@@ -114,7 +117,7 @@ def _drive(url: str, path: str, payloads: list[dict], clients: int,
     async def main():
         until = time.perf_counter() + seconds
         await asyncio.gather(*(_client(host, int(port), path, bodies, until, latencies,
-                                       statuses) for _ in range(clients)))
+                                       statuses, key) for _ in range(clients)))
 
     cpu, wall = cpu_s(), time.perf_counter()
     asyncio.run(main())

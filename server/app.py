@@ -23,6 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from models.io.manifest import FILE as MANIFEST
 from server import errors
+from server.connections import METRICS
 from server.engine import Engine, ModelLoadError, on_daemon_thread, open_engine
 from server.metrics import Metrics
 from server.middleware import ApiKey, BodyLimit, Decompress, Gzip, RequestId, RequestMetrics
@@ -344,7 +345,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
             from server.routes import grpc_server as grpc_port
 
             grpc_server = await grpc_port.start(app, settings)
-        yield
+        yield {METRICS: service.metrics}  # the lifespan's state: the connections' too
         service.draining = True
         if grpc_server is not None:  # its calls in flight answered (new ones: refused)
             await grpc_server.stop(grace=30)

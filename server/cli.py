@@ -229,9 +229,7 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     import shutil
     import tempfile
 
-    from uvicorn.supervisors import Multiprocess
-
-    from server.connections import Config
+    from server.connections import Config, Workers
 
     for key, value in overrides.items():
         os.environ[f"DISTILSERVE_{key.upper()}"] = str(value)
@@ -244,7 +242,7 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
         config = Config("server.app:app_from_environment", factory=True,
                         workers=settings.workers, timeout_worker_healthcheck=WORKER_READY_S,
                         **common)
-        Multiprocess(config, sockets=[sock]).run()
+        Workers(config, sockets=[sock]).run()
     finally:
         shutil.rmtree(metrics, ignore_errors=True)
     return 0

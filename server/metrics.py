@@ -108,6 +108,10 @@ class Metrics:
                           "was last answered", ["model"], registry=r, multiprocess_mode="max")
         self.by_size = Summary("distilserve_batch_seconds", "forward pass time by batch "
                                "size", ["model", "size"], registry=r)
+        self.connections_closed = Counter(
+            "distilserve_connections_closed", "connections the service closed, by why: past "
+            "a cap when accepted (over_capacity, client_over_capacity), or a deadline passed "
+            "(header_timeout, body_timeout, keep_alive_timeout)", ["reason"], registry=r)
         self._per_request: dict[tuple[str, int], tuple] = {}
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:

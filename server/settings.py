@@ -53,8 +53,15 @@ class Settings(BaseSettings):
                                   "then the connection is closed")
     keep_alive_timeout: float = Field(5.0, gt=0, description="seconds an idle keep-alive "
                                       "connection is kept open")
-    max_connections: int = Field(2048, ge=1, description="open connections (per worker) "
-                                 "beyond which new requests get 503")
+    body_timeout: float = Field(30.0, gt=0, description="seconds a client has to send a "
+                                "request's body once its headers are in; then 408 and the "
+                                "connection is closed")
+    max_connections: int = Field(2048, ge=1, description="open connections (per worker); "
+                                 "one more is answered 503 with Retry-After when accepted, "
+                                 "and closed")
+    max_client_connections: int = Field(256, ge=0, description="open connections from one "
+                                        "client address (per worker), as max_connections; "
+                                        "0: no cap (behind a proxy all connections come from)")
 
     # request limits
     max_inputs: int = Field(2048, ge=1, description="inputs (rerank: documents) per request "

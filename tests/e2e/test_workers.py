@@ -129,3 +129,56 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
     for pid in _workers(log):
         assert not Path(f"/proc/{pid}").exists() or \
             "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_no_connection_arriving_after_sigterm_is_reset(tiny_checkpoints, tmp_path):
+    """``--workers 2`` told to stop while requests keep coming, each on a new connection:
+    every one is answered or refused at connect, none accepted and then reset (the
+    supervisor's copy of the listening socket, kept until the workers had drained, left
+    connections queued for no one)."""
+    import threading
+
+    export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
+    port = free_port()
+    log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "server.cli", "serve", "--model-repository",
+         str(tmp_path / "repo"), "--port", str(port), "--workers", "2"],
+        cwd=ROOT, env={**os.environ, "DISTILSERVE_THREADS": "1",
+                       # a batch waits for company: the workers take a while to drain
+                       "DISTILSERVE_MAX_WAIT_MS": "1000"},
+        stdout=log.open("w"), stderr=subprocess.STDOUT)
+    outcomes: list[str] = []
+    stop = threading.Event()
+
+    def stream():
+        while not stop.is_set():
+            try:
+                status = httpx.post(url + "/v1/embed", json={"inputs": "x"}, timeout=60)
+                outcomes.append(str(status.status_code))
+            except httpx.ConnectError:
+                outcomes.append("refused")
+                time.sleep(0.01)
+            except httpx.TransportError as e:  # accepted, then closed without an answer
+                outcomes.append(f"reset: {type(e).__name__}")
+
+    try:
+        wait_for(lambda: log.read_text().count("Application startup complete") == 2,
+                 "two workers")
+        wait_for(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200, "ready")
+        threads = [threading.Thread(target=stream) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        wait_for(lambda: outcomes.count("200") >= 16, "requests answered before the signal")
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(120) == 0
+        time.sleep(0.5)  # and after the exit
+    finally:
+        stop.set()
+        if server.poll() is None:
+            server.kill()
+    for thread in threads:
+        thread.join(60)
+    resets = [o for o in outcomes if o.startswith("reset")]
+    assert not resets, f"{len(resets)} of {len(outcomes)}: {resets[:3]}"
+    assert set(outcomes) <= {"200", "503", "refused"} and "refused" in outcomes
