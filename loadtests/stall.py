@@ -111,14 +111,19 @@ def stall(port: int, key: str, connections: int, seconds: float) -> dict:
         tasks = [asyncio.create_task(_stall(kinds[i % len(kinds)], port, key, until,
                                             records[kinds[i % len(kinds)]]))
                  for i in range(connections)]
+        if not tasks:  # (a run without stalling, to compare with)
+            await asyncio.sleep(seconds)
+            return 0
         _, open_still = await asyncio.wait(tasks, timeout=seconds + 2 * max(DEADLINES.values())
                                            + 5)
         for task in open_still:
             task.cancel()
         return len(open_still)
 
+    cpu, wall = lightload.cpu_s(), time.monotonic()
     never_closed = asyncio.run(main())
-    return {"connections": connections, "never_closed": never_closed, "kinds": records}
+    return {"connections": connections, "never_closed": never_closed, "kinds": records,
+            "cpu_share": (lightload.cpu_s() - cpu) / (time.monotonic() - wall)}
 
 
 def run(repository: Path, connections: int, clients: int, seconds: float,

@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 import os
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -400,19 +401,30 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
 
 def document(app: FastAPI, keyed: bool) -> None:
     """The OpenAPI document names the bodies POST / and /invocations take (the routes'
-    they stand for, which no route of their own declares), and, with an API key, says
+    they stand for, which no route of their own declares), gives each operation an id of
+    its own, and, with an API key, says
     which operations need it (all but the probes), so that /docs' Authorize button and
     generated clients send it."""
     plain = app.openapi
 
     def openapi() -> dict:
         if app.openapi_schema is None:
-            schema = plain()
+            with warnings.catch_warnings():  # the ids made one each below
+                warnings.filterwarnings("ignore", "Duplicate Operation ID")
+                schema = plain()
             schemas = schema.setdefault("components", {}).setdefault("schemas", {})
             _, bodies = models_json_schema([(body, "validation") for body in tei.ANSWERS],
                                            ref_template="#/components/schemas/{model}")
             for name, body in bodies["$defs"].items():
                 schemas.setdefault(name, body)
+            # a route of two methods (a probe's GET and HEAD) has one id: each its own
+            seen = set()
+            for operations in schema["paths"].values():
+                for method, operation in operations.items():
+                    if operation["operationId"] in seen:
+                        operation["operationId"] = operation["operationId"].removesuffix(
+                            "_get") + f"_{method}"
+                    seen.add(operation["operationId"])
             if keyed:
                 schema["components"]["securitySchemes"] = {
                     "apiKey": {"type": "http", "scheme": "bearer",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import Callable
 from http import HTTPStatus
@@ -98,6 +99,7 @@ class Admission:
             self.by_client[client] = held
 
 
+@functools.cache
 def raw_response(status: int, message: str, *headers: tuple[str, str]) -> bytes:
     """An HTTP/1.1 response with the service's error body that closes its connection."""
     content = json.dumps(body(HTTPStatus(status).phrase.lower().replace(" ", "_"),

@@ -193,6 +193,7 @@ class Guard(grpc.aio.ServerInterceptor):
     def __init__(self, app: FastAPI, key: str | None, public: set[str]):
         self.app, self.key, self.public = app, key and key.encode(), public
         self.last_logged, self.unlogged = float("-inf"), 0
+        self.decoding: dict[str, grpc.RpcMethodHandler] = {}  # by method, made once
 
     async def intercept_service(self, continuation, details: grpc.HandlerCallDetails):
         handler = await continuation(details)
@@ -206,6 +207,12 @@ class Guard(grpc.aio.ServerInterceptor):
             return self._refusing(handler, method, ApiError(
                 401, "unauthorized", "missing or wrong API key: send 'authorization: "
                 "Bearer KEY' metadata"))
+        if method not in self.decoding:
+            self.decoding[method] = self._decoding(handler, method)
+        return self.decoding[method]
+
+    def _decoding(self, handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+        """``handler`` taking its messages' bytes, decoded in the call (_decoded)."""
         decode, kind = handler.request_deserializer, _kind(handler)
         run = getattr(handler, kind)
         if handler.request_streaming:

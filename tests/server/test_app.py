@@ -97,7 +97,7 @@ def test_a_repository_with_nothing_to_serve_is_not_ready_and_says_why(tmp_path, 
     assert status == 200 and body["models"] == [] and "broken" in body["failed"]
 
 
-def test_every_reference_in_the_openapi_document_resolves(tmp_path):
+def test_every_reference_in_the_openapi_document_resolves_and_every_id_is_one(tmp_path):
     """Generated clients and schemathesis follow each ``$ref``: none points nowhere (POST /
     and /invocations name the bodies of the routes they stand for)."""
     document = create_app(Settings(), repository=tmp_path).openapi()
@@ -118,3 +118,6 @@ def test_every_reference_in_the_openapi_document_resolves(tmp_path):
                if ref.rsplit("/", 1)[-1] not in document["components"]["schemas"]}
     assert not missing
     assert all(ref.startswith("#/components/schemas/") for ref in found)
+    ids = [operation["operationId"] for operations in document["paths"].values()
+           for operation in operations.values()]
+    assert len(ids) == len(set(ids))  # (a probe's GET and HEAD: one route)
