@@ -1,24 +1,32 @@
-# The two commands of the README: `make serve` and `make test`. Both create the same
-# virtual environment (torch pinned and installed first, the rest under constraints).
+# The two commands of the README: `make serve` and `make test`. Both create .venv (torch
+# pinned and installed first, the rest under constraints): `make serve` (and the Docker
+# image, `make install`) the runtime alone; `make test` adds the dev extras to it.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install serve test clean distill
+.PHONY: install install-dev serve test clean distill
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -c constraints.txt -e .
+	$(BIN)/pip check
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
 	$(BIN)/pip check
 	touch $@
 
 install: $(VENV)/.installed
 
+install-dev: $(VENV)/.installed-dev
+
 serve: install
 	$(BIN)/distilserve serve
 
-test: install
+test: install-dev
 	$(BIN)/python -m pytest
 
 clean:

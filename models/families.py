@@ -7,8 +7,10 @@ bench and the CLI read this registry; nothing else lists families.
 
 from __future__ import annotations
 
+import ast
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 ALL_DTYPES = ("fp32", "fp16", "bf16")
@@ -48,6 +50,17 @@ class Family:
     def presets(self) -> dict[str, dict]:  # preset -> config fields; every family has "tiny"
         presets = self._module().PRESETS
         return presets[self.name] if self.transformers else presets
+
+    @property
+    def preset_names(self) -> list[str]:
+        """The presets' names, read from the family's file without importing it (nor torch
+        with it): the keys of its PRESETS (its own table in it, for transformers' families)."""
+        tree = ast.parse(Path(__file__).with_name(f"{self.module}.py").read_text())
+        table = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                     and any(getattr(t, "id", None) == "PRESETS" for t in node.targets))
+        if self.transformers:
+            table = table.values[[key.value for key in table.keys].index(self.name)]
+        return [key.value for key in table.keys]
 
     @property
     def config_class(self) -> type | None:

@@ -121,6 +121,11 @@ class Service:
             await put_in_place(self, engine)
             freeze_long_lived(thaw=True)
 
+    def aliases(self) -> dict[str, str]:
+        """alias -> the served model it names (aliases), of the models served now."""
+        return aliases(self.settings.aliases(), {name: engine.manifest.aliases
+                                                 for name, engine in self.engines.items()})[0]
+
     def said(self, why: str) -> str:
         """``why`` as clients may read it: without the repository's path (the model's
         folder named within it, as the log does not)."""
@@ -172,6 +177,35 @@ async def build_and_load(service: Service, repository: Path | None) -> None:
     await load_repository(service, repository)
     if service.settings.poll_seconds:  # a repository of the user's: kept in step
         await poll_repository(service, repository, service.settings.poll_seconds)
+
+
+def aliases(setting: dict[str, str], claimed: dict[str, list[str]]
+            ) -> tuple[dict[str, str], list[str]]:
+    """(alias -> model, what is wrong): the names models answer to besides their own, from
+    DISTILSERVE_MODEL_ALIASES (``setting``, alias -> model) and the models' manifests
+    (``claimed``, model -> its aliases). A name that is a model's own, or that two models
+    claim, names no model by alias, and is said to be wrong with the models claiming it;
+    so is an alias in the setting for a model that is not there."""
+    by_name: dict[str, set[str]] = {}
+    for model, names in claimed.items():
+        for name in names:
+            by_name.setdefault(name, set()).add(model)
+    wrong = [f"DISTILSERVE_MODEL_ALIASES: {alias!r} names {model!r}, which is not a model "
+             f"folder of the repository" for alias, model in setting.items()
+             if model not in claimed]
+    for alias, model in setting.items():
+        if model in claimed:
+            by_name.setdefault(alias, set()).add(model)
+    table = {}
+    for name, models in sorted(by_name.items()):
+        if name in claimed and models != {name}:
+            wrong.append(f"the name {name!r} is the model {name!r} and an alias of "
+                         f"{', '.join(sorted(models - {name}))}")
+        elif len(models) > 1:
+            wrong.append(f"the name {name!r} is an alias of {' and '.join(sorted(models))}")
+        elif name not in claimed:
+            table[name] = next(iter(models))
+    return table, wrong
 
 
 def model_folders(repository: Path) -> list[Path]:
@@ -311,6 +345,9 @@ async def load_models(service: Service, folders: list[Path], open_folder) -> Non
         announce(engine, "serving")
     if (nothing := service.nothing_to_serve()) is not None:
         log.error("serving nothing, not ready: %s (%s)", nothing, service.repository)
+    for wrong in aliases(service.settings.aliases(), {
+            name: engine.manifest.aliases for name, engine in service.engines.items()})[1]:
+        log.error("%s: that name answers for no model", wrong)
     freeze_long_lived()
     service.status = "ready"
     service.ready = True
@@ -385,6 +422,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     app.add_middleware(Decompress, limit=settings.max_body_bytes)
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(oip.OipErrors)  # the protocol's error shape, for its routes' errors
     if origins := settings.cors_origins():  # outside the API key: a preflight carries none
         app.add_middleware(CORSMiddleware, allow_origins=origins,
                            allow_methods=["GET", "POST"],

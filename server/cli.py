@@ -81,12 +81,12 @@ class Refused(Exception):
 
 
 def cmd_new(args: argparse.Namespace) -> int:
+    if args.list:  # (without torch: the families' files are read, not imported)
+        for name, family in families.REGISTRY.items():
+            print(f"{name}: {', '.join(family.preset_names)}")
+        return 0
     from models.io import checkpoint
 
-    if args.list:
-        for family in families.FAMILIES:
-            print(f"{family}: {', '.join(checkpoint.presets(family))}")
-        return 0
     if not args.family or not args.output:
         raise Refused("FAMILY and --output are required (or --list)")
     labels = [x.strip() for x in args.labels.split(",")] if args.labels is not None else None
@@ -106,7 +106,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                                      args.quantize, args.task, args.max_length, progress,
                                      force=args.force, relevant_label=args.relevant_label,
                                      pooling=args.pooling,
-                                     token_embeddings=args.token_embeddings)
+                                     token_embeddings=args.token_embeddings,
+                                     aliases=args.alias)
         except export.ExportError as e:
             print(f"distilserve export: {e}", file=sys.stderr)
             return 1
@@ -164,10 +165,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         except BackendError as e:
             raise Refused(f"every model: {e}") from None
     if settings.grpc_port is not None:
-        require_grpc()
+        require("--grpc-port")
+    if settings.otlp_endpoint:
+        require("DISTILSERVE_OTLP_ENDPOINT")
     repository = settings.model_repository
     if repository is not None and not repository.is_dir():
         raise Refused(f"model repository {repository} is not a folder")
+    if repository is not None:
+        check_names(repository, settings)
     port = settings.port
     try:  # the ports first: a port in use is a one-line error before anything loads
         sock = listening_socket(settings.host, port)
@@ -221,6 +226,24 @@ def leave_an_abandoned_build() -> None:
         os._exit(0)
 
 
+def check_names(repository, settings) -> None:
+    """Refuses a repository where one name would be two models' (a folder's and an alias,
+    or an alias of two), or DISTILSERVE_MODEL_ALIASES names no folder; a folder whose
+    manifest cannot be read is left to its load, which says why."""
+    from models.io.manifest import FILE, Manifest, ManifestError
+    from server.app import aliases, model_folders
+
+    claimed = {}
+    for folder in model_folders(repository):
+        try:
+            claimed[folder.name] = Manifest.read(folder).aliases if (folder / FILE).is_file() \
+                else []
+        except ManifestError:
+            claimed[folder.name] = []
+    if wrong := aliases(settings.aliases(), claimed)[1]:
+        raise Refused("; ".join(wrong))
+
+
 def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     """N worker processes on one port (uvicorn's supervisor: it restarts a worker that
     dies and, on SIGTERM, drains every worker). Each worker builds its app from the
@@ -248,16 +271,26 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     return 0
 
 
-def require_grpc() -> None:
-    """--grpc-port's refusal where the grpc extra cannot be imported."""
-    try:
-        import grpc_health  # noqa: F401
-        import grpc_reflection  # noqa: F401
-        import grpc_tools  # noqa: F401
-        import tritonclient.grpc  # noqa: F401
-    except ImportError as e:
-        raise Refused("--grpc-port needs the grpc extra (pip install 'distilserve[grpc]'): "
-                      f"{e}") from None
+# what each optional feature needs: (the extra that installs it, the modules it imports)
+EXTRAS = {"--grpc-port": ("grpc", ("grpc_health", "grpc_reflection", "grpc_tools",
+                                   "tritonclient.grpc")),
+          "distilserve ray": ("ray", ("ray.serve",)),
+          "DISTILSERVE_OTLP_ENDPOINT": ("otlp", ("opentelemetry.sdk.trace",
+                                                 "opentelemetry.exporter.otlp.proto.http"))}
+
+
+def require(feature: str) -> None:
+    """A one-line refusal of ``feature`` (one of EXTRAS) where its extra is not
+    installed."""
+    import importlib
+
+    extra, modules = EXTRAS[feature]
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise Refused(f"{feature} needs the {extra} extra (pip install -c constraints.txt "
+                          f"'distilserve[{extra}]'): {e}") from None
 
 
 def cmd_ray(args: argparse.Namespace) -> int:
@@ -271,6 +304,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
     from server import logs
     from server.settings import Settings
 
+    require("distilserve ray")
     try:
         settings = Settings(**{k: v for k, v in (("model_repository", args.model_repository),
                                                  ("host", args.host), ("port", args.port),
@@ -283,7 +317,7 @@ def cmd_ray(args: argparse.Namespace) -> int:
     except ValidationError as e:
         raise Refused.invalid(e) from None
     if settings.grpc_port is not None:
-        require_grpc()
+        require("--grpc-port")
     logging.basicConfig(level=logging.INFO, format=logs.TEXT)
     repository = settings.model_repository
     if repository is None:  # the embedded default, built here first (on the first run)
@@ -392,13 +426,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_distill(args: argparse.Namespace) -> int:
     from models import export
     from models.runtime.cores import limit_torch_threads
+    from server.settings import Settings
     from training import distill
 
     limit_torch_threads()  # in a container: its CPU limit, not the node's cores
 
     opts = distill.Options(family=args.family, output=args.output, preset=args.preset,
                            steps=args.steps, seed=args.seed, batch_size=args.batch_size,
-                           lr=args.lr, teacher=args.teacher)
+                           lr=args.lr, teacher=args.teacher, cache_dir=Settings().cache_dir)
     with status("distilling") as progress:
         try:
             record = distill.distill(opts, progress)
@@ -410,7 +445,6 @@ def cmd_distill(args: argparse.Namespace) -> int:
               f"{fid['top10_overlap']:.3f} on {fid['sentences']} held-out sentences")
         if args.add_to_default:
             from server.embedded_default import ensure_default_repository
-            from server.settings import Settings
 
             target = ensure_default_repository(Settings().cache_dir) / args.family
             # CMOW's matrix products grow with length (norm ~1e3 at 60 tokens, ~1e16 at
@@ -480,6 +514,9 @@ def parser() -> argparse.ArgumentParser:
     exp.add_argument("--relevant-label",
                      help="a classification model used as a cross-encoder by /v1/rerank: "
                      "the label whose probability is relevance (default: the second of two)")
+    exp.add_argument("--alias", action="append", metavar="NAME",
+                     help="a name the model answers to besides its folder's, e.g. an OpenAI "
+                     "model name its clients send (repeat for more)")
     exp.add_argument("--force", action="store_true",
                      help="replace an existing model folder (once the new one is complete)")
     exp.set_defaults(func=cmd_export)

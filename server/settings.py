@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     cors_allow_origins: str = Field("", description="origins whose web pages may call the "
                                     "service from a browser (CORS), comma-separated, or * "
                                     "for any; none by default")
+    model_aliases: str = Field("", description="names models answer to besides their "
+                               "folders', as alias=folder, comma-separated (e.g. "
+                               "text-embedding-3-small=all-minilm-l6-v2)")
 
     # connections
     header_timeout: float = Field(10.0, gt=0, description="seconds a client has to send a "
@@ -59,7 +62,7 @@ class Settings(BaseSettings):
     max_connections: int = Field(2048, ge=1, description="open connections (per worker); "
                                  "one more is answered 503 with Retry-After when accepted, "
                                  "and closed")
-    max_client_connections: int = Field(256, ge=0, description="open connections from one "
+    max_client_connections: int = Field(1024, ge=0, description="open connections from one "
                                         "client address (per worker), as max_connections; "
                                         "0: no cap (behind a proxy all connections come from)")
 
@@ -183,6 +186,20 @@ class Settings(BaseSettings):
     def bearer_key(self) -> str | None:
         """The key every request must bear (``Authorization: Bearer KEY``); None: none."""
         return self.api_key.get_secret_value() if self.api_key is not None else None
+
+    def aliases(self) -> dict[str, str]:
+        """DISTILSERVE_MODEL_ALIASES: alias -> folder."""
+        pairs = (p.partition("=") for p in self.model_aliases.split(",") if p.strip())
+        return {alias.strip(): folder.strip() for alias, _, folder in pairs}
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _aliases(cls, value: str) -> str:
+        for pair in (p for p in value.split(",") if p.strip()):
+            alias, equals, folder = pair.partition("=")
+            if not equals or not alias.strip() or not folder.strip():
+                raise ValueError(f"{pair.strip()!r} is not alias=folder")
+        return value
 
     def cors_origins(self) -> list[str]:
         return [o.strip() for o in self.cors_allow_origins.split(",") if o.strip()]

@@ -66,6 +66,7 @@ class Options:
     save_every: int = 200
     held_out: int = 300
     corpus_limit: int = 60_000  # sentences to read from docstrings
+    cache_dir: Path | None = None  # where the sentences read are kept for the next run
 
     def __post_init__(self):
         self.steps = self.steps or DEFAULT_STEPS[self.family]
@@ -446,7 +447,8 @@ def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:
     opts.output.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(str(teacher.ckpt.tokenizer_dir))
     progress("reading sentences from installed docstrings")
-    train, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed)
+    train, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed, progress=progress,
+                                   cache=opts.cache_dir)
     held = held[: opts.held_out]
     resuming = (opts.output / STATE).exists() and (opts.output / "config.json").exists()
     student = checkpoint.load(opts.output) if resuming else new_student(

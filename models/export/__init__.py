@@ -68,7 +68,7 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
            quantize: str | None = None, task: str | None = None, max_length: int | None = None,
            progress: Callable[[str], None] = lambda step: None, force: bool = False,
            relevant_label: str | None = None, pooling: str | None = None,
-           token_embeddings: bool = False) -> Manifest:
+           token_embeddings: bool = False, aliases: list[str] | None = None) -> Manifest:
     """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
     manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
     and then replaced only once the new folder is complete. ``max_length`` defaults to the
@@ -76,7 +76,8 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     its files say, else its position embeddings'; ``pooling`` (mean, cls, splade)
     overrides its sentence-transformers files' for an embedding model;
     ``token_embeddings``: the artifact gives an embedding model's token vectors [B, T, D],
-    which the service pools (TEI's /embed_all serves them). Raises CheckpointError
+    which the service pools (TEI's /embed_all serves them); ``aliases``: names the model
+    answers to besides its folder's (an OpenAI model name a client sends). Raises CheckpointError
     (unreadable checkpoint) or ExportError."""
     output = Path(output)
     if output.exists() and not force:
@@ -120,7 +121,7 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     staging.mkdir()
     try:
         manifest = _export_into(staging, ckpt, tokenizer, fmt, loop, quantize, max_length,
-                                progress, relevant_label, token_embeddings)
+                                progress, relevant_label, token_embeddings, aliases)
         progress("moving into place")
         _as_the_umask_makes(staging)
         replace(staging, output)
@@ -179,7 +180,7 @@ def _tokenizer_facts(folder: Path) -> TokenizerFacts | None:
 def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str, loop: str,
                  quantize: str | None, max_length: int,
                  progress: Callable[[str], None], relevant_label: str | None = None,
-                 token_embeddings: bool = False) -> Manifest:
+                 token_embeddings: bool = False, aliases: list[str] | None = None) -> Manifest:
     checkpoint.save(ckpt, folder / "checkpoint")
     artifact = ARTIFACT[fmt]
     model = ckpt.model.eval()
@@ -233,6 +234,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     manifest = Manifest(
         task=ckpt.task, family=ckpt.family, labels=ckpt.labels,
         relevant_label=relevant_label, multi_label=ckpt.multi_label, max_length=max_length,
+        aliases=list(aliases or []),
         pooling=ckpt.pooling, token_embeddings=token_embeddings,
         prompts=ckpt.pipeline.prompts if ckpt.pipeline else {},
         default_prompt_name=ckpt.pipeline.default_prompt_name if ckpt.pipeline else None,

@@ -76,6 +76,8 @@ class Manifest(BaseModel):
     token_embeddings: bool = False
     # embedding models: texts put before an input by name (sentence-transformers' prompts),
     # the default one before every input that names none
+    # names the model answers to besides its folder's (export --alias)
+    aliases: list[str] = []
     prompts: dict[str, str] = {}
     default_prompt_name: str | None = None
     dimensions: int | None = Field(None, gt=0)  # embedding models: the width

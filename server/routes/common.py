@@ -46,6 +46,8 @@ def named(svc, name: str) -> Engine:
     """The served model of that name, or 404 saying why it is not served (it failed to
     load, or is not loaded) or naming the ones served."""
     engine = svc.engines.get(name)
+    if engine is None and (alias := svc.aliases().get(name)) is not None:
+        engine = svc.engines.get(alias)
     if engine is None:
         served = ", ".join(sorted(svc.engines)) or "none"
         if name in svc.failures:

@@ -13,11 +13,21 @@ router = APIRouter(tags=["models"])
 @router.get("/v1/models", responses=errors.responses(401))
 @router.get("/models", responses=errors.responses(401))
 async def list_models(request: Request):
-    return {"object": "list",
-            "data": [e.describe() for e in service(request).engines.values()]}
+    svc = service(request)
+    return {"object": "list", "data": [described(svc, e) for e in svc.engines.values()]}
 
 
 # 422: FastAPI would document its own error shape for the path parameter (never refused)
 @router.get("/v1/models/{model_id}", responses=errors.responses(401, 404, 422))
 async def get_model(model_id: str, request: Request):
-    return named(service(request), model_id).describe()
+    """The model of that name, or of that alias."""
+    svc = service(request)
+    return described(svc, named(svc, model_id))
+
+
+def described(svc, engine) -> dict:
+    """The model's description, with the aliases it answers to (if any)."""
+    info = engine.describe()
+    if names := sorted(alias for alias, model in svc.aliases().items() if model == engine.name):
+        info["aliases"] = names
+    return info

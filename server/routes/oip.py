@@ -29,9 +29,12 @@ statistics are the /metrics series of each model (server/metrics.py), and its mo
 configuration says what a model takes and gives and how the service batches it. One
 version of each model is served, version 1: a model's routes answer at its /versions/1
 paths too. Not served: Triton's shared-memory extensions (shared memory is refused). The
-same protocol over gRPC runs these functions: server/routes/oip_grpc.py."""
+same protocol over gRPC runs these functions: server/routes/oip_grpc.py. An error is the
+service's, in the protocol's shape, ``{"error": "message"}`` (OipErrors)."""
 
 from __future__ import annotations
+
+import gzip
 
 import numpy as np
 import orjson
@@ -68,6 +71,50 @@ from server.schemas import (
 )
 
 router = APIRouter(tags=["open inference protocol"])
+
+
+class OipErrors:
+    """ASGI middleware: the errors of the protocol's routes (/v2 and below), wherever they
+    were made (the routes, the API key, the body limit), as the protocol writes them:
+    ``{"error": "message"}`` where the service writes ``{"error": {"type", "message"}}``."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not (path == "/v2" or path.startswith("/v2/")):
+            return await self.app(scope, receive, send)
+        held: dict | None = None  # an error's start, sent with its reshaped body
+
+        async def reshaping(message):
+            nonlocal held
+            if message["type"] == "http.response.start" and message["status"] >= 400:
+                held = message
+                return
+            if held is None:
+                return await send(message)
+            headers = [(k, v) for k, v in held["headers"]
+                       if k.lower() not in (b"content-length", b"content-encoding")]
+            encoded = dict(held["headers"]).get(b"content-encoding") == b"gzip"
+            body = reshaped(gzip.decompress(message["body"]) if encoded else message["body"])
+            await send({**held, "headers": [*headers, (b"content-length",
+                                                       str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+
+        await self.app(scope, receive, reshaping)
+
+
+def reshaped(body: bytes) -> bytes:
+    """A service error's body in the protocol's shape (another body as it is)."""
+    try:
+        sent = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    error = sent.get("error") if isinstance(sent, dict) else None
+    if not isinstance(error, dict) or "message" not in error:
+        return body
+    return orjson.dumps({**sent, "error": error["message"]})
 TEXT, PAIR = "text", "text_pair"
 # a task's inputs: a classifier's second is optional (a text alone, or pairs)
 INPUTS = {"embed": [TEXT], "classify": [TEXT, PAIR], "ner": [TEXT],

@@ -143,7 +143,7 @@ def test_the_open_inference_protocol_answers_as_v1_qa(url):
     assert [json.loads(a) for a in got] == qa(url, model="bert", inputs=inputs(),
                                               top_k=2).json()["results"]
     assert lone.value.status() == "422"
-    assert "takes question and context" in lone.value.message()["message"]
+    assert "takes question and context" in lone.value.message()
 
 
 def test_huggingface_hubs_question_answering_at_the_root(checkpoints, tmp_path, monkeypatch):

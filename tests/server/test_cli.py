@@ -264,3 +264,51 @@ def test_a_host_other_than_loopback_without_a_key_is_warned_of(host, loopback):
     from server.cli import _loopback
 
     assert _loopback(host) is loopback
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["new", "--list"], ["serve", "--help"]])
+def test_help_and_the_list_of_presets_import_neither_torch_nor_transformers(argv):
+    """What the CLI prints of itself comes without the heavy imports, as fast as Python
+    starts: the families' files are read for their presets, not imported."""
+    import subprocess
+
+    probe = ("import sys; from server.cli import main\n"
+             "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
+             "print(sorted({'torch', 'transformers', 'onnxruntime'} & set(sys.modules)))")
+    done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout[-500:]
+
+
+def test_the_preset_names_read_from_the_files_are_the_presets():
+    for family in families.REGISTRY.values():
+        assert family.preset_names == list(family.presets), family.name
+
+
+def test_aliases_are_read_from_the_setting_and_the_manifests_and_clashes_said():
+    from server.app import aliases
+
+    table, wrong = aliases({"ada": "embed", "gone": "nowhere"},
+                           {"embed": ["text-embedding-3-small"], "other": ["cls"]})
+    assert table == {"ada": "embed", "text-embedding-3-small": "embed", "cls": "other"}
+    assert wrong == ["DISTILSERVE_MODEL_ALIASES: 'gone' names 'nowhere', which is not a "
+                     "model folder of the repository"]
+    table, wrong = aliases({"embed": "other"}, {"embed": [], "other": ["x"], "third": ["x"]})
+    assert table == {}
+    assert wrong == ["the name 'embed' is the model 'embed' and an alias of other",
+                     "the name 'x' is an alias of other and third"]
+
+
+def test_serve_refuses_a_name_two_models_would_answer_to(tiny_checkpoints, tmp_path, capsys,
+                                                          monkeypatch):
+    from models import export
+
+    for name in ("a", "b"):
+        export.export(tiny_checkpoints["cmow", "embed"], tmp_path / name, "onnx",
+                      aliases=["text-embedding-3-small"])
+    assert main(["serve", "--model-repository", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "'text-embedding-3-small' is an alias of a and b" in err
+    monkeypatch.setenv("DISTILSERVE_MODEL_ALIASES", "ada=c")
+    assert main(["serve", "--model-repository", str(tmp_path)]) == 2
+    assert "'ada' names 'c', which is not a model folder" in capsys.readouterr().err

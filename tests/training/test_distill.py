@@ -181,3 +181,26 @@ def test_falbert_resumes_each_stage_from_its_own_save(teacher, tmp_path):
     lr = [s for s in seen if s.startswith("lr step")]
     assert lr and all(s.startswith(("lr step 3/", "lr step 4/")) for s in lr), lr
     assert any(s.startswith("ip step 8/8") for s in seen)
+
+
+def test_the_corpus_says_how_far_along_it_is_and_is_read_once(tmp_path, monkeypatch):
+    root = tmp_path / "src"
+    root.mkdir()
+    for i in range(1000):
+        (root / f"m{i:04}.py").write_text(
+            f'"""The module number {i} holds a sentence that is long enough to keep. '
+            f'It also holds another sentence, which is quite different from the first."""\n')
+    said = []
+    first = corpus.sentences(limit=5000, roots=[root], progress=said.append,
+                             cache=tmp_path / "cache")
+    assert len(first[0]) + len(first[1]) == 1001  # (the second sentences: one)
+    assert said and said[0].startswith("reading sentences from installed docstrings: ")
+    assert "from 500 files" in said[0]
+    (kept,) = (tmp_path / "cache").glob("corpus-*.json")
+
+    def unread(path):
+        raise AssertionError(f"read {path} again")
+
+    monkeypatch.setattr(corpus, "_docstrings", unread)
+    assert corpus.sentences(limit=5000, roots=[root], cache=tmp_path / "cache") == first
+    assert corpus.sentences(limit=5000, roots=[root], seed=1, cache=tmp_path / "cache") != first
