@@ -440,7 +440,8 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
 def document(app: FastAPI, keyed: bool) -> None:
     """The OpenAPI document names the bodies POST / and /invocations take (the routes'
     they stand for, which no route of their own declares), gives each operation an id of
-    its own, and, with an API key, says
+    its own, says the Open Inference Protocol's routes' errors as that protocol writes
+    them (oip.OipErrors), and, with an API key, says
     which operations need it (all but the probes), so that /docs' Authorize button and
     generated clients send it."""
     plain = app.openapi
@@ -463,6 +464,13 @@ def document(app: FastAPI, keyed: bool) -> None:
                         operation["operationId"] = operation["operationId"].removesuffix(
                             "_get") + f"_{method}"
                     seen.add(operation["operationId"])
+            schemas["OipError"] = oip.ERROR_SCHEMA  # the errors of the protocol's routes
+            for path, operations in schema["paths"].items():
+                for operation in operations.values() if oip.protocols(path) else ():
+                    for status, response in operation.get("responses", {}).items():
+                        if status[0] in "45":
+                            response["content"] = {"application/json": {"schema": {
+                                "$ref": "#/components/schemas/OipError"}}}
             if keyed:
                 schema["components"]["securitySchemes"] = {
                     "apiKey": {"type": "http", "scheme": "bearer",

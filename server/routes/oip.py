@@ -74,7 +74,7 @@ router = APIRouter(tags=["open inference protocol"])
 
 
 class OipErrors:
-    """ASGI middleware: the errors of the protocol's routes (/v2 and below), wherever they
+    """ASGI middleware: the errors of the protocol's routes (``protocols``), wherever they
     were made (the routes, the API key, the body limit), as the protocol writes them:
     ``{"error": "message"}`` where the service writes ``{"error": {"type", "message"}}``."""
 
@@ -82,8 +82,7 @@ class OipErrors:
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        path = scope.get("path", "")
-        if scope["type"] != "http" or not (path == "/v2" or path.startswith("/v2/")):
+        if scope["type"] != "http" or not protocols(scope["path"]):
             return await self.app(scope, receive, send)
         held: dict | None = None  # an error's start, sent with its reshaped body
 
@@ -103,6 +102,16 @@ class OipErrors:
             await send({"type": "http.response.body", "body": body})
 
         await self.app(scope, receive, reshaping)
+
+
+def protocols(path: str) -> bool:
+    """Whether ``path`` is one of the protocol's (/v2, its health, models and repository)."""
+    return path == "/v2" or path.startswith(("/v2/health/", "/v2/models", "/v2/repository/"))
+
+
+# the protocol's error, as the OpenAPI document says it (server/app.py: document)
+ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "string"}},
+                "required": ["error"], "title": "OipError"}
 
 
 def reshaped(body: bytes) -> bytes:
