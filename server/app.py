@@ -28,7 +28,19 @@ from server.connections import METRICS
 from server.engine import Engine, ModelLoadError, on_daemon_thread, open_engine
 from server.metrics import Metrics
 from server.middleware import ApiKey, BodyLimit, Decompress, Gzip, RequestId, RequestMetrics
-from server.routes import classify, embed, fill_mask, health, ner, oip, qa, rerank, tei, tokenize
+from server.routes import (
+    classify,
+    cohere,
+    embed,
+    fill_mask,
+    health,
+    ner,
+    oip,
+    qa,
+    rerank,
+    tei,
+    tokenize,
+)
 from server.routes import models as models_route
 from server.routes.fast_path import FastPath
 from server.settings import Settings
@@ -408,7 +420,8 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     key = settings.bearer_key()
     document(app, keyed=bool(key))
     routers = (embed.router, classify.router, ner.router, qa.router, fill_mask.router,
-               rerank.router, tokenize.router, tei.router, oip.router, models_route.router,
+               rerank.router, tokenize.router, tei.router, oip.router, cohere.router,
+               models_route.router,
                health.router)
     routes = [r for router in routers for r in router.routes]
     # the inference routes (the POST routes that run a model), without FastAPI's stack

@@ -94,6 +94,23 @@ def embedding_payload(v: np.ndarray, encoding_format: str) -> np.ndarray | str:
     return v
 
 
+def cohere_embeddings(vectors: np.ndarray, types: list[str]) -> dict:
+    """Unit embeddings [N, D] in each of Cohere's embedding types asked for: float; int8
+    (each component times 127, rounded) and uint8 (shifted to 0..255); binary and ubinary
+    (a bit per component, set where it is positive, packed 8 to a byte, signed by
+    subtracting 128 for binary, as Cohere and sentence-transformers pack them); base64 (each
+    embedding's float32 little-endian bytes)."""
+    packed = np.packbits(vectors > 0, axis=-1) if {"binary", "ubinary"} & set(types) else None
+    made = {"float": lambda: vectors,
+            "int8": lambda: np.clip(np.round(vectors * 127), -128, 127).astype(np.int8),
+            "uint8": lambda: np.clip(np.round((vectors + 1) * 127.5), 0, 255).astype(np.uint8),
+            "binary": lambda: (packed.astype(np.int16) - 128).astype(np.int8),
+            "ubinary": lambda: packed,
+            "base64": lambda: [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii")
+                               for v in vectors]}
+    return {kind: made[kind]() for kind in dict.fromkeys(types)}
+
+
 def label_scores(logits: np.ndarray, labels: list[str], multi_label: bool = False,
                  function: str | None = None) -> np.ndarray:
     """One input's score per label (or each row's of a batch's [B, L]), in the labels'

@@ -163,6 +163,41 @@ class RerankRequest(_Truncated):
         return [self.query, *self.document_texts]
 
 
+class CohereEmbedRequest(_Request):
+    """Cohere's v2 embed (``cohere.ClientV2.embed``): texts (images are not served)."""
+
+    texts_: Annotated[list[str], Field(min_length=1)] = Field(alias="texts")
+    input_type: Literal["search_document", "search_query", "classification", "clustering"] = \
+        Field(description="the model's prompt it is put behind, where it has one: query, "
+              "document (or passage, corpus), classification, clustering")
+    embedding_types: Annotated[list[Literal["float", "int8", "uint8", "binary", "ubinary",
+                                            "base64"]], Field(min_length=1)] = ["float"]
+    output_dimension: Dimensions
+    truncate: Literal["NONE", "START", "END"] = "END"
+    images: list | None = Field(None, description="not served: texts only")
+    name_of = staticmethod(lambda index: f"text {index}")
+
+    @field_validator("images")
+    @classmethod
+    def _texts_only(cls, value):
+        if value is not None:
+            raise PydanticCustomError("not_served", "images are not served here: send texts")
+        return value
+
+    @property
+    def texts(self) -> list:
+        return self.texts_
+
+
+class CohereEmbedResponse(BaseModel):
+    id: str
+    response_type: Literal["embeddings_by_type"] = "embeddings_by_type"
+    embeddings: dict[str, list] = Field(description="each type asked for: one embedding per "
+                                        "text (base64: a string of its float32 bytes)")
+    texts: list[str]
+    meta: dict
+
+
 class TokenizeRequest(_Request):
     """TEI's /tokenize."""
 

@@ -279,3 +279,18 @@ def test_the_sigmoid_of_any_logit_without_a_warning():
     assert scores.dtype == np.float32
     expected = [0.0, 9.357623e-14, 0.11920292, 0.5, 0.88079708, 1.0, 1.0]
     np.testing.assert_allclose(scores, expected, rtol=1e-6)
+
+
+def test_cohere_embedding_types_as_cohere_defines_them():
+    import base64
+
+    from server.postprocess import cohere_embeddings
+
+    v = np.array([[0.6, -0.8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01]], dtype=np.float32)
+    got = cohere_embeddings(v, ["int8", "uint8", "binary", "ubinary", "base64", "int8"])
+    assert list(got) == ["int8", "uint8", "binary", "ubinary", "base64"]  # once each
+    assert got["int8"].tolist() == [[76, -102, 0, 0, 0, 0, 0, 0, 1]]
+    assert got["uint8"].tolist() == [[204, 25, 128, 128, 128, 128, 128, 128, 129]]
+    assert got["ubinary"].tolist() == [[0b10000000, 0b10000000]]  # 9 bits: two bytes
+    assert got["binary"].tolist() == [[0, 0]]
+    assert np.array_equal(np.frombuffer(base64.b64decode(got["base64"][0]), "<f4"), v[0])

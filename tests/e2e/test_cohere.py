@@ -1,0 +1,68 @@
+"""Cohere's Python client, as its users set it up (``cohere.ClientV2(base_url=...)``):
+embed in every type and rerank, against the /v1 routes' answers."""
+
+from __future__ import annotations
+
+import base64
+
+import cohere
+import httpx
+import numpy as np
+import pytest
+
+from models import export
+from models.io import checkpoint
+from tests.conftest import running_server
+
+TEXTS = ["The Eiffel Tower stands in Paris.", "Bananas are rich in potassium."]
+
+
+@pytest.fixture(scope="module")
+def url(tiny_checkpoints, tmp_path_factory):
+    repo = tmp_path_factory.mktemp("cohere")
+    export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx")
+    cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
+                            repo.parent / "cohere-cross")
+    export.export(cross, repo / "cross", "onnx", relevant_label="relevant")
+    with running_server(repo) as url:
+        yield url
+
+
+def test_embed_gives_every_type_of_v1s_embeddings(url):
+    client = cohere.ClientV2(base_url=url, api_key="unused")
+    answer = client.embed(model="embed", texts=TEXTS, input_type="search_document",
+                          embedding_types=["float", "int8", "uint8", "binary", "ubinary",
+                                           "base64"])
+    native = np.array(httpx.post(url + "/v1/embed", json={
+        "model": "embed", "inputs": TEXTS}).json()["embeddings"], dtype=np.float32)
+    e = answer.embeddings
+    np.testing.assert_allclose(e.float_, native, atol=1e-6)
+    assert np.array_equal(e.int8, np.round(native * 127).astype(int))
+    assert np.array_equal(e.uint8, np.round((native + 1) * 127.5).astype(int))
+    bits = np.packbits(native > 0, axis=-1)
+    assert np.array_equal(e.ubinary, bits) and np.array_equal(e.binary, bits.astype(int) - 128)
+    assert np.array_equal([np.frombuffer(base64.b64decode(s), "<f4") for s in e.base64],
+                          np.array(e.float_, dtype=np.float32))
+    assert answer.texts == TEXTS and answer.meta.billed_units.input_tokens > 0
+    short = client.embed(model="embed", texts=TEXTS, input_type="search_query",
+                         output_dimension=8)
+    assert np.array(short.embeddings.float_).shape == (2, 8)
+
+
+def test_rerank_is_v1s_rerank(url):
+    client = cohere.ClientV2(base_url=url, api_key="unused")
+    answer = client.rerank(model="cross", query="Where is the Eiffel Tower?", documents=TEXTS,
+                           top_n=2)
+    native = httpx.post(url + "/v1/rerank", json={
+        "model": "cross", "query": "Where is the Eiffel Tower?", "documents": TEXTS,
+        "top_n": 2}).json()["results"]
+    assert [(r.index, r.relevance_score) for r in answer.results] == [
+        (r["index"], r["relevance_score"]) for r in native]
+
+
+def test_errors_are_the_services(url):
+    client = cohere.ClientV2(base_url=url, api_key="unused")
+    with pytest.raises(cohere.errors.NotFoundError):
+        client.embed(model="nope", texts=TEXTS, input_type="search_document")
+    with pytest.raises(cohere.errors.UnprocessableEntityError):
+        client.embed(model="embed", texts=[], input_type="search_document")
