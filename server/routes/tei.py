@@ -15,6 +15,7 @@ in their own files; GET / and /ping, TEI's and SageMaker's health checks, beside
 from __future__ import annotations
 
 import asyncio
+import json
 
 import numpy as np
 from fastapi import APIRouter, Request
@@ -32,6 +33,7 @@ from server.routes.common import (
     choose_root,
     infer,
     reply,
+    served,
     service,
     with_prompt,
 )
@@ -210,9 +212,20 @@ def parse_root(body: dict, request: Request):
         engine, kind = choose_entailing(request, name), "zero_shot"
     else:
         engine = choose_root(request, name)
-        kind = "rerank" if engine.task == "classify" and "query" in body else engine.task
-    try:  # the model chosen, named: the route's own choice is the same
-        return ROOT_BODIES[kind].validate_python({"model": engine.name, **body})
+        kind = _kind(engine, body)
+    return _parsed(kind, {"model": engine.name, **body})
+
+
+def _kind(engine, body: dict) -> str:
+    """Which of ROOT_BODIES a body for ``engine`` is, zero-shot classification aside."""
+    return "rerank" if engine.task == "classify" and "query" in body else engine.task
+
+
+def _parsed(kind: str, body: dict):
+    """``body`` as the body of ``kind`` (ROOT_BODIES), with its model named (the route's
+    own choice is then the same)."""
+    try:
+        return ROOT_BODIES[kind].validate_python(body)
     except ValidationError as e:
         raise errors.ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
 
@@ -282,6 +295,36 @@ async def root(body: dict, request: Request):
     classifier's /predict (its text_classification) or /rerank."""
     parsed = parse_root(body, request)
     return reply(request, *await ANSWERS[type(parsed)](parsed, request))
+
+
+@router.post("/models/{model_name}", response_model=TeiAnswer,
+             response_model_exclude_none=True, responses=errors.INFERENCE,
+             openapi_extra={"requestBody": {"required": True, **ROOT_DOCUMENTED["requestBody"]}})
+async def inference_api(model_name: str, request: Request):
+    """The Hugging Face Inference API for the model ``name`` (huggingface_hub's
+    ``InferenceClient(model="http://HOST/models/NAME")``), whatever else is served: the
+    body and answer of the task it does (feature extraction or sentence similarity, text
+    classification, token classification, fill-mask, question answering; zero-shot
+    classification for an NLI model), text classification's a list of labels per input."""
+    engine = served(request, model_name)
+    try:
+        body = json.loads(await request.body())
+    except (ValueError, RecursionError) as e:
+        raise errors.ApiError(422, "invalid_request", errors.unparseable(e)) from None
+    if not isinstance(body, dict):
+        raise errors.ApiError(422, "invalid_request", "body: Input should be a valid "
+                              "dictionary or object")
+    parameters = body.get("parameters")
+    if isinstance(parameters, dict) and "candidate_labels" in parameters:
+        kind = "zero_shot"
+        choose_entailing(request, engine.name)  # an NLI model, or a 400 saying so
+    else:
+        kind = _kind(engine, body)
+    parsed = _parsed(kind, {**body, "model": engine.name})
+    answer, result = await ANSWERS[type(parsed)](parsed, request)
+    if isinstance(parsed, TeiPredictRequest) and not parsed.batch:
+        answer = [answer]
+    return reply(request, answer, result)
 
 
 @router.post("/vertex", response_model=TeiVertexResponse, response_model_exclude_none=True,
