@@ -4,8 +4,8 @@ a served model can answer, answered as that model's native route answers it."""
 
 from __future__ import annotations
 
-import huggingface_hub
 import httpx
+import huggingface_hub
 import numpy as np
 import pytest
 
