@@ -451,12 +451,11 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
 
 
 def document(app: FastAPI, keyed: bool) -> None:
-    """The OpenAPI document names the bodies POST / and /invocations take (the routes'
-    they stand for, which no route of their own declares), gives each operation an id of
-    its own, says the Open Inference Protocol's routes' errors as that protocol writes
-    them (oip.OipErrors), and, with an API key, says
-    which operations need it (all but the probes), so that /docs' Authorize button and
-    generated clients send it."""
+    """The OpenAPI document names the bodies POST / and /invocations take (those of the
+    routes they stand for, which no route of their own declares), gives each operation an
+    id of its own, says the Open Inference Protocol's routes' errors as that protocol
+    writes them (oip.OipErrors), and, with an API key, says which operations need it (all
+    but the probes), so that /docs' Authorize button and generated clients send it."""
     plain = app.openapi
 
     def openapi() -> dict:

@@ -10,7 +10,7 @@ clean exit.
   first byte: the connection is closed), for its body once the headers are in (408, then
   closed), and for an idle keep-alive connection (uvicorn's, closed).
 - Each connection closed for one of these is counted by why, in
-  ``distilserve_connections_closed_total{reason}`` (REASONS), through the metrics the
+  ``distilserve_connections_closed_total{reason}`` (metrics.CLOSED), through the metrics the
   app's lifespan puts in its state (METRICS).
 
 A request's handler learns that its client went away (to drop its queued inputs) from the
@@ -43,9 +43,6 @@ from server.settings import Settings
 
 DISCONNECT = "distilserve.disconnect"  # scope["extensions"] key of a request's ClientWatch
 METRICS = "distilserve.metrics"  # the lifespan state's key of the app's Metrics
-# why a connection was closed by the service: distilserve_connections_closed_total's reasons
-REASONS = ("over_capacity", "client_over_capacity", "header_timeout", "body_timeout",
-           "keep_alive_timeout")
 RETRY_AFTER_S = 1  # what a connection refused for a cap is told
 
 

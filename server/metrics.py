@@ -29,6 +29,10 @@ from prometheus_client.samples import Sample
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+# why the service closes a connection (server/connections.py): past a cap when accepted,
+# or a deadline passed
+CLOSED = ("over_capacity", "client_over_capacity", "header_timeout", "body_timeout",
+          "keep_alive_timeout")
 VERSION = "1"  # each model's one version, as Triton's statistics and series name it
 # the ASGI scope's key for when the request arrived (time.perf_counter(), set by the app's
 # outermost middleware)
@@ -112,6 +116,8 @@ class Metrics:
             "distilserve_connections_closed", "connections the service closed, by why: past "
             "a cap when accepted (over_capacity, client_over_capacity), or a deadline passed "
             "(header_timeout, body_timeout, keep_alive_timeout)", ["reason"], registry=r)
+        for reason in CLOSED:  # each series there from the start, at 0
+            self.connections_closed.labels(reason)
         self._per_request: dict[tuple[str, int], tuple] = {}
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
