@@ -85,6 +85,7 @@ class OipErrors:
         if scope["type"] != "http" or not protocols(scope["path"]):
             return await self.app(scope, receive, send)
         held: dict | None = None  # an error's start, sent with its reshaped body
+        chunks: list[bytes] = []
 
         async def reshaping(message):
             nonlocal held
@@ -93,10 +94,14 @@ class OipErrors:
                 return
             if held is None:
                 return await send(message)
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
             headers = [(k, v) for k, v in held["headers"]
                        if k.lower() not in (b"content-length", b"content-encoding")]
             encoded = dict(held["headers"]).get(b"content-encoding") == b"gzip"
-            body = reshaped(gzip.decompress(message["body"]) if encoded else message["body"])
+            whole = b"".join(chunks)
+            body = reshaped(gzip.decompress(whole) if encoded else whole)
             await send({**held, "headers": [*headers, (b"content-length",
                                                        str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})
