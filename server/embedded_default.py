@@ -166,7 +166,13 @@ def _build_default(cache_dir: Path, folder: Path,
     staging.mkdir()
 
     def leave_nothing() -> None:
-        shutil.rmtree(staging, ignore_errors=True)
+        """The half-built folder removed; again where the build's thread, abandoned but
+        still running, wrote into it meanwhile."""
+        for _ in range(100):
+            shutil.rmtree(staging, ignore_errors=True)
+            if not staging.exists():
+                return
+            time.sleep(0.02)
 
     # a build stopped at a step (BuildCancelled) or failed, or a process that exits while
     # its build thread is abandoned (server.engine.on_daemon_thread), leaves nothing

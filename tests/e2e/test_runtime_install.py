@@ -28,8 +28,10 @@ WITHOUT_DEV = (f"import sys; sys.modules.update(dict.fromkeys({DEV!r})); "
 
 def commands(target: str) -> str:
     """What ``make TARGET`` runs on a fresh clone (``-B``: as if nothing were installed)."""
-    return subprocess.run(["make", "-n", "-B", target], cwd=ROOT, capture_output=True,
-                          text=True, check=True).stdout
+    quiet = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL",
+                                                                "MFLAGS")}  # (under make)
+    return subprocess.run(["make", "--no-print-directory", "-n", "-B", target], cwd=ROOT,
+                          capture_output=True, text=True, check=True, env=quiet).stdout
 
 
 def test_make_serve_and_the_image_install_the_runtime_and_make_test_the_dev_extras():
