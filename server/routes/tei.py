@@ -301,7 +301,7 @@ async def root(body: dict, request: Request):
              response_model_exclude_none=True, responses=errors.INFERENCE,
              openapi_extra={"requestBody": {"required": True, **ROOT_DOCUMENTED["requestBody"]}})
 async def inference_api(model_name: str, request: Request):
-    """The Hugging Face Inference API for the model ``name`` (huggingface_hub's
+    """The Hugging Face Inference API for the model ``model_name`` (huggingface_hub's
     ``InferenceClient(model="http://HOST/models/NAME")``), whatever else is served: the
     body and answer of the task it does (feature extraction or sentence similarity, text
     classification, token classification, fill-mask, question answering; zero-shot
