@@ -1,8 +1,8 @@
 """Real English prose available offline: the docstrings of the Python standard library
 and of installed packages, split into sentences, filtered, deduplicated, shuffled with a
 seed, with a held-out part (chosen by a hash of the sentence, so it never depends on what
-else was found) that is never trained on. Reading them takes a while: it says how far along it is, and
-keeps what it found in a cache file for the next time."""
+else was found) that is never trained on. Reading them takes a while: it says how far
+along it is, and keeps what it found in a cache file for the next time."""
 
 from __future__ import annotations
 
