@@ -133,10 +133,14 @@ class Service:
             await put_in_place(self, engine)
             freeze_long_lived(thaw=True)
 
-    def aliases(self) -> dict[str, str]:
-        """alias -> the served model it names (aliases), of the models served now."""
+    def names(self) -> tuple[dict[str, str], list[str]]:
+        """(alias -> the served model it names, what is wrong with the names: aliases), of
+        the models served now."""
         return aliases(self.settings.aliases(), {name: engine.manifest.aliases
-                                                 for name, engine in self.engines.items()})[0]
+                                                 for name, engine in self.engines.items()})
+
+    def aliases(self) -> dict[str, str]:
+        return self.names()[0]
 
     def said(self, why: str) -> str:
         """``why`` as clients may read it: without the repository's path (the model's
@@ -357,8 +361,7 @@ async def load_models(service: Service, folders: list[Path], open_folder) -> Non
         announce(engine, "serving")
     if (nothing := service.nothing_to_serve()) is not None:
         log.error("serving nothing, not ready: %s (%s)", nothing, service.repository)
-    for wrong in aliases(service.settings.aliases(), {
-            name: engine.manifest.aliases for name, engine in service.engines.items()})[1]:
+    for wrong in service.names()[1]:
         log.error("%s: that name answers for no model", wrong)
     freeze_long_lived()
     service.status = "ready"

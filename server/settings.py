@@ -12,6 +12,18 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from models.runtime.cores import available_cores
 
 
+def _alias_pairs(text: str) -> list[tuple[str, str]]:
+    """``alias=folder,...`` as (alias, folder) pairs; a ValueError naming a pair that is
+    not one."""
+    pairs = []
+    for pair in (p for p in text.split(",") if p.strip()):
+        alias, equals, folder = pair.partition("=")
+        if not equals or not alias.strip() or not folder.strip():
+            raise ValueError(f"{pair.strip()!r} is not alias=folder")
+        pairs.append((alias.strip(), folder.strip()))
+    return pairs
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DISTILSERVE_", protected_namespaces=())
 
@@ -189,16 +201,12 @@ class Settings(BaseSettings):
 
     def aliases(self) -> dict[str, str]:
         """DISTILSERVE_MODEL_ALIASES: alias -> folder."""
-        pairs = (p.partition("=") for p in self.model_aliases.split(",") if p.strip())
-        return {alias.strip(): folder.strip() for alias, _, folder in pairs}
+        return dict(_alias_pairs(self.model_aliases))
 
     @field_validator("model_aliases")
     @classmethod
     def _aliases(cls, value: str) -> str:
-        for pair in (p for p in value.split(",") if p.strip()):
-            alias, equals, folder = pair.partition("=")
-            if not equals or not alias.strip() or not folder.strip():
-                raise ValueError(f"{pair.strip()!r} is not alias=folder")
+        _alias_pairs(value)
         return value
 
     def cors_origins(self) -> list[str]:
