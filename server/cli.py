@@ -168,6 +168,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         require("--grpc-port")
     if settings.otlp_endpoint:
         require("DISTILSERVE_OTLP_ENDPOINT")
+    if settings.token_ids != "model":
+        require("DISTILSERVE_TOKEN_IDS")
     repository = settings.model_repository
     if repository is not None and not repository.is_dir():
         raise Refused(f"model repository {repository} is not a folder")
@@ -276,7 +278,8 @@ EXTRAS = {"--grpc-port": ("grpc", ("grpc_health", "grpc_reflection", "grpc_tools
                                    "tritonclient.grpc")),
           "distilserve ray": ("ray", ("ray.serve",)),
           "DISTILSERVE_OTLP_ENDPOINT": ("otlp", ("opentelemetry.sdk.trace",
-                                                 "opentelemetry.exporter.otlp.proto.http"))}
+                                                 "opentelemetry.exporter.otlp.proto.http")),
+          "DISTILSERVE_TOKEN_IDS": ("token-ids", ("bpe_openai",))}
 
 
 def require(feature: str) -> None:

@@ -50,6 +50,7 @@ from server.batching import (
 )
 from server.metrics import Metrics
 from server.settings import Settings
+from server.vocabularies import Foreign
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -216,6 +217,15 @@ class Engine:
         self.multi_label = manifest.multi_label  # a classifier's labels are independent
         # an embedding model's prompts by name, and the one put before unprompted inputs
         self.prompts: dict[str, str] = manifest.prompts
+        # an embedding model's token-id inputs to /v1/embeddings in another vocabulary than
+        # its own (server.vocabularies), read back into text; None: in its own
+        vocabulary = manifest.token_ids or settings.token_ids
+        self.foreign = None
+        if self.task == "embed" and vocabulary != "model":
+            try:
+                self.foreign = Foreign(vocabulary)
+            except ImportError as e:
+                raise ModelLoadError(f"{folder}: {e}") from None
         # the service pools an embedding model's token vectors (export --token-embeddings)
         self.pools = manifest.pooling if manifest.token_embeddings else None
         # [T, X] an input: NER's labels, QA's start and end, token vectors to pool (not
@@ -358,6 +368,8 @@ class Engine:
                 info[key] = getattr(self.manifest, key)
         if self.pools:
             info["token_embeddings"] = True
+        if self.foreign is not None:
+            info["token_ids"] = self.foreign.name
         if self.prompts:
             info["prompts"] = self.prompts
             info["default_prompt_name"] = self.manifest.default_prompt_name

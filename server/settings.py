@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     model_aliases: str = Field("", description="names models answer to besides their "
                                "folders', as alias=folder, comma-separated (e.g. "
                                "text-embedding-3-small=all-minilm-l6-v2)")
+    token_ids: Literal["model", "cl100k_base", "o200k_base"] = Field(
+        "model", description="the vocabulary of token-id inputs to /v1/embeddings: the "
+        "model's own, or OpenAI's (cl100k_base, o200k_base: read back into text and embedded "
+        "as it, for clients that tokenise with tiktoken, as LangChain's OpenAIEmbeddings "
+        "does by default); a model's manifest may name its own")
 
     # connections
     header_timeout: float = Field(10.0, gt=0, description="seconds a client has to send a "

@@ -74,10 +74,10 @@ class Manifest(BaseModel):
     # an embedding model whose artifact gives the token vectors [B, T, D] (export
     # --token-embeddings): the service pools them as ``pooling`` says
     token_embeddings: bool = False
-    # embedding models: texts put before an input by name (sentence-transformers' prompts),
-    # the default one before every input that names none
     # names the model answers to besides its folder's (export --alias)
     aliases: list[str] = []
+    # embedding models: texts put before an input by name (sentence-transformers' prompts),
+    # the default one before every input that names none
     prompts: dict[str, str] = {}
     default_prompt_name: str | None = None
     dimensions: int | None = Field(None, gt=0)  # embedding models: the width
@@ -85,6 +85,8 @@ class Manifest(BaseModel):
     num_iterations: int | None = Field(None, gt=0)  # a kept loop's trip count
     device: str | None = None  # run here, over DISTILSERVE_DEVICE
     dtype: str | None = None  # in this dtype, over DISTILSERVE_DTYPE
+    # embedding models: the vocabulary of token-id inputs, over DISTILSERVE_TOKEN_IDS
+    token_ids: Literal["model", "cl100k_base", "o200k_base"] | None = None
     # how the export went: parity, fp16/bf16 against fp32, int8 agreement
     parity: dict[str, Any] | None = None
     dtypes: dict[str, dict[str, Any]] | None = None

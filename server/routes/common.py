@@ -8,10 +8,11 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import numpy as np
 import orjson
 from fastapi import Request, Response
 
-from server import tracing
+from server import postprocess, tracing
 from server.connections import DISCONNECT
 from server.engine import (
     Engine,
@@ -221,6 +222,21 @@ def check_token_ids(engine: Engine, texts: list) -> None:
                                f"{engine.vocab_size - 1})")
 
 
+def read_foreign(engine: Engine, texts: list) -> list:
+    """The inputs, those that are token ids read back into text where the model takes ids
+    in another vocabulary than its own (Engine.foreign); a 422 naming the first id that
+    vocabulary has not."""
+    vocabulary = engine.foreign
+    if vocabulary is None:
+        return texts
+    for i, ids in enumerate(texts):
+        if isinstance(ids, list) and (bad := vocabulary.outside(ids)) is not None:
+            raise ApiError(422, "invalid_request", f"input {i}: token id {bad} is not in "
+                           f"{vocabulary.name} (0 to {vocabulary.size - 1}), the vocabulary "
+                           f"model {engine.name!r} reads token ids in")
+    return [vocabulary.text(t) if isinstance(t, list) else t for t in texts]
+
+
 def with_prompt(engine: Engine, texts: list, name: str | None) -> list:
     """The texts behind the model's prompt ``name`` (sentence-transformers' prompts, TEI's
     prompt_name), or behind its default prompt where ``name`` is None; token ids as they
@@ -364,3 +380,32 @@ def timing(request: Request, result: Result) -> dict[str, str]:
 
 def usage(result: Result) -> dict:
     return {"prompt_tokens": result.tokens, "total_tokens": result.tokens}
+
+
+async def embedded(request: Request, model: str | None, texts: list,
+                   dimensions: int | None = None, prompt_name: str | None = None,
+                   truncation: str | None = "right", normalize: bool = True,
+                   named: Callable[[int], str] = numbered,
+                   foreign_ids: bool = False) -> tuple[Engine, np.ndarray, Result]:
+    """The embedding model (``model``, or the only one), the inputs' embeddings [N, D] (the
+    first ``dimensions`` components, then unit length if ``normalize``) and the run; for
+    every protocol's embedding routes. ``texts``: texts or token
+    ids, behind the prompt ``prompt_name`` (None: the model's default prompt); ``named``:
+    as infer's; ``foreign_ids``: token ids in the vocabulary the model reads them in
+    (DISTILSERVE_TOKEN_IDS), else its own."""
+    engine = choose(request, model, "embed")
+    if foreign_ids:
+        texts = read_foreign(engine, texts)
+    check_limits(request, texts, named=named)
+    check_embedding_request(engine, texts, dimensions)
+    check_answer_size(engine, len(texts), dimensions or engine.dimensions or 1)
+    result = await infer(request, engine, with_prompt(engine, texts, prompt_name), truncation,
+                         named=named)
+    if normalize and dimensions is None and result.postprocessed is not None:
+        return engine, np.asarray(result.postprocessed), result  # [N, D], by their batch
+    vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)  # [N, D]
+    if dimensions is not None:  # [N, dimensions], its rows one after another (orjson's)
+        vectors = np.ascontiguousarray(vectors[:, :dimensions])
+    if normalize:
+        vectors = postprocess.normalize(vectors)
+    return engine, vectors, result

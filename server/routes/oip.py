@@ -48,8 +48,7 @@ from server.engine import Engine, Result
 from server.errors import ApiError
 from server.metrics import VERSION
 from server.routes import classify, health
-from server.routes.common import reply, served, service, timing
-from server.routes.embed import embedded
+from server.routes.common import embedded, reply, served, service, timing
 from server.routes.fill_mask import filled
 from server.routes.ner import recognised
 from server.routes.qa import answered

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import get_args
 
 import numpy as np
 from fastapi import APIRouter, Request
-from pydantic import TypeAdapter, ValidationError
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from server import errors, postprocess
-from server.engine import Result
+from server.engine import Engine, Result
 from server.routes import rerank as v1
 from server.routes.classify import classified, zero_shot
 from server.routes.common import (
@@ -31,13 +32,13 @@ from server.routes.common import (
     choose_entailing,
     choose_giving,
     choose_root,
+    embedded,
     infer,
     reply,
     served,
     service,
     with_prompt,
 )
-from server.routes.embed import embedded
 from server.routes.fill_mask import filled
 from server.routes.ner import recognised
 from server.routes.qa import answered
@@ -198,6 +199,45 @@ ROOT_BODIES = {"embed": TypeAdapter(TeiRootRequest), "classify": TypeAdapter(Tei
                "qa": TypeAdapter(HfQaRequest), "fill-mask": TypeAdapter(HfFillMaskRequest)}
 
 
+# what each of ROOT_BODIES does, as the Hugging Face Inference API names it, and the names
+# its ``parameters`` may hold
+TASKS = {"embed": "feature extraction", "classify": "text classification",
+         "rerank": "text ranking", "zero_shot": "zero-shot classification",
+         "ner": "token classification", "qa": "question answering", "fill-mask": "fill-mask"}
+
+
+def _parameter_names(*bodies: type[BaseModel]) -> frozenset[str]:
+    names = set()
+    for body in bodies:
+        field = body.model_fields.get("parameters")
+        for model in (get_args(field.annotation) or (field.annotation,)) if field else ():
+            names |= set(getattr(model, "model_fields", ()))
+    return frozenset(names)
+
+
+PARAMETERS = {kind: _parameter_names(*bodies) for kind, bodies in {
+    "embed": (EmbedRequest, TeiSimilarityRequest), "classify": (TeiPredictRequest,),
+    "rerank": (TeiRerankRequest,), "zero_shot": (HfZeroShotRequest,),
+    "ner": (HfTokenRequest,), "qa": (HfQaRequest,), "fill-mask": (HfFillMaskRequest,)}.items()}
+
+
+def _check_parameters(request: Request, engine: Engine, kind: str, body: dict) -> None:
+    """A 400 for ``parameters`` that the body of ``kind`` (``engine``'s) has not: another
+    task's, sent where this model answers; it names the URLs of the served models whose
+    task takes them (/models/NAME)."""
+    parameters = body.get("parameters")
+    foreign = sorted(set(parameters) - PARAMETERS[kind]) if isinstance(parameters, dict) else []
+    if not foreign:
+        return
+    takers = [f"/models/{other.name}" for other in service(request).engines.values()
+              if any(set(foreign) <= PARAMETERS[k] for k in (other.task, "zero_shot")
+                     if k != "zero_shot" or other.entailment is not None)]
+    raise errors.ApiError(400, "invalid_request", f"parameters {', '.join(foreign)} are not "
+                          f"{TASKS[kind]}'s, which model {engine.name!r} does here; "
+                          + (f"post them to {' or '.join(takers)}" if takers else
+                             "no served model's task takes them"))
+
+
 def parse_root(body: dict, request: Request):
     """POST /'s body, as the route doing what its model does takes it: the model named in
     ``model``, else the only one, else the one embedding model; an embedding model's body
@@ -213,6 +253,7 @@ def parse_root(body: dict, request: Request):
     else:
         engine = choose_root(request, name)
         kind = _kind(engine, body)
+        _check_parameters(request, engine, kind, body)
     return _parsed(kind, {"model": engine.name, **body})
 
 
@@ -320,6 +361,7 @@ async def inference_api(model_name: str, request: Request):
         choose_entailing(request, engine.name)  # an NLI model, or a 400 saying so
     else:
         kind = _kind(engine, body)
+        _check_parameters(request, engine, kind, body)
     parsed = _parsed(kind, {**body, "model": engine.name})
     answer, result = await ANSWERS[type(parsed)](parsed, request)
     if isinstance(parsed, TeiPredictRequest) and not parsed.batch:

@@ -1,5 +1,6 @@
-"""Cohere's Python client, as its users set it up (``cohere.ClientV2(base_url=...)``):
-embed in every type and rerank, against the /v1 routes' answers."""
+"""Cohere's Python client, as its users set it up (``cohere.ClientV2(base_url=...)`` and
+v1's ``cohere.Client(base_url=...)``): embed in every type and rerank, against the /v1
+routes' answers."""
 
 from __future__ import annotations
 
@@ -66,3 +67,27 @@ def test_errors_are_the_services(url):
         client.embed(model="nope", texts=TEXTS, input_type="search_document")
     with pytest.raises(cohere.errors.UnprocessableEntityError):
         client.embed(model="embed", texts=[], input_type="search_document")
+
+
+def test_v1_client_embeds_and_reranks(url):
+    client = cohere.Client(base_url=url, api_key="unused")
+    native = np.array(httpx.post(url + "/v1/embed", json={
+        "model": "embed", "inputs": TEXTS}).json()["embeddings"], dtype=np.float32)
+    floats = client.embed(model="embed", texts=TEXTS)
+    assert floats.response_type == "embeddings_floats" and floats.texts == TEXTS
+    np.testing.assert_allclose(floats.embeddings, native, atol=1e-6)
+    typed = client.embed(model="embed", texts=TEXTS, input_type="search_query",
+                         embedding_types=["float", "int8"], truncate="END")
+    assert typed.response_type == "embeddings_by_type"
+    np.testing.assert_allclose(typed.embeddings.float_, native, atol=1e-6)
+    assert np.array_equal(typed.embeddings.int8, np.round(native * 127).astype(int))
+    assert typed.meta.billed_units.input_tokens > 0
+    ranked = client.rerank(model="cross", query="Where is the Eiffel Tower?", documents=TEXTS)
+    assert sorted(r.index for r in ranked.results) == [0, 1]
+    with pytest.raises(cohere.core.ApiError, match="text 0 has 30000 characters") as e:
+        client.embed(model="embed", texts=["x" * 30_000])
+    assert e.value.status_code == 413
+    with pytest.raises(cohere.errors.UnprocessableEntityError, match="input_type"):
+        client.embed(model="embed", texts=TEXTS, input_type="poetry")
+    with pytest.raises(cohere.errors.NotFoundError):
+        client.embed(model="nope", texts=TEXTS)

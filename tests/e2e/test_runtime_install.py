@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # is needed to serve
 DEV = ("pytest", "locust", "openai", "kubernetes_validate", "schemathesis", "ray",
        "tritonclient", "grpc", "grpc_tools", "grpc_health", "grpc_reflection",
-       "opentelemetry.sdk", "opentelemetry.exporter")
+       "opentelemetry.sdk", "opentelemetry.exporter", "langchain_openai", "tiktoken",
+       "llama_index", "cohere", "bpe_openai")
 WITHOUT_DEV = (f"import sys; sys.modules.update(dict.fromkeys({DEV!r})); "
                "from server.cli import main; sys.exit(main(sys.argv[1:]))")
 
@@ -74,6 +75,8 @@ def test_the_service_serves_with_the_dev_extras_unimportable(tiny_checkpoints, t
     (["ray"], {}, "distilserve ray needs the ray extra"),
     (["serve"], {"DISTILSERVE_OTLP_ENDPOINT": "http://127.0.0.1:4318"},
      "DISTILSERVE_OTLP_ENDPOINT needs the otlp extra"),
+    (["serve"], {"DISTILSERVE_TOKEN_IDS": "cl100k_base"},
+     "DISTILSERVE_TOKEN_IDS needs the token-ids extra"),
 ])
 def test_an_optional_feature_without_its_extra_is_refused_naming_it(argv, env, extra,
                                                                      tmp_path):
