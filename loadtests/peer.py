@@ -26,11 +26,11 @@ import httpx
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
+from distilserve.models import samples
 from loadtests import lightload
 from loadtests.emulated_gpu import EmulatedGpu
 from loadtests.profile import Profile, py_spy
 from loadtests.run import HERE, InProcess, free_port, start_server, wait_until_ready
-from models import samples
 
 PHASES = [("1 client x 1 sentence", 1, 1), ("32 clients x 1", 32, 1),
           ("128 clients x 1", 128, 1), ("512 clients x 1", 512, 1),
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {inproc}", flush=True)
     port = free_port()
     server = start_server(args.model_repository, port, args.out / "service.log",
-                          module="loadtests.emulated_gpu" if args.emulate_gpu else "server.cli")
+                          module="loadtests.emulated_gpu" if args.emulate_gpu else "distilserve.server.cli")
     url = f"http://127.0.0.1:{port}"
     try:
         described = next(m for m in httpx.get(url + "/v1/models").json()["data"]

@@ -25,8 +25,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from distilserve.models import samples
 from loadtests import lightload
-from models import samples
 
 HERE = Path(__file__).parent
 
@@ -76,14 +76,14 @@ def repository_or_default(repository: Path | None) -> Path:
     """``repository``, or the embedded default's (built first if it is not yet)."""
     if repository is not None:
         return repository
-    from server.embedded_default import ensure_default_repository
-    from server.settings import Settings
+    from distilserve.server.embedded_default import ensure_default_repository
+    from distilserve.server.settings import Settings
 
     return ensure_default_repository(Settings().cache_dir)
 
 
 def start_server(repository: Path, port: int, log: Path, env: dict | None = None,
-                 module: str = "server.cli") -> subprocess.Popen:
+                 module: str = "distilserve.server.cli") -> subprocess.Popen:
     """``distilserve serve`` on 127.0.0.1:``port`` (output to ``log``, extra variables in
     ``env``; ``module``: another command line that takes ``serve``, e.g.
     loadtests.emulated_gpu), returned once /ready answers 200 and every worker
@@ -98,7 +98,7 @@ def start_server(repository: Path, port: int, log: Path, env: dict | None = None
         wait_until_ready(f"http://127.0.0.1:{port}", lambda: process.poll() is None,
                          f"the service (log: {log})")
         # the first worker answers /ready; each other takes connections once it has loaded
-        # its models (server.app.app_from_environment) and says so, as uvicorn does
+        # its models (distilserve.server.app.app_from_environment) and says so, as uvicorn does
         while log.read_text().count("Application startup complete") < workers:
             if process.poll() is not None:
                 raise RuntimeError(f"the service stopped before its workers started (log: "
@@ -120,10 +120,10 @@ class InProcess:
     def __init__(self, folder: Path, batch: int = 32, backend=None):
         from tokenizers import Tokenizer
 
-        from models.io.manifest import Manifest
-        from server.batching import warmup_shapes
-        from server.engine import open_runtime
-        from server.settings import Settings
+        from distilserve.models.io.manifest import Manifest
+        from distilserve.server.batching import warmup_shapes
+        from distilserve.server.engine import open_runtime
+        from distilserve.server.settings import Settings
 
         manifest = Manifest.read(folder)
         settings = Settings()  # the service's, from the DISTILSERVE_* variables
@@ -140,8 +140,8 @@ class InProcess:
         self.encode(samples.SENTENCES[:32])
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        from server.batching import pad
-        from server.postprocess import normalize
+        from distilserve.server.batching import pad
+        from distilserve.server.postprocess import normalize
 
         return normalize(self.backend.run(pad(self.tokenizer.encode_batch(texts))))
 

@@ -24,8 +24,8 @@ import httpx
 import numpy as np
 import psutil
 
+from distilserve.models import samples
 from loadtests.run import HERE, free_port, repository_or_default, start_server
-from models import samples
 
 
 def payloads(models: list[dict]) -> list[tuple[str, str, dict | None]]:

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import httpx
 
+from distilserve.models import samples
 from loadtests import lightload
 from loadtests.run import free_port, repository_or_default, start_server
-from models import samples
 
 SOURCE = "127.0.0.2"  # the stalling client's address
 # each kind of stalled connection: what it sends, and the deadline that closes it

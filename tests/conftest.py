@@ -18,13 +18,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("DISTILSERVE_DTYPE", "fp32")
 torch.set_num_threads(2)
 
+from distilserve.models import families  # noqa: E402
+from distilserve.models.io import checkpoint  # noqa: E402
 from loadtests.run import (  # noqa: E402, F401 (tests' too)
     free_port,
     unallocated_port,
     wait_until_ready,
 )
-from models import families  # noqa: E402
-from models.io import checkpoint  # noqa: E402
 
 FAMILIES = families.FAMILIES
 TASKS = ("embed", "classify", "ner")
@@ -48,7 +48,7 @@ def oip_repository(tiny_checkpoints, tmp_path_factory):
     """A repository for the Open Inference Protocol's tests (HTTP and gRPC), read only: a
     tiny BERT of each of embed, classify and ner in ONNX, and a broken folder (no
     manifest: not served, and said so)."""
-    from models import export
+    from distilserve.models import export
 
     repo = tmp_path_factory.mktemp("oip")
     for task in ("embed", "classify", "ner"):
@@ -119,9 +119,9 @@ def transformers_pipeline(task: str, folder, family: str):
 def running_server(repository, until: str = "/ready", **settings):
     """A real uvicorn server on 127.0.0.1 and a free port, in a thread; yields its URL
     once ``until`` (/ready) answers 200, and stops it afterwards."""
-    from server.app import create_app
-    from server.connections import Config, Server
-    from server.settings import Settings
+    from distilserve.server.app import create_app
+    from distilserve.server.connections import Config, Server
+    from distilserve.server.settings import Settings
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

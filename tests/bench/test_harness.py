@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from bench import harness
-from server.cli import main
+from distilserve.bench import harness
+from distilserve.server.cli import main
 
 
 def test_fastest_times_each_run_to_its_sync_and_leaves_the_warm_up_out():
@@ -65,7 +65,7 @@ def _gpu_row(dtype: str, gemm: float, achieved: float) -> dict:
 def test_counted_flops_include_attention(family):
     """Attention's matmuls grow with the square of the length, the rest linearly: doubling
     the length more than doubles the count (the CPU's fused attention had counted 0)."""
-    from models.io import checkpoint
+    from distilserve.models.io import checkpoint
 
     model = checkpoint.new(family, "tiny").model.eval()
     assert harness.flops_per_sentence(model, 32) > 2 * harness.flops_per_sentence(model, 16)
@@ -81,7 +81,7 @@ def test_a_resumed_run_rescores_its_own_dtype_only():
 
 
 def test_a_gpu_report_names_each_dtypes_gemm_rate():
-    from bench import report
+    from distilserve.bench import report
 
     rows = [_gpu_row("fp32", 52_000, 44_000), _gpu_row("fp16", 760_000, 280_000)]
     line = report._machine(rows, {"fp16": 760_000e9}, {"torch fp16 square 8192": 760_000e9},

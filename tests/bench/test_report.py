@@ -1,5 +1,5 @@
 """The report's charts where the measuring machine has no matplotlib (the lent GPU's):
-REPORT.md is written, and ``python -m bench.report`` draws the charts from results.json."""
+REPORT.md is written, and ``python -m distilserve.bench.report`` draws the charts from results.json."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from bench import report
+from distilserve.bench import report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 CHARTS = ("throughput.png", "memory.png", "params.png", "fidelity.png")
@@ -25,7 +25,7 @@ def test_without_matplotlib_the_report_is_written_and_the_charts_drawn_later(
     report.write(tmp_path, results, {"fp32": 100e9}, {}, {"torch": "2.13.0"})
     assert "| BERT-base vs DistilBERT (speed) | 0.50 |" in (tmp_path / "REPORT.md").read_text()
     assert not any((tmp_path / chart).exists() for chart in CHARTS)
-    assert f"`python -m bench.report {tmp_path}` draws them" in capsys.readouterr().err
+    assert f"`python -m distilserve.bench.report {tmp_path}` draws them" in capsys.readouterr().err
 
     monkeypatch.undo()  # matplotlib back, as on the machine the results are brought to
     (tmp_path / "results.json").write_text(json.dumps({"results": results}))
@@ -36,7 +36,7 @@ def test_without_matplotlib_the_report_is_written_and_the_charts_drawn_later(
 
 def test_drawing_needs_a_folder_with_results(tmp_path, capsys):
     assert report.main([str(tmp_path)]) == 2
-    assert "usage: python -m bench.report FOLDER" in capsys.readouterr().err
+    assert "usage: python -m distilserve.bench.report FOLDER" in capsys.readouterr().err
 
 
 def test_no_charts_where_no_row_was_measured(tmp_path, capsys):

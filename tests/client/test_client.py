@@ -7,7 +7,7 @@ import httpx
 import numpy as np
 import pytest
 
-from client import (
+from distilserve.client import (
     AsyncDistilServeClient,
     BadRequest,
     DistilServeClient,
@@ -15,8 +15,8 @@ from client import (
     Overloaded,
     Unauthorized,
 )
-from models import export
-from models.io import checkpoint
+from distilserve.models import export
+from distilserve.models.io import checkpoint
 from tests.conftest import running_server
 
 

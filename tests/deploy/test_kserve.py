@@ -10,8 +10,8 @@ from pathlib import Path
 import kubernetes_validate
 import yaml
 
-from server.app import create_app
-from server.settings import Settings
+from distilserve.server.app import create_app
+from distilserve.server.settings import Settings
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "kserve" / "inferenceservice.yaml"
 VERSION = "1.37.0"

@@ -11,7 +11,7 @@ from pathlib import Path
 import kubernetes_validate
 import yaml
 
-from server.ray_serve import GRPC_SERVICERS, BuildArgs
+from distilserve.server.ray_serve import GRPC_SERVICERS, BuildArgs
 
 MANIFEST = Path(__file__).resolve().parents[2] / "deploy" / "ray" / "rayservice.yaml"
 VERSION = "1.37.0"

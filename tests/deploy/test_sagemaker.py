@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from models import export
+from distilserve.models import export
 from tests.conftest import free_port, wait_until_ready
 
 SERVE = Path(__file__).resolve().parents[2] / "deploy" / "sagemaker" / "serve"

@@ -7,7 +7,7 @@ import httpx
 import numpy as np
 import openai
 
-from models import export
+from distilserve.models import export
 from tests.conftest import running_server
 
 

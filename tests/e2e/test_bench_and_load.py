@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from distilserve.models import export
+from distilserve.server.cli import main
+from distilserve.server.engine import load_engine
+from distilserve.server.metrics import Metrics
+from distilserve.server.settings import Settings
 from loadtests import grpc_vs_http
 from loadtests import run as loadrun
-from models import export
-from server.cli import main
-from server.engine import load_engine
-from server.metrics import Metrics
-from server.settings import Settings
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -180,12 +180,12 @@ def test_profile_summary_per_thread():
     process's threads are told apart by their process, the command lines' ; and " aside."""
     from loadtests.profile import summarise
 
-    parent = 'process 10:"python -m server.cli serve"'
+    parent = 'process 10:"python -m distilserve.server.cli serve"'
     worker = 'process 11:"python -c from multiprocessing.spawn import spawn_main; spawn_main()"'
     lines = [f"{parent};{worker};thread (11): MainThread;run (asyncio/runners.py:118) 150",
              f"{parent};{worker};thread (11): MainThread;run (asyncio/runners.py:118);"
              "send (uvicorn/protocols/http/httptools_impl.py:12) 50",
-             f"{parent};{worker};thread (12): infer-m;launch (models/runtime/onnx.py:40) 100",
+             f"{parent};{worker};thread (12): infer-m;launch (distilserve/models/runtime/onnx.py:40) 100",
              f"{parent};thread (10): MainThread;wait (threading.py:300) 10"]
     threads = summarise(lines, seconds=2.0, rate=100)
     assert [t["thread"] for t in threads] == ["MainThread (process 11)", "infer-m (process 11)",

@@ -11,8 +11,8 @@ import httpx
 import numpy as np
 import pytest
 
-from models import export
-from models.io import checkpoint
+from distilserve.models import export
+from distilserve.models.io import checkpoint
 from tests.conftest import running_server
 
 TEXTS = ["The Eiffel Tower stands in Paris.", "Bananas are rich in potassium."]

@@ -14,15 +14,15 @@ import httpx
 import numpy as np
 import pytest
 
-from models import samples
-from server import embedded_default as default
+from distilserve.models import samples
+from distilserve.server import embedded_default as default
+from distilserve.training import handwritten
 from tests.conftest import free_port, running_server, wait_until_ready
-from training import handwritten
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Written by hand for this test; none of them comes from training/synthetic.py or is in
-# training/handwritten.py (the development set the build scores the models on).
+# Written by hand for this test; none of them comes from distilserve/training/synthetic.py or is in
+# distilserve/training/handwritten.py (the development set the build scores the models on).
 POSITIVE = ["I absolutely loved every minute of it.",
             "The waiter was friendly and the soup was delicious.",
             "Best holiday we have had in years!",
@@ -135,7 +135,7 @@ def test_a_start_on_the_built_default_says_where_it_listens_and_builds_nothing(b
     cache, _ = built
     port, log = free_port(), tmp_path / "serve.log"
     server = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--port", str(port)], cwd=ROOT,
+        [sys.executable, "-m", "distilserve.server.cli", "serve", "--port", str(port)], cwd=ROOT,
         env={**os.environ, "DISTILSERVE_CACHE_DIR": str(cache)}, stdout=log.open("w"),
         stderr=subprocess.STDOUT)
     try:

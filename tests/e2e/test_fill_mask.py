@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from models import export
-from models.io import checkpoint
+from distilserve.models import export
+from distilserve.models.io import checkpoint
 from tests.conftest import running_server, transformers_pipeline
 
 TEXTS = ["Paris is the [MASK] of France.", "The [MASK] sat on the [MASK] all day long."]
@@ -133,7 +133,7 @@ def test_answers_are_bounded_as_the_other_answers(url):
 
 
 def test_the_clients_fill_mask(url):
-    from client.api import AsyncDistilServeClient, DistilServeClient
+    from distilserve.client.api import AsyncDistilServeClient, DistilServeClient
 
     expected = fill(url, model="bert", inputs=TEXTS, top_k=2).json()["results"]
     with DistilServeClient(url) as client:

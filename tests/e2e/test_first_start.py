@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.embedded_default import VERSION
+from distilserve.server.embedded_default import VERSION
 from tests.conftest import free_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_port_opens_while_the_default_is_built(tmp_path):
     port, log = free_port(), tmp_path / "serve.log"
     env = {**os.environ, "DISTILSERVE_CACHE_DIR": str(tmp_path / "cache")}
-    server = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "distilserve.server.cli", "serve", "--port", str(port)],
                               cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
 
@@ -73,7 +73,7 @@ def test_a_port_in_use_is_one_line_before_anything_loads(tmp_path, which):
         ports = ["--port", str(port)] if which == "http" else [
             "--port", str(free_port()), "--grpc-port", str(port)]
         done = subprocess.run(
-            [sys.executable, "-m", "server.cli", "serve", *ports], cwd=ROOT,
+            [sys.executable, "-m", "distilserve.server.cli", "serve", *ports], cwd=ROOT,
             capture_output=True, text=True,
             env={**os.environ, "DISTILSERVE_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 2

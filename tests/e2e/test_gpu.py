@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from models import export, families
-from models.io import checkpoint, sentence_transformers
+from distilserve.models import export, families
+from distilserve.models.io import checkpoint, sentence_transformers
 from tests.conftest import FAMILIES, running_server
 
 pytestmark = [pytest.mark.gpu,
@@ -47,7 +47,7 @@ def test_onnx_models_are_served_on_the_gpu_by_default(tiny_checkpoints, tmp_path
     """`distilserve serve` of ONNX models (the embedded default's format) on a GPU machine:
     on the GPU, by ONNX Runtime with onnxruntime-gpu, else from each model's checkpoint
     traced with TorchScript; the CPU's embeddings either way."""
-    from models.runtime.onnx import has_cuda_provider
+    from distilserve.models.runtime.onnx import has_cuda_provider
 
     repo = tmp_path / "repo"
     for family in FAMILIES:

@@ -9,8 +9,8 @@ import huggingface_hub
 import numpy as np
 import pytest
 
-from models import export
-from models.io import checkpoint
+from distilserve.models import export
+from distilserve.models.io import checkpoint
 from tests.conftest import running_server
 
 TEXT = "Angela Merkel visited Paris with Volkswagen."

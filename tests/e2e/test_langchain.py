@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from langchain_openai import OpenAIEmbeddings
 
-from models import export
+from distilserve.models import export
 from tests.conftest import running_server
 
 TEXTS = ["The Eiffel Tower stands in Paris.", "naïve café, 🎉 and a long " + "word " * 400,

@@ -9,7 +9,7 @@ import openai
 import pytest
 from llama_index.embeddings.openai import OpenAIEmbedding
 
-from models import export
+from distilserve.models import export
 from tests.conftest import running_server
 
 TEXTS = ["The Eiffel Tower stands in Paris.", "Bananas are rich in potassium.", "x"]

@@ -14,8 +14,8 @@ import tritonclient.http as triton
 from pydantic import ValidationError
 from tritonclient.utils import InferenceServerException
 
-from models import export
-from server.settings import Settings
+from distilserve.models import export
+from distilserve.server.settings import Settings
 from tests.conftest import running_server, unallocated_port
 
 

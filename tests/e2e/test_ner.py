@@ -15,7 +15,7 @@ import huggingface_hub.utils
 import pytest
 from transformers import AutoTokenizer, pipeline
 
-from models import export
+from distilserve.models import export
 from tests.conftest import running_server
 
 MAX_LENGTH = 24  # windows of 22 tokens of text: the texts below are several

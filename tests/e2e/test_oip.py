@@ -1,4 +1,4 @@
-"""End to end: the Open Inference Protocol's routes (server/routes/oip.py) give what the
+"""End to end: the Open Inference Protocol's routes (distilserve/server/routes/oip.py) give what the
 /v1 routes give, as tensors, to tritonclient's HTTP client (binary tensor data, its
 default, and JSON) and to a plain JSON client as KServe's examples send it."""
 
@@ -159,7 +159,7 @@ def test_a_plain_json_request_as_kserves_examples_send_it(url):
 
 
 def test_the_fast_path_and_fastapi_answer_alike(url):
-    """A JSON body is the fast path's (server/routes/fast_path.py); one sent as
+    """A JSON body is the fast path's (distilserve/server/routes/fast_path.py); one sent as
     application/octet-stream, as binary tensor data may be, goes on to FastAPI's route."""
     body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}
     answers = []
@@ -318,7 +318,7 @@ def test_the_model_configuration_says_what_it_takes_and_gives(client):
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_a_compressed_request_is_answered_as_the_same_sent_plain(url, client, algorithm):
     """tritonclient's request_compression_algorithm (the body decompressed before the
-    routes: server/app.py's Decompress) and response_compression_algorithm (binary
+    routes: distilserve/server/app.py's Decompress) and response_compression_algorithm (binary
     tensors come back plain, JSON gzipped: DISTILSERVE_COMPRESS_MIN_BYTES)."""
     tensor = triton.InferInput("text", [2], "BYTES")
     tensor.set_data_from_numpy(np.array(TEXTS, dtype=object))

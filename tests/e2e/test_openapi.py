@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from models import export
-from models.io import checkpoint
+from distilserve.models import export
+from distilserve.models.io import checkpoint
 from tests.conftest import running_server
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")

@@ -10,8 +10,8 @@ import itertools
 import httpx
 import pytest
 
-from models import export
-from models.io import checkpoint
+from distilserve.models import export
+from distilserve.models.io import checkpoint
 from tests.conftest import running_server
 
 TEXTS = ["The cat sat on the mat.", "Dogs bark at night in the town of Springfield."]

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from models import export
-from models.io import checkpoint
+from distilserve.models import export
+from distilserve.models.io import checkpoint
 from tests.conftest import running_server, transformers_pipeline
 
 QUESTIONS = [("Where is the tower?", "The Eiffel Tower stands in Paris, France, since 1889."),

@@ -1,5 +1,5 @@
-"""server/ray_serve.py on a local Ray instance (127.0.0.1): the same answers as
-`distilserve serve`, over HTTP and over gRPC (server/ray_grpc.py), two replicas of a
+"""distilserve/server/ray_serve.py on a local Ray instance (127.0.0.1): the same answers as
+`distilserve serve`, over HTTP and over gRPC (distilserve/server/ray_grpc.py), two replicas of a
 model, and one of them killed under load."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import httpx
 import numpy as np
 import pytest
 
-from models import export
-from models.io import checkpoint
-from server.ray_serve import GRPC_SERVICERS, Scaling, application, init_local
-from server.settings import Settings
+from distilserve.models import export
+from distilserve.models.io import checkpoint
+from distilserve.server.ray_serve import GRPC_SERVICERS, Scaling, application, init_local
+from distilserve.server.settings import Settings
 from tests.conftest import running_server, unallocated_port, wait_for
 
 ray = pytest.importorskip("ray")
@@ -123,7 +123,7 @@ def test_ray_serve_answers_grpc_as_the_grpc_port_does(ray_serve, repository):
     import tritonclient.grpc as triton
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from server.routes.tei_grpc import pb, pb_grpc
+    from distilserve.server.routes.tei_grpc import pb, pb_grpc
 
     def texts(values):
         tensor = triton.InferInput("text", [len(values)], "BYTES")
@@ -182,7 +182,7 @@ def test_ray_serve_answers_grpc_as_the_grpc_port_does(ray_serve, repository):
     assert on_ray == direct
     assert direct["refused"][0] == "StatusCode.NOT_FOUND" and "x-total-time" in direct["timing"]
     assert direct["stream"]["1"][0] == 1 and "unknown model 'nope'" in direct["stream"]["error"]
-    # Ray Serve's gRPC proxy listens on the loopback interface alone (server/ray_hooks.py)
+    # Ray Serve's gRPC proxy listens on the loopback interface alone (distilserve/server/ray_hooks.py)
     grpc_port = int(ray_serve[1].rpartition(":")[2])
     listening = {c.laddr.ip for c in psutil.net_connections("tcp")
                  if c.status == psutil.CONN_LISTEN and c.laddr.port == grpc_port}

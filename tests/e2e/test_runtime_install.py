@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from models import export
+from distilserve.models import export
 from tests.conftest import free_port, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ DEV = ("pytest", "locust", "openai", "kubernetes_validate", "schemathesis", "ray
        "opentelemetry.sdk", "opentelemetry.exporter", "langchain_openai", "tiktoken",
        "llama_index", "cohere", "bpe_openai")
 WITHOUT_DEV = (f"import sys; sys.modules.update(dict.fromkeys({DEV!r})); "
-               "from server.cli import main; sys.exit(main(sys.argv[1:]))")
+               "from distilserve.server.cli import main; sys.exit(main(sys.argv[1:]))")
 
 
 def commands(target: str) -> str:

@@ -18,8 +18,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, pipeline
 
-from models import export, families
-from models.io import checkpoint, sentence_transformers
+from distilserve.models import export, families
+from distilserve.models.io import checkpoint, sentence_transformers
 from tests.conftest import FAMILIES, running_server, wait_for
 
 # (task, backend, loop) served for every family
@@ -375,7 +375,7 @@ def test_a_json_body_sent_as_another_content_type_is_told_to_send_json(url, cont
 
 
 def test_the_fast_path_answers_as_fastapi_does(url):
-    # the inference routes are answered by server/routes/fast_path.py: its errors are the
+    # the inference routes are answered by distilserve/server/routes/fast_path.py: its errors are the
     # documented ones, the same on every route
     for body, status in (({"inputs": 5}, 422), ({"model": "nope", "inputs": "x"}, 404),
                          ({"inputs": "x" * 2001}, 413)):

@@ -7,8 +7,8 @@ import threading
 
 import httpx
 
+from distilserve.models import export
 from loadtests.run import free_port, start_server
-from models import export
 from tests.conftest import wait_for
 
 

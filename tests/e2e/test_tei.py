@@ -1,4 +1,4 @@
-"""End to end: Text Embeddings Inference's own routes (server/routes/tei.py) and
+"""End to end: Text Embeddings Inference's own routes (distilserve/server/routes/tei.py) and
 Infinity's give what the /v1 routes give, in their shapes, and the clients written for
 TEI work against them."""
 
@@ -8,9 +8,9 @@ import httpx
 import numpy as np
 import pytest
 
-from models import export
-from models.io import checkpoint
-from server.routes import common
+from distilserve.models import export
+from distilserve.models.io import checkpoint
+from distilserve.server.routes import common
 from tests.conftest import running_server
 
 PAIR = ["How old is the Eiffel Tower?", "It was finished in 1889."]

@@ -1,6 +1,6 @@
-"""End to end: Text Embeddings Inference's gRPC API (server/routes/tei_grpc.py) gives what
+"""End to end: Text Embeddings Inference's gRPC API (distilserve/server/routes/tei_grpc.py) gives what
 TEI's HTTP routes give, through stubs generated from tei.proto; the gRPC port's health
-checks and reflection (server/routes/grpc_server.py)."""
+checks and reflection (distilserve/server/routes/grpc_server.py)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from models import export
-from models.io import checkpoint
-from server.routes.tei_grpc import SERVING, pb, pb_grpc
+from distilserve.models import export
+from distilserve.models.io import checkpoint
+from distilserve.server.routes.tei_grpc import SERVING, pb, pb_grpc
 from tests.conftest import running_server, unallocated_port
 
 HEADERS = {"Authorization": "Bearer sekret"}

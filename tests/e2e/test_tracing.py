@@ -11,7 +11,7 @@ import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from models import export
+from distilserve.models import export
 from tests.conftest import running_server
 
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -80,9 +80,9 @@ def test_each_request_is_a_span_of_the_callers_trace(tiny_checkpoints, tmp_path,
 
 
 def test_without_an_endpoint_nothing_is_traced():
-    from server.app import create_app
-    from server.middleware import RequestMetrics
-    from server.settings import Settings
+    from distilserve.server.app import create_app
+    from distilserve.server.middleware import RequestMetrics
+    from distilserve.server.settings import Settings
 
     app = create_app(Settings())
     assert [m.kwargs["tracing"] for m in app.user_middleware if m.cls is RequestMetrics] == [None]
@@ -92,7 +92,7 @@ def test_each_grpc_call_is_a_span_of_the_callers_trace(tiny_checkpoints, tmp_pat
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-    from server.routes.tei_grpc import pb, pb_grpc
+    from distilserve.server.routes.tei_grpc import pb, pb_grpc
     from tests.conftest import unallocated_port
 
     endpoint, spans = collector

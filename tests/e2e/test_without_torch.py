@@ -16,16 +16,16 @@ from pathlib import Path
 
 import httpx
 
-from models import export
-from models.io import checkpoint
-from models.io.manifest import FILE
-from models.runtime.matrix_units import bf16_units
+from distilserve.models import export
+from distilserve.models.io import checkpoint
+from distilserve.models.io.manifest import FILE
+from distilserve.models.runtime.matrix_units import bf16_units
 from tests.conftest import free_port, running_server, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 # the CLI with torch and transformers unimportable: any import of either raises ImportError
 UNIMPORTABLE = ("import sys; sys.modules.update(torch=None, transformers=None); "
-                "from server.cli import main; sys.exit(main(sys.argv[1:]))")
+                "from distilserve.server.cli import main; sys.exit(main(sys.argv[1:]))")
 MODELS = [("bert", "embed"), ("bert", "ner"), ("distilbert", "classify"), ("cmow", "embed"),
           ("minialbert", "classify"), ("bert", "fill-mask")]
 ROUTES = {"embed": "/v1/embed", "classify": "/v1/classify", "ner": "/v1/ner",

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import tritonclient.grpc as triton
 
-from models import export
+from distilserve.models import export
 from tests.conftest import free_port, unallocated_port, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
     port, grpc_port = free_port(), unallocated_port()
     log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--model-repository",
+        [sys.executable, "-m", "distilserve.server.cli", "serve", "--model-repository",
          str(tmp_path / "repo"), "--port", str(port), "--workers", "2",
          "--grpc-port", str(grpc_port)],
         cwd=ROOT, env={**os.environ, "DISTILSERVE_THREADS": "1"},
@@ -142,7 +142,7 @@ def test_no_connection_arriving_after_sigterm_is_reset(tiny_checkpoints, tmp_pat
     port = free_port()
     log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--model-repository",
+        [sys.executable, "-m", "distilserve.server.cli", "serve", "--model-repository",
          str(tmp_path / "repo"), "--port", str(port), "--workers", "2"],
         cwd=ROOT, env={**os.environ, "DISTILSERVE_THREADS": "1",
                        # a batch waits for company: the workers take a while to drain

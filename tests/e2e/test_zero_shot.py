@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from transformers import pipeline
 
-from models import export
-from models.io import checkpoint
+from distilserve.models import export
+from distilserve.models.io import checkpoint
 from tests.conftest import running_server
 
 TEXTS = ["The new phone's battery lasts two days.", "Parliament passed the budget today."]

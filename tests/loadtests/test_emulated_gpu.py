@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from distilserve.server import postprocess
+from distilserve.server.batching import pad
+from distilserve.server.engine import TokenIds
 from loadtests.emulated_gpu import EmulatedGpu
-from server import postprocess
-from server.batching import pad
-from server.engine import TokenIds
 
 
 def test_embeddings_have_a_length_so_normalising_them_is_the_usual_work():

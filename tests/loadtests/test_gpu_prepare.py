@@ -28,8 +28,9 @@ pydantic pydantic-core annotated-types typing-inspection pydantic-settings pytho
 uvicorn click orjson httptools opentelemetry-api importlib-metadata zipp"""
 # What gpu.sh's steps run: the service, the peer comparison and its profile, the bench, and
 # the test files of its tests step (with their conftest)
-STEPS = ["server.cli", "server.app", "loadtests.peer", "loadtests.profile", "bench.harness",
-         "bench.worker", "bench.report", "tests.conftest"] + [
+STEPS = ["distilserve.server.cli", "distilserve.server.app", "loadtests.peer",
+         "loadtests.profile", "distilserve.bench.harness", "distilserve.bench.worker",
+         "distilserve.bench.report", "tests.conftest"] + [
     file.removesuffix(".py").replace("/", ".") for file in
     re.findall(r"(?<![\w/])tests/[\w/]+\.py", (ROOT / "loadtests" / "gpu.sh").read_text())]
 

@@ -1,12 +1,12 @@
 """loadtests/stall.py at a small scale: one client address stalling thousands of
 connections in every way (half headers, a slow body, a Content-Length larger than its
 body, idle keep-alive) takes nothing from the clients beside it, and each stalled
-connection is closed by its deadline (server/connections.py)."""
+connection is closed by its deadline (distilserve/server/connections.py)."""
 
 from __future__ import annotations
 
+from distilserve.models import export
 from loadtests import stall
-from models import export
 
 # time past a deadline that a closed connection may be seen to live: the event loops of
 # the service and of the stalling process, each busy with thousands of connections

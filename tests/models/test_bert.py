@@ -2,9 +2,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from models import bert
-from models.io import checkpoint
-from models.io.checkpoint import CheckpointError
+from distilserve.models import bert
+from distilserve.models.io import checkpoint
+from distilserve.models.io.checkpoint import CheckpointError
 from tests.conftest import batch
 
 

@@ -6,9 +6,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForQuestionAnswering, AutoTokenizer
 
-from models import export
-from models.io import checkpoint
-from models.io.checkpoint import CheckpointError
+from distilserve.models import export
+from distilserve.models.io import checkpoint
+from distilserve.models.io.checkpoint import CheckpointError
 from tests.conftest import FAMILIES, TASKS, batch
 
 

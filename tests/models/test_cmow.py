@@ -1,7 +1,14 @@
 import torch
 
-from models.cmow import PRESETS, Cmow, CmowConfig, prefix_products, sequential_product, tree_product
-from models.io import checkpoint
+from distilserve.models.cmow import (
+    PRESETS,
+    Cmow,
+    CmowConfig,
+    prefix_products,
+    sequential_product,
+    tree_product,
+)
+from distilserve.models.io import checkpoint
 from tests.conftest import batch
 
 

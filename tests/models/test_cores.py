@@ -1,4 +1,4 @@
-"""models/runtime/cores.py: the cores a process may use, on made-up cgroup trees."""
+"""distilserve/models/runtime/cores.py: the cores a process may use, on made-up cgroup trees."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from models.runtime import cores
+from distilserve.models.runtime import cores
 
 
 def _tree(tmp_path: Path, proc: str, files: dict[str, str]) -> tuple[Path, Path]:

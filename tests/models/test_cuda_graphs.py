@@ -1,4 +1,4 @@
-"""CUDA graphs (models/runtime/cuda_graphs.py): which batches a graph takes, and that a
+"""CUDA graphs (distilserve/models/runtime/cuda_graphs.py): which batches a graph takes, and that a
 batch padded up to a graph's shape gives every family's and task's outputs unchanged. On
 the CPU a stand-in records nothing and replays by running the forward pass again into the
 same output buffer, from the same input buffer: a graph's contract without CUDA. The tests
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-from models import export
-from models.io import checkpoint
-from models.runtime import open_backend
-from models.runtime.base import INPUT_NAMES
-from models.runtime.cuda_graphs import CudaCapture, Graphs
-from models.runtime.torch import TorchBackend
-from server.batching import pad, warmup_shapes
+from distilserve.models import export
+from distilserve.models.io import checkpoint
+from distilserve.models.runtime import open_backend
+from distilserve.models.runtime.base import INPUT_NAMES
+from distilserve.models.runtime.cuda_graphs import CudaCapture, Graphs
+from distilserve.models.runtime.torch import TorchBackend
+from distilserve.server.batching import pad, warmup_shapes
 from tests.conftest import FAMILIES, TASKS
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
@@ -140,7 +140,7 @@ def test_no_forward_pass_reads_a_tensor_on_the_host(tiny_checkpoints, family, ta
     """A CUDA graph cannot record a read of a tensor's value on the host (``if
     torch.all(mask == 1)``, ``.item()``), and outside a graph each such read waits for the
     GPU. On the meta device every one of them raises: each family's forward pass runs
-    there whole (transformers' own BERT mask read is replaced: models/bert.py)."""
+    there whole (transformers' own BERT mask read is replaced: distilserve/models/bert.py)."""
     folder = tiny_checkpoints.get((family, task)) or checkpoint.save(
         checkpoint.new(family, "tiny", task), tmp_path / task)
     model = checkpoint.load(Path(folder), task).model.to("meta")

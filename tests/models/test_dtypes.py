@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import families
-from models.io import checkpoint
-from models.layers import attention_bias
+from distilserve.models import families
+from distilserve.models.io import checkpoint
+from distilserve.models.layers import attention_bias
 from tests.conftest import FAMILIES, TASKS, batch
 
 HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -2,9 +2,9 @@ import pytest
 import torch
 from transformers import AlbertConfig, AlbertModel
 
-from models.falbert import PRESETS, FAlbert, FAlbertConfig
-from models.io import checkpoint
-from models.layers import attention_bias
+from distilserve.models.falbert import PRESETS, FAlbert, FAlbertConfig
+from distilserve.models.io import checkpoint
+from distilserve.models.layers import attention_bias
 from tests.conftest import batch
 
 

@@ -1,4 +1,4 @@
-"""models/layers.py, the parts the recursive families share, against plain formulas."""
+"""distilserve/models/layers.py, the parts the recursive families share, against plain formulas."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models.layers import AlbertLayer, SelfAttention, activation, attention_bias, lowest
+from distilserve.models.layers import AlbertLayer, SelfAttention, activation, attention_bias, lowest
 
 
 def test_attention_bias_blocks_padding_in_every_dtype():

@@ -1,4 +1,4 @@
-"""models/io/manifest.py: one typed manifest; a bad one is an error naming file and field."""
+"""distilserve/models/io/manifest.py: one typed manifest; a bad one is an error naming file and field."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from models.io.manifest import Manifest, ManifestError
+from distilserve.models.io.manifest import Manifest, ManifestError
 
 GOOD = {"task": "embed", "family": "bert", "backend": "onnx", "max_length": 128,
         "artifact": "model.onnx", "dimensions": 32}
@@ -73,8 +73,8 @@ def test_tokenizer_facts_say_how_transformers_decodes():
     clean-up (the service then decodes without transformers); None for a class of its own."""
     from transformers import AutoTokenizer
 
-    from models.io import checkpoint
-    from models.io.manifest import TokenizerFacts
+    from distilserve.models.io import checkpoint
+    from distilserve.models.io.manifest import TokenizerFacts
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint.minilm_path())
     facts = TokenizerFacts.of(tokenizer)

@@ -4,8 +4,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from models.io import checkpoint
-from models.minialbert import PRESETS, MiniAlbert, MiniAlbertConfig
+from distilserve.models.io import checkpoint
+from distilserve.models.minialbert import PRESETS, MiniAlbert, MiniAlbertConfig
 from tests.conftest import batch
 
 L, D, E, H, FF, R = 3, 32, 16, 4, 64, 4  # the tiny preset

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from models import export
-from models.io.manifest import Manifest
-from models.runtime import base, matrix_units, open_backend, torch_device
-from models.runtime.base import BackendError, check_device, choose_dtype
-from models.runtime.onnx import has_cuda_provider
-from models.runtime.torchscript import TorchScriptBackend
+from distilserve.models import export
+from distilserve.models.io.manifest import Manifest
+from distilserve.models.runtime import base, matrix_units, open_backend, torch_device
+from distilserve.models.runtime.base import BackendError, check_device, choose_dtype
+from distilserve.models.runtime.onnx import has_cuda_provider
+from distilserve.models.runtime.torchscript import TorchScriptBackend
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
 
@@ -133,7 +133,7 @@ def test_a_fill_mask_models_checkpoint_gives_its_artifacts_token_vectors(tmp_pat
     TorchScript artifact traced again in a half dtype; an ONNX model on a GPU without
     onnxruntime-gpu), it is told its task: a masked-language checkpoint loaded without it
     is an embedding model, and gave pooled [B, E] vectors where [B, T, E] are served."""
-    from models.io import checkpoint
+    from distilserve.models.io import checkpoint
 
     source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
     for fmt in ("onnx", "torchscript", "torch"):  # the torch format's parity check failed
@@ -242,7 +242,7 @@ def test_export_records_how_each_dtype_compares_with_fp32(exported):
 def test_traced_graphs_keep_no_device_so_they_run_on_a_gpu(family):
     """A traced graph keeps every device it was given as a constant: torch.arange(...,
     device=x.device) traced on the CPU would run on the CPU on a GPU machine too."""
-    from models.io import checkpoint
+    from distilserve.models.io import checkpoint
 
     for task in ("embed", "classify", "ner"):
         model = checkpoint.new(family, "tiny", task).model
@@ -341,7 +341,7 @@ def test_auto_keeps_onnx_in_fp32_where_the_checkpoint_cannot_run_in_bf16(
     folder = tmp_path / "m"
     shutil.copytree(exported["onnx"], folder)
     units(AMD_ZEN4)
-    monkeypatch.setitem(sys.modules, "models.runtime.torchscript", None)  # no torch
+    monkeypatch.setitem(sys.modules, "distilserve.models.runtime.torchscript", None)  # no torch
     with caplog.at_level(logging.WARNING, logger="distilserve"):
         backend = open_backend("onnx", folder, "model.onnx", dtype="auto",
                                checkpoint_instead=True)
@@ -352,7 +352,7 @@ def test_auto_keeps_onnx_in_fp32_where_the_checkpoint_cannot_run_in_bf16(
     assert "m: ONNX Runtime on the CPU in fp32, not in bf16: ONNX Runtime runs the graph as " \
            "exported, in fp32, and the model's checkpoint did not run so: ModuleNotFound" \
         in caplog.text
-    monkeypatch.delitem(sys.modules, "models.runtime.torchscript")
+    monkeypatch.delitem(sys.modules, "distilserve.models.runtime.torchscript")
     (folder / "checkpoint" / "model.safetensors").unlink()
     assert open_backend("onnx", folder, "model.onnx", dtype="auto",
                         checkpoint_instead=True).name == "onnx"

@@ -1,4 +1,4 @@
-"""models/io/sentence_transformers.py: a sentence-transformers folder's pooling and length,
+"""distilserve/models/io/sentence_transformers.py: a sentence-transformers folder's pooling and length,
 as the export and the served model apply them, against sentence-transformers itself."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from sentence_transformers import SentenceTransformer
 from transformers import AutoTokenizer
 
-from models import export
-from models.io import checkpoint
-from models.io import sentence_transformers as st
-from models.runtime import open_backend
+from distilserve.models import export
+from distilserve.models.io import checkpoint
+from distilserve.models.io import sentence_transformers as st
+from distilserve.models.runtime import open_backend
 
 TEXTS = ["hello world", "a much longer sentence than the first, with a comma or two, and more"]
 
@@ -53,7 +53,7 @@ def test_a_cls_model_is_exported_and_served_as_sentence_transformers_computes_it
     assert np.abs(again.encode(TEXTS) - expected).max() < 1e-6
     # as a GPU runs an ONNX model without onnxruntime-gpu (and a half-precision dtype):
     # its checkpoint traced with TorchScript, here on the CPU in fp32 and bf16
-    from models.runtime.torchscript import TorchScriptBackend
+    from distilserve.models.runtime.torchscript import TorchScriptBackend
 
     for dtype, tolerance in (("fp32", 1e-5), ("bf16", 3e-2)):
         traced = TorchScriptBackend(tmp_path / "m" / "checkpoint", dtype=dtype).run(inputs)
@@ -172,8 +172,8 @@ def test_token_embeddings_are_sentence_transformers_token_embeddings(bge_like, t
     """Exported with --token-embeddings, every backend gives each token's vector as
     sentence-transformers' output_value="token_embeddings" does, and the service's pooling
     of them (postprocess.sentence_embeddings) gives the embeddings it gives."""
-    from models.runtime.torchscript import TorchScriptBackend
-    from server.postprocess import normalize, sentence_embeddings
+    from distilserve.models.runtime.torchscript import TorchScriptBackend
+    from distilserve.server.postprocess import normalize, sentence_embeddings
 
     model = SentenceTransformer(str(bge_like), device="cpu")
     expected = model.encode(TEXTS, output_value="token_embeddings")  # [T_i, D] each
@@ -220,7 +220,7 @@ def labse_like(tmp_path_factory) -> Path:
 
 def test_a_dense_module_is_exported_and_served_as_sentence_transformers_computes_it(
         labse_like, tmp_path):
-    from models.runtime.torchscript import TorchScriptBackend
+    from distilserve.models.runtime.torchscript import TorchScriptBackend
 
     expected = SentenceTransformer(str(labse_like), device="cpu").encode(TEXTS)  # [2, 16]
     pipeline = st.read(labse_like)
@@ -296,7 +296,7 @@ def test_a_splade_model_is_exported_and_served_as_sentence_transformers_computes
     by sentence-transformers."""
     from sentence_transformers import SparseEncoder
 
-    from models.runtime.torchscript import TorchScriptBackend
+    from distilserve.models.runtime.torchscript import TorchScriptBackend
 
     model = SparseEncoder(str(splade_checkpoint), device="cpu")
     expected = model.encode(TEXTS).to_dense().numpy()  # [2, 30522]
@@ -366,7 +366,7 @@ def test_every_pooling_is_computed_as_sentence_transformers_computes_it(mode, tm
     vectors."""
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-    from server.postprocess import sentence_embeddings
+    from distilserve.server.postprocess import sentence_embeddings
 
     encoder = checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=7), tmp_path / "enc")
     model = SentenceTransformer(modules=[Transformer(str(encoder)),

@@ -1,4 +1,4 @@
-"""server/app.py's start: what /ready says while the embedded default is built; no server,
+"""distilserve/server/app.py's start: what /ready says while the embedded default is built; no server,
 no models."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import asyncio
 import gc
 import threading
 
-from server.app import Service, build_and_load, create_app
-from server.metrics import Metrics
-from server.settings import Settings
+from distilserve.server.app import Service, build_and_load, create_app
+from distilserve.server.metrics import Metrics
+from distilserve.server.settings import Settings
 
 
 def test_ready_says_the_default_is_being_built_before_the_build_says_where(tmp_path, monkeypatch):
@@ -21,7 +21,7 @@ def test_ready_says_the_default_is_being_built_before_the_build_says_where(tmp_p
         release.wait()
         raise OSError("disk full")
 
-    monkeypatch.setattr("server.embedded_default.ensure_default_repository", build)
+    monkeypatch.setattr("distilserve.server.embedded_default.ensure_default_repository", build)
 
     async def start():
         service = Service(Settings(cache_dir=tmp_path), Metrics())

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from server.batching import (
+from distilserve.server.batching import (
     Batcher,
     InputTooLong,
     Item,

@@ -3,9 +3,9 @@ import sys
 
 import pytest
 
-from models import families
-from models.io import checkpoint
-from server.cli import main
+from distilserve.models import families
+from distilserve.models.io import checkpoint
+from distilserve.server.cli import main
 from tests.conftest import unallocated_port
 
 
@@ -73,7 +73,7 @@ def test_export_int8_prints_the_agreement_figures(tiny_checkpoints, tmp_path, ca
 def test_every_flag_of_every_command_has_help(capsys):
     import argparse
 
-    from server.cli import parser
+    from distilserve.server.cli import parser
 
     p = parser()
     assert "argument parsing" not in p.description.lower()
@@ -142,7 +142,7 @@ def test_ray_refuses_half_an_autoscaling_range_before_starting_ray(capsys, tmp_p
 
 @pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
 def test_ray_refuses_a_port_in_use_before_starting_ray(flag, capsys, tmp_path, monkeypatch):
-    from server import ray_serve
+    from distilserve.server import ray_serve
 
     monkeypatch.setattr(ray_serve, "init_local", lambda **_: pytest.fail("Ray started"))
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
@@ -186,7 +186,7 @@ def test_numbers_out_of_range_are_argparses_one_line_error(command, args, words,
 @pytest.mark.parametrize("port", ["0", "65536"])
 def test_a_port_out_of_range_is_a_one_line_error(command, port, capsys, tmp_path,
                                                   monkeypatch):
-    from server import ray_serve
+    from distilserve.server import ray_serve
 
     monkeypatch.setattr(ray_serve, "init_local", lambda **_: pytest.fail("Ray started"))
     assert main([command, "--model-repository", str(tmp_path), "--port", port]) == 2
@@ -216,8 +216,8 @@ def test_settings_past_what_could_work_are_refused_in_one_line(variable, value, 
     the ports above)"""
     from pydantic import ValidationError
 
-    from server.cli import Refused
-    from server.settings import Settings
+    from distilserve.server.cli import Refused
+    from distilserve.server.settings import Settings
 
     monkeypatch.setenv(f"DISTILSERVE_{variable}", value)
     with pytest.raises(ValidationError) as refused:
@@ -228,7 +228,7 @@ def test_settings_past_what_could_work_are_refused_in_one_line(variable, value, 
 
 def test_whitespace_around_an_api_key_is_not_part_of_it():
     """(a key read from a file ends in a newline, which no Authorization header holds)"""
-    from server.settings import Settings
+    from distilserve.server.settings import Settings
 
     assert Settings(api_key="sekret\n").api_key.get_secret_value() == "sekret"
 
@@ -243,7 +243,7 @@ def test_a_grpc_port_without_the_grpc_extra_is_refused_before_anything_starts(
 
 def test_a_student_that_cannot_learn_from_the_teacher_is_one_line(capsys, tmp_path,
                                                                     monkeypatch):
-    from training import distill
+    from distilserve.training import distill
 
     def refuse(opts, progress):
         raise ValueError("minialbert preset 'tiny' takes at most 128 tokens")
@@ -261,7 +261,7 @@ def test_a_student_that_cannot_learn_from_the_teacher_is_one_line(capsys, tmp_pa
 def test_a_host_other_than_loopback_without_a_key_is_warned_of(host, loopback):
     """``serve`` warns at start that every route is open where the host is reachable
     from elsewhere (0.0.0.0, the image's) and no DISTILSERVE_API_KEY is set."""
-    from server.cli import _loopback
+    from distilserve.server.cli import _loopback
 
     assert _loopback(host) is loopback
 
@@ -272,7 +272,7 @@ def test_help_and_the_list_of_presets_import_neither_torch_nor_transformers(argv
     starts: the families' files are read for their presets, not imported."""
     import subprocess
 
-    probe = ("import sys; from server.cli import main\n"
+    probe = ("import sys; from distilserve.server.cli import main\n"
              "try:\n    main(sys.argv[1:])\nexcept SystemExit:\n    pass\n"
              "print(sorted({'torch', 'transformers', 'onnxruntime'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True,
@@ -286,7 +286,7 @@ def test_the_preset_names_read_from_the_files_are_the_presets():
 
 
 def test_aliases_are_read_from_the_setting_and_the_manifests_and_clashes_said():
-    from server.app import aliases
+    from distilserve.server.app import aliases
 
     table, wrong = aliases({"ada": "embed", "gone": "nowhere"},
                            {"embed": ["text-embedding-3-small"], "other": ["cls"]})
@@ -301,7 +301,7 @@ def test_aliases_are_read_from_the_setting_and_the_manifests_and_clashes_said():
 
 def test_serve_refuses_a_name_two_models_would_answer_to(tiny_checkpoints, tmp_path, capsys,
                                                           monkeypatch):
-    from models import export
+    from distilserve.models import export
 
     for name in ("a", "b"):
         export.export(tiny_checkpoints["cmow", "embed"], tmp_path / name, "onnx",

@@ -1,4 +1,4 @@
-"""server/connections.py: stalled clients are cut off, connections are capped, and the
+"""distilserve/server/connections.py: stalled clients are cut off, connections are capped, and the
 requests of well-behaved clients are served meanwhile."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
-from models import export
-from server.connections import ClientWatch
+from distilserve.models import export
+from distilserve.server.connections import ClientWatch
 from tests.conftest import running_server, wait_for
 
 

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from server.embedded_default import BuildProgress, build_lock
+from distilserve.server.embedded_default import BuildProgress, build_lock
 
 
 def test_without_a_terminal_progress_is_logged_per_model_and_every_few_seconds(caplog):
@@ -71,8 +71,8 @@ def test_a_build_stopped_or_failed_leaves_nothing_in_the_cache(tmp_path, monkeyp
 
     import pytest
 
-    from server import embedded_default
-    from server.app import BuildCancelled
+    from distilserve.server import embedded_default
+    from distilserve.server.app import BuildCancelled
 
     def build(models, progress):  # a model written, then stopped
         (models / "all-minilm-l6-v2").mkdir(parents=True)

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from models import export
-from models.io import checkpoint
-from models.io.manifest import Manifest
-from server.batching import pad
-from server.engine import (
+from distilserve.models import export
+from distilserve.models.io import checkpoint
+from distilserve.models.io.manifest import Manifest
+from distilserve.server.batching import pad
+from distilserve.server.engine import (
     InputTooLong,
     ModelLoadError,
     NotFinite,
@@ -26,8 +26,8 @@ from server.engine import (
     open_decoder,
     read_decoder,
 )
-from server.metrics import Metrics
-from server.settings import Settings
+from distilserve.server.metrics import Metrics
+from distilserve.server.settings import Settings
 from tests.conftest import FAMILIES, TASKS, wait_for
 
 
@@ -72,7 +72,7 @@ def test_an_input_whose_outputs_are_not_finite_fails_alone(onnx_model, monkeypat
     at 400 words, infinite at 422 tokens of a repeated phrase): JSON carried the
     infinities as nulls, and normalising turned them into NaN. Now such an input fails,
     named, and the other inputs of its batch are answered."""
-    from models.runtime.onnx import OnnxBackend
+    from distilserve.models.runtime.onnx import OnnxBackend
 
     real = OnnxBackend.run
 
@@ -195,7 +195,7 @@ def test_an_int8_model_says_so(tiny_checkpoints, tmp_path):
 
 
 def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(tmp_path):
-    from models.io.manifest import DECODER
+    from distilserve.models.io.manifest import DECODER
 
     source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
     folder = tmp_path / "model"
@@ -218,7 +218,7 @@ def test_a_fill_mask_decoder_runs_where_its_model_runs_on_a_gpu(tmp_path, monkey
     tests/models/test_runtime.py and tests/e2e/test_gpu.py); elsewhere it runs on the host."""
     import torch
 
-    from models.runtime import torch_device
+    from distilserve.models.runtime import torch_device
 
     source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
     folder = tmp_path / "model"
@@ -246,7 +246,7 @@ def test_an_onnx_model_runs_its_checkpoint_where_onnxruntime_cannot_use_the_gpu(
         tiny_checkpoints, tmp_path, monkeypatch, caplog):
     """The service opts in (models/runtime's checkpoint_instead): here the 'GPU' is the CPU,
     made visible to the choice and given to the torch backend in its place."""
-    from models.runtime import base, torch_device
+    from distilserve.models.runtime import base, torch_device
 
     folder = tmp_path / "onnx"
     export.export(tiny_checkpoints["bert", "embed"], folder, "onnx")
@@ -271,7 +271,7 @@ def test_auto_serves_an_onnx_model_in_bf16_on_a_cpu_with_bf16_matrix_units(
     in bf16 (ONNX Runtime computes in fp32), says why in /v1/models and the log, and gives
     what fp32 gives within bf16's precision; where it has none, or for CMOW, ONNX Runtime
     as before."""
-    from models.runtime import base, matrix_units
+    from distilserve.models.runtime import base, matrix_units
 
     texts = ["The cat sat on the mat.", "A longer sentence about something else entirely."]
     fp32 = load_engine("m", onnx_model, Settings(dtype="fp32"), Metrics())
@@ -342,7 +342,7 @@ def test_batch_limits_default_by_device():
 
 
 def test_worker_processes_share_the_cores_out(monkeypatch):
-    monkeypatch.setattr("server.settings.available_cores", lambda: 16)
+    monkeypatch.setattr("distilserve.server.settings.available_cores", lambda: 16)
     assert Settings().model_threads() == 16
     assert Settings(workers=4).model_threads() == 4
     assert Settings(workers=32).model_threads() == 1
@@ -490,10 +490,10 @@ class Deferred:
 
 def defer(monkeypatch, kind: type[Deferred]) -> None:
     """Engines loaded from now on run their models behind ``kind``."""
-    import server.engine
+    import distilserve.server.engine
 
-    opened = server.engine.open_backend
-    monkeypatch.setattr(server.engine, "open_backend", lambda *a, **k: kind(opened(*a, **k)))
+    opened = distilserve.server.engine.open_backend
+    monkeypatch.setattr(distilserve.server.engine, "open_backend", lambda *a, **k: kind(opened(*a, **k)))
 
 
 def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_last(
@@ -597,7 +597,7 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
     that cannot run that batch is not served, and the message says which limits to lower.
     The outputs' check at load runs before CUDA graphs are turned on, so that the warm-up
     is the first to capture them, in its order."""
-    import server.engine
+    import distilserve.server.engine
 
     shapes, fail, graphs_after = [], [], []
 
@@ -620,8 +620,8 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
                 raise RuntimeError("CUDA out of memory")
             return self.backend.run(inputs)
 
-    opened = server.engine.open_backend
-    monkeypatch.setattr(server.engine, "open_backend", lambda *a, **k: OnGpu(opened(*a, **k)))
+    opened = distilserve.server.engine.open_backend
+    monkeypatch.setattr(distilserve.server.engine, "open_backend", lambda *a, **k: OnGpu(opened(*a, **k)))
     settings = Settings(max_batch_size=8, max_batch_tokens=256)
     engine = load_engine("m", torch_model, settings, Metrics())
 

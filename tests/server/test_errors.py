@@ -1,12 +1,12 @@
-"""server/errors.py: a 422's message from pydantic's errors."""
+"""distilserve/server/errors.py: a 422's message from pydantic's errors."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from server.errors import invalid
-from server.schemas import (
+from distilserve.server.errors import invalid
+from distilserve.server.schemas import (
     EmbeddingsRequest,
     RerankRequest,
     TeiRerankRequest,

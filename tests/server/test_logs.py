@@ -9,8 +9,8 @@ import signal
 import httpx
 import pytest
 
+from distilserve.models import export
 from loadtests.run import free_port, start_server
-from models import export
 from tests.conftest import wait_for
 
 

@@ -1,10 +1,10 @@
-"""server/metrics.py: Triton's statistics are the per-model series, added up."""
+"""distilserve/server/metrics.py: Triton's statistics are the per-model series, added up."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from server.metrics import Metrics
+from distilserve.server.metrics import Metrics
 
 
 def duration(count: int, seconds: float) -> dict:

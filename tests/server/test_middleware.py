@@ -1,4 +1,4 @@
-"""server/middleware.py's middlewares on their own (plain ASGI calls): no server, no
+"""distilserve/server/middleware.py's middlewares on their own (plain ASGI calls): no server, no
 models."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 from starlette.exceptions import HTTPException
 
-from server import logs
-from server.metrics import Metrics
-from server.middleware import (
+from distilserve.server import logs
+from distilserve.server.metrics import Metrics
+from distilserve.server.middleware import (
     ApiKey,
     BodyLimit,
     Decompress,
@@ -23,7 +23,7 @@ from server.middleware import (
     RequestMetrics,
     takes_gzip,
 )
-from server.routes import embed
+from distilserve.server.routes import embed
 
 
 async def echo(scope, receive, send):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from transformers import TokenClassificationPipeline
 
-from server import postprocess
-from server.postprocess import TokenInfo
+from distilserve.server import postprocess
+from distilserve.server.postprocess import TokenInfo
 
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
@@ -80,7 +80,7 @@ def test_zero_shot_scores_as_the_pipeline_takes_an_nli_models_logits():
 def test_answers_are_the_contexts_best_spans_as_the_pipeline_finds_them():
     from tokenizers import Tokenizer
 
-    from models.io import checkpoint
+    from distilserve.models.io import checkpoint
 
     tokenizer = Tokenizer.from_file(str(checkpoint.default_tokenizer_dir() / "tokenizer.json"))
     context = "Bananas grow in Ecuador."
@@ -197,8 +197,8 @@ def test_unknown_strategy_is_refused():
 def test_sentence_embeddings_pool_token_vectors_as_the_graphs_do():
     import torch
 
-    from models import heads
-    from models.tasks import POOLINGS
+    from distilserve.models import heads
+    from distilserve.models.tasks import POOLINGS
 
     g = np.random.default_rng(0)
     hidden = g.normal(size=(2, 5, 3)).astype(np.float32)  # [B, T, D]
@@ -284,7 +284,7 @@ def test_the_sigmoid_of_any_logit_without_a_warning():
 def test_cohere_embedding_types_as_cohere_defines_them():
     import base64
 
-    from server.postprocess import cohere_embeddings
+    from distilserve.server.postprocess import cohere_embeddings
 
     v = np.array([[0.6, -0.8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01]], dtype=np.float32)
     got = cohere_embeddings(v, ["int8", "uint8", "binary", "ubinary", "base64", "int8"])

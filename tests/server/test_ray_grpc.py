@@ -1,4 +1,4 @@
-"""server/ray_grpc.py and server/ray_hooks.py without a Ray instance: the ingress has a
+"""distilserve/server/ray_grpc.py and ray_hooks.py without a Ray instance: the ingress has a
 method for every RPC the gRPC port serves, a refused call ends with its status on Ray
 Serve's context, and a local instance's gRPC proxy binds the host it is given."""
 
@@ -12,12 +12,12 @@ import grpc
 import pytest
 
 pytest.importorskip("ray.serve")
-ray_grpc = pytest.importorskip("server.ray_grpc")
+ray_grpc = pytest.importorskip("distilserve.server.ray_grpc")
 
 from ray.serve._private import default_impl  # noqa: E402
 
-from server import ray_hooks  # noqa: E402
-from server.routes import grpc_server  # noqa: E402
+from distilserve.server import ray_hooks  # noqa: E402
+from distilserve.server.routes import grpc_server  # noqa: E402
 
 
 class Recorder:

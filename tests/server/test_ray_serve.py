@@ -1,4 +1,4 @@
-"""server/ray_serve.py without a Ray instance: what a replica's failures become, and the
+"""distilserve/server/ray_serve.py without a Ray instance: what a replica's failures become, and the
 deployment options a Scaling gives."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import pickle
 
 import pytest
 
-from models import export
-from server.engine import InputTooLong, ModelUnavailable, QueueFull, load_engine
-from server.metrics import Metrics
-from server.settings import Settings
+from distilserve.models import export
+from distilserve.server.engine import InputTooLong, ModelUnavailable, QueueFull, load_engine
+from distilserve.server.metrics import Metrics
+from distilserve.server.settings import Settings
 
-ray_serve = pytest.importorskip("server.ray_serve")
+ray_serve = pytest.importorskip("distilserve.server.ray_serve")
 exceptions = pytest.importorskip("ray.exceptions")
 
 
@@ -88,12 +88,12 @@ def test_a_local_instance_gives_the_proxy_a_minute_to_start_and_its_grpc_a_host(
     ray_serve.init_local(num_cpus=2)
     monkeypatch.setenv(ray_serve.PROXY_READY_CHECK_TIMEOUT, "300")
     ray_serve.init_local(grpc_host="0.0.0.0")
-    # the proxy's start, and the host its gRPC binds (server/ray_hooks.py: the HTTP host)
+    # the proxy's start, and the host its gRPC binds (distilserve/server/ray_hooks.py: the HTTP host)
     assert [c["runtime_env"]["env_vars"] for c in calls] == [
         {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60", "DISTILSERVE_RAY_GRPC_HOST": "127.0.0.1"},
         {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "300", "DISTILSERVE_RAY_GRPC_HOST": "0.0.0.0"}]
     assert all(c["runtime_env"]["worker_process_setup_hook"]
-               == "server.ray_hooks.bind_proxy_to_host" for c in calls)
+               == "distilserve.server.ray_hooks.bind_proxy_to_host" for c in calls)
     assert all(c["_node_ip_address"] == "127.0.0.1" for c in calls)
     assert calls[0]["num_cpus"] == 2
 
@@ -111,7 +111,7 @@ class LocalHandle:
 
 
 def test_question_answering_makes_its_windows_on_the_replica(tmp_path):
-    from models.io import checkpoint
+    from distilserve.models.io import checkpoint
 
     squad = tmp_path / "squad"
     export.export(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import bpe_openai
 import pytest
 
-from server.errors import ApiError
-from server.routes.common import read_foreign
-from server.vocabularies import FOREIGN, Foreign
+from distilserve.server.errors import ApiError
+from distilserve.server.routes.common import read_foreign
+from distilserve.server.vocabularies import FOREIGN, Foreign
 
 TEXTS = ["The Eiffel Tower", "naïve café 🎉", "Straße\n\ttab  spaces", "日本語のテキスト", ""]
 

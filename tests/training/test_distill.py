@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from models import export
-from models.io import checkpoint
+from distilserve.models import export
+from distilserve.models.io import checkpoint
+from distilserve.training import corpus, distill
 from tests.conftest import running_server
-from training import corpus, distill
 
 STUDENTS = {"minialbert": "tiny", "falbert": "tiny", "cmow": "tiny", "bert": None}
 

@@ -7,8 +7,8 @@ import logging
 
 from transformers import AutoTokenizer
 
-from models.io import checkpoint
-from training import finetune, synthetic
+from distilserve.models.io import checkpoint
+from distilserve.training import finetune, synthetic
 
 
 def test_grouping_by_length_keeps_every_sentence_and_its_labels_with_less_padding():

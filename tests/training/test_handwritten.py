@@ -3,7 +3,7 @@ in the generated training data."""
 
 from __future__ import annotations
 
-from training import handwritten, synthetic
+from distilserve.training import handwritten, synthetic
 
 
 def test_marked_entities_become_spans_of_the_plain_sentence():

@@ -6,9 +6,9 @@ import os
 import subprocess
 import sys
 
-from training import synthetic
+from distilserve.training import synthetic
 
-DIGEST = ("import hashlib; from training import synthetic; "
+DIGEST = ("import hashlib; from distilserve.training import synthetic; "
           "print(hashlib.md5(repr((synthetic.ner(400, 0), synthetic.sentiment(200, 0)))"
           ".encode()).hexdigest())")
 

@@ -1,4 +1,4 @@
-"""server/routes/common.py: how a route learns that its client went away, under
+"""distilserve/server/routes/common.py: how a route learns that its client went away, under
 distilserve's own server (a ClientWatch in the scope) and under any other (the ASGI
 ``http.disconnect`` message); which model a request without one gets."""
 
@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from starlette.requests import Request
 
-from server.connections import DISCONNECT, ClientWatch
-from server.errors import ApiError
-from server.routes.common import _on_client_gone, choose, choose_entailing, choose_giving
+from distilserve.server.connections import DISCONNECT, ClientWatch
+from distilserve.server.errors import ApiError
+from distilserve.server.routes.common import _on_client_gone, choose, choose_entailing, choose_giving
 
 
 def request(scope_extra: dict, receive=None) -> Request:

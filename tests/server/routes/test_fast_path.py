@@ -1,4 +1,4 @@
-"""Which requests the fast path takes (server/routes/fast_path.py); that it answers as
+"""Which requests the fast path takes (distilserve/server/routes/fast_path.py); that it answers as
 FastAPI does is tested end to end (tests/e2e/test_service.py, test_oip.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from fastapi import APIRouter
 
-from server.routes import embed, oip
-from server.routes.fast_path import FastPath
+from distilserve.server.routes import embed, oip
+from distilserve.server.routes.fast_path import FastPath
 
 ROUTES = [*embed.router.routes, *oip.router.routes]  # GET routes too: passed over
 

@@ -1,4 +1,4 @@
-"""server/routes/oip.py's OipErrors: the protocol's routes' errors in its shape, whole
+"""distilserve/server/routes/oip.py's OipErrors: the protocol's routes' errors in its shape, whole
 however they were sent; other routes' and answers that are not errors as they are."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from server.routes.oip import OipErrors
+from distilserve.server.routes.oip import OipErrors
 
 ERROR = json.dumps({"error": {"type": "invalid_request", "message": "bad"}}).encode()
 

@@ -1,0 +1,345 @@
+"""``distilserve bench``: every paper-size model the project builds x backend x loop form,
+measured as the CMOW paper did (random token ids, batches of 256 x 64, no gradients),
+each in its own process; plus the machine's fp32 GEMM rate, FLOPs per sentence and
+efficiency. Results append to ``results.jsonl`` as they come (a rerun skips what is
+there: resumable); ``results.json``, ``REPORT.md`` and the charts are written at the end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from distilserve.models.runtime.cores import available_cores
+
+BACKENDS = ("torch", "torchscript", "onnx", "onnx-int8")
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    family: str
+    preset: str
+    overrides: tuple = ()  # config changes on top of the preset, as (key, value) pairs
+    source: str = ""  # an existing checkpoint (a distilled student) instead of a preset
+
+
+PAPER_ROWS = [
+    Row("BERT-base", "bert", "bert-base"),
+    Row("DistilBERT", "distilbert", "distilbert"),
+    Row("MobileBERT", "bert", "mobilebert"),
+    Row("TinyBERT-4L", "bert", "tinybert-4l"),
+    Row("MiniLM-L6", "bert", "minilm-l6"),
+    Row("MiniALBERT-128", "minialbert", "minialbert-128"),
+    Row("MiniALBERT-128 no adapter", "minialbert", "minialbert-128", (("use_adapter", False),)),
+    Row("MiniALBERT-312", "minialbert", "minialbert-312"),
+    Row("MiniALBERT-312 no adapter", "minialbert", "minialbert-312", (("use_adapter", False),)),
+    Row("MiniALBERT-768", "minialbert", "minialbert-768"),
+    Row("MiniALBERT-768 no adapter", "minialbert", "minialbert-768-noadapter"),
+    Row("ALBERT-base", "falbert", "albert-base"),
+    Row("LR-ALBERT", "falbert", "lr-albert"),
+    Row("F-ALBERT", "falbert", "falbert"),
+    Row("Bidi. CMOW/CBOW-Hybrid", "cmow", "cmow-hybrid-bidi"),
+]
+QUICK_ROWS = [Row(f"{family} tiny", family, "tiny") for family in
+              ("bert", "distilbert", "minialbert", "falbert", "cmow")]
+
+
+@dataclass
+class Options:
+    output: Path
+    batch_size: int = 256
+    length: int = 64
+    batches: int = 1
+    repeats: int = 3
+    latency_runs: int = 20
+    threads: int = 0
+    device: str = "cpu"  # cpu or cuda[:N]: on a GPU, the torch and torchscript backends
+    dtype: str = "fp32"
+    cuda_graphs: bool = False  # on a GPU: each timed shape replayed from a CUDA graph
+    backends: tuple = BACKENDS
+    rows: list = dataclasses.field(default_factory=lambda: list(PAPER_ROWS))
+
+
+def fastest(fn: Callable[[], object], runs: int,
+            sync: Callable[[], object] = lambda: None) -> float:
+    """The shortest of ``runs`` timed calls of ``fn``, after one untimed warm-up; ``sync``
+    ends each call (``torch.cuda.synchronize``: a GPU's work is asynchronous)."""
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def gemm_rates(threads: int, runs: int = 5) -> dict[str, float]:
+    """The machine's matmul rates in FLOP/s (an int8 multiply-add counted as two), per
+    library, dtype and shape: fp32 large square products and one shaped like a 768-wide
+    encoder's FFN at batch 256 x 64 (torch's and ONNX Runtime's), the FFN in bf16 (torch,
+    on the CPU's bf16 matrix units where it has them) and in int8 (ONNX Runtime's
+    MatMulInteger, uint8 x int8, as its dynamic quantisation runs). The best of each dtype
+    is the reference for the efficiency of the rows computed in it (``reference_rates``)."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import torch
+    from onnx import TensorProto, helper
+
+    torch.set_num_threads(threads)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+
+    def onnx_rate(node: str, a: np.ndarray, b: np.ndarray, a_type, out_type) -> float:
+        (m, k), n = a.shape, b.shape[1]
+        graph = helper.make_graph(
+            [helper.make_node(node, ["a", "b"], ["c"])], "gemm",
+            [helper.make_tensor_value_info("a", a_type, [m, k])],
+            [helper.make_tensor_value_info("c", out_type, [m, n])],
+            initializer=[onnx.numpy_helper.from_array(b, "b")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)],
+                                  ir_version=8)
+        session = ort.InferenceSession(model.SerializeToString(), options)
+        return 2 * m * k * n / fastest(lambda: session.run(None, {"a": a}), runs)
+
+    ffn, ffn_name = (16384, 768, 3072), "ffn 16384x768x3072"
+    shapes = {"square 2048": (2048, 2048, 2048), ffn_name: ffn}
+    rates = {}
+    for name, (m, k, n) in shapes.items():
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        rates[f"torch {name}"] = 2 * m * k * n / fastest(lambda a=a, b=b: a @ b, runs)
+        rates[f"onnxruntime {name}"] = onnx_rate(
+            "MatMul", np.ascontiguousarray(a.numpy()), b.numpy(), TensorProto.FLOAT,
+            TensorProto.FLOAT)
+    m, k, n = ffn
+    a, b = torch.randn(m, k, dtype=torch.bfloat16), torch.randn(k, n, dtype=torch.bfloat16)
+    rates[f"torch bf16 {ffn_name}"] = 2 * m * k * n / fastest(lambda: a @ b, runs)
+    g = np.random.default_rng(0)
+    rates[f"onnxruntime int8 {ffn_name}"] = onnx_rate(
+        "MatMulInteger", g.integers(0, 256, (m, k), dtype=np.uint8),
+        g.integers(-128, 128, (k, n), dtype=np.int8), TensorProto.UINT8, TensorProto.INT32)
+    return rates
+
+
+def rate_dtype(name: str) -> str:
+    """The dtype of one of ``gemm_rates``' (or ``gpu_gemm_rates``') rates, by its name."""
+    return next((d for d in ("int8", "bf16", "fp16") if f" {d} " in f" {name} "), "fp32")
+
+
+def reference_rates(rates: dict[str, float]) -> dict[str, float]:
+    """The best rate of each dtype, in FLOP/s."""
+    best: dict[str, float] = {}
+    for name, rate in rates.items():
+        best[rate_dtype(name)] = max(rate, best.get(rate_dtype(name), 0.0))
+    return best
+
+
+def compute_dtype(backend: str, dtype: str) -> str:
+    """What a row computes in: an int8 artifact in int8, ONNX Runtime's in fp32 (it runs
+    the graph as exported), the torch backends in the run's dtype."""
+    return "int8" if backend == "onnx-int8" else "fp32" if backend == "onnx" else dtype
+
+
+def gpu_gemm_rates(device: str, dtype: str, runs: int = 10) -> dict[str, float]:
+    """The GPU's matmul rate in FLOP/s at the compute dtype (square 8192 and the FFN shape)."""
+    import torch
+
+    from distilserve.models.runtime.torch_device import TORCH_DTYPES
+
+    rates = {}
+    for name, (m, k, n) in {"square 8192": (8192, 8192, 8192),
+                            "ffn 16384x768x3072": (16384, 768, 3072)}.items():
+        a = torch.randn(m, k, device=device, dtype=TORCH_DTYPES[dtype])
+        b = torch.randn(k, n, device=device, dtype=TORCH_DTYPES[dtype])
+        rates[f"torch {dtype} {name}"] = 2 * m * k * n / fastest(
+            lambda a=a, b=b: a @ b, runs, lambda: torch.cuda.synchronize(device))
+    return rates
+
+
+def flops_per_sentence(model, length: int) -> int:
+    """Counted, not estimated: every matmul of one forward pass over one sentence
+    (recursion and attention included), via torch's FlopCounterMode. Attention through
+    scaled_dot_product_attention is counted on its math path: the counter has no formula
+    for the CPU's fused kernel and counted it as 0."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    ids = torch.randint(1000, 30000, (1, length))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, \
+            torch.no_grad():
+        model(ids, torch.ones_like(ids), torch.zeros_like(ids))
+    return int(counter.get_total_flops())
+
+
+def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
+    """Writes the artifact for one measurement (once) and returns the worker's spec."""
+    from distilserve.models import export
+    from distilserve.models.io import checkpoint
+    from distilserve.models.io.manifest import Manifest
+
+    folder = opts.output / "artifacts" / _key(row, backend, loop).replace("/", "_")
+    manifest = folder / "manifest.json"
+    source = Path(row.source) if row.source else (
+        opts.output / "artifacts" / f"{row.family}-{row.preset}-{row.overrides}")
+    stale = (row.source and manifest.exists()  # a student distilled again since its export
+             and (source / "config.json").stat().st_mtime > manifest.stat().st_mtime)
+    if not manifest.exists() or stale:
+        if not (source / "config.json").exists():
+            checkpoint.save(checkpoint.new(row.family, row.preset, "embed",
+                                           overrides=dict(row.overrides)), source)
+        fmt = {"onnx-int8": "onnx"}.get(backend, backend)
+        export.export(source, folder, fmt, loop, "int8" if backend == "onnx-int8" else None,
+                      max_length=max(opts.length, 16), force=True)
+    m = Manifest.read(folder)
+    # the worker runs in the repository's root: the folder whatever this one's cwd
+    return {"backend": m.backend, "folder": str(folder.resolve()), "artifact": m.artifact,
+            "num_iterations": m.num_iterations, "parameters": m.parameters,
+            "dtypes": m.allowed_dtypes, "parity": m.parity["max_abs_diff"],
+            "quantization": m.quantization}
+
+
+def _versions(device: str) -> dict[str, str]:
+    """What the report was measured with."""
+    import platform
+
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    if device != "cpu":
+        out.update(gpu=torch.cuda.get_device_name(), cuda=str(torch.version.cuda))
+    return out
+
+
+def student_rows(folder: Path) -> list[Row]:
+    """One row per distilled student under ``folder`` (see ``distilserve distill``)."""
+    rows = []
+    for path in sorted(p.parent for p in folder.glob("*/distillation.json")):
+        record = json.loads((path / "distillation.json").read_text())
+        rows.append(Row(f"{record['family']} student", record["family"], record["preset"],
+                        source=str(path.resolve())))
+    return rows
+
+
+def rescore(results: list[dict], references: dict[str, float], device: str, dtype: str) -> None:
+    """Efficiency against this run's GEMM rate of the dtype each row computes in
+    (``references``: dtype -> FLOP/s), for the rows measured on its device in its dtype
+    (those a resumed run skipped included); rows of another run's dtype (a GPU's fp32
+    beside its fp16) keep that run's rate."""
+    for r in results:
+        if (r.get("device", "cpu"), r.get("dtype", "fp32")) == (device, dtype):
+            score(r, references)
+
+
+def score(r: dict, references: dict[str, float]) -> None:
+    """A measured row's efficiency against the GEMM rate of the dtype it computes in,
+    where that rate was measured."""
+    gemm = references.get(compute_dtype(r.get("backend", ""), r.get("dtype", "fp32")))
+    if "gflop_per_s" in r and gemm:
+        r.update(gemm_gflop_per_s=gemm / 1e9, efficiency=r["gflop_per_s"] * 1e9 / gemm)
+
+
+def _key(row: Row, backend: str, loop: str, opts: Options | None = None) -> str:
+    where = (f"|{opts.device}|{opts.dtype}" if opts and (opts.device, opts.dtype) != ("cpu", "fp32")
+             else "")
+    return f"{row.name}|{backend}|{loop}{where}{'|graphs' if opts and opts.cuda_graphs else ''}"
+
+
+def _column(backend: str, opts: Options) -> str:
+    """The report's column: the backend; on a GPU or in a half dtype with its dtype, and
+    graphs if used."""
+    if (opts.device, opts.dtype) == ("cpu", "fp32"):
+        return backend
+    return f"{backend} {opts.dtype}{' graphs' if opts.cuda_graphs else ''}"
+
+
+def _loops(row: Row, backend: str) -> tuple:
+    from distilserve.models.families import RECURSIVE
+
+    return ("unroll", "keep") if row.family in RECURSIVE and backend != "torch" else ("unroll",)
+
+
+def measure_all(opts: Options, progress=print) -> list[dict]:
+    """Measures every row x backend x loop not already in results.jsonl."""
+    from distilserve.models import families
+    from distilserve.models.io import checkpoint
+
+    opts.output.mkdir(parents=True, exist_ok=True)
+    log = opts.output / "results.jsonl"
+    done = {}
+    if log.exists():
+        for line in log.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done[r["key"]] = r
+    threads = opts.threads or available_cores()
+    if opts.device == "cpu":
+        progress(f"measuring the fp32, bf16 and int8 GEMM rates ({threads} threads)")
+        rates = gemm_rates(threads)
+    else:
+        progress(f"measuring the {opts.dtype} GEMM rate on {opts.device}")
+        rates = gpu_gemm_rates(opts.device, opts.dtype)
+    references = reference_rates(rates)
+    rows = [row for row in opts.rows if opts.dtype in families.get(row.family).dtypes]
+    for row in opts.rows:
+        if row not in rows:  # e.g. CMOW in fp16: not a failure, a row the dtype leaves out
+            progress(f"{row.name}: left out, {row.family} does not run in {opts.dtype}")
+    jobs = [(row, b, loop) for row in rows for b in opts.backends for loop in _loops(row, b)]
+    for n, (row, backend, loop) in enumerate(jobs, 1):
+        key = _key(row, backend, loop, opts)
+        if key in done:
+            continue
+        progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}: preparing")
+        spec = prepare(row, backend, loop, opts)
+        model = checkpoint.load(Path(spec["folder"]) / "checkpoint").model
+        flops = flops_per_sentence(model, opts.length)
+        del model
+        progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}: measuring")
+        spec.update(batch_size=opts.batch_size, length=opts.length, batches=opts.batches,
+                    repeats=opts.repeats, latency_runs=opts.latency_runs, threads=threads,
+                    device=opts.device, dtype=opts.dtype, cuda_graphs=opts.cuda_graphs)
+        out = subprocess.run([sys.executable, "-m", "distilserve.bench.worker", json.dumps(spec)],
+                             capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+        if out.returncode != 0:
+            result = {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
+        else:
+            result = json.loads(out.stdout.strip().splitlines()[-1])
+            result["gflop_per_s"] = result["sentences_per_s"] * flops / 1e9
+        if row.source:
+            distilled = json.loads((Path(row.source) / "distillation.json").read_text())
+            result["fidelity"] = distilled["fidelity"]
+        record = {"key": key, "model": row.name, "family": row.family, "preset": row.preset,
+                  "overrides": dict(row.overrides), "backend": backend,
+                  "device": opts.device, "dtype": opts.dtype,
+                  "column": _column(backend, opts),
+                  "loop": loop if row.family in families.RECURSIVE else None,
+                  "parameters": spec["parameters"], "flops_per_sentence": flops,
+                  "batch_size": opts.batch_size,
+                  "length": opts.length, "parity_max_abs_diff": spec["parity"],
+                  "int8_agreement": spec["quantization"], **result}
+        score(record, references)
+        done[key] = record
+        with log.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    results = list(done.values())  # in the order measured, earlier (resumed) runs included
+    rescore(results, references, opts.device, opts.dtype)
+    (opts.output / "results.json").write_text(json.dumps(
+        {"machine": {"cores": available_cores(), "device": opts.device, "dtype": opts.dtype,
+                     "gemm_gflop_per_s": {d: v / 1e9 for d, v in references.items()},
+                     "gemm_gflop_per_s_by_library": {k: v / 1e9 for k, v in rates.items()}},
+         "settings": {"batch_size": opts.batch_size, "length": opts.length,
+                      "batches": opts.batches, "repeats": opts.repeats},
+         "results": results}, indent=2) + "\n")
+    from distilserve.bench import report
+
+    report.write(opts.output, results, references, rates, _versions(opts.device))
+    return results

@@ -1,0 +1,223 @@
+"""REPORT.md and the PNG charts from the harness's results, with the papers' ratios
+next to the measured ones. ``python -m distilserve.bench.report FOLDER`` draws the charts again from
+FOLDER/results.json (for a run on a machine without matplotlib, such as the lent GPU's)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from distilserve.models.runtime.cores import available_cores
+
+# (what, numerator model, denominator model, quantity, the paper's ratio, source)
+CLAIMS = [
+    ("BERT-base vs DistilBERT", "BERT-base", "DistilBERT", "speed", 0.50, "CMOW paper, A100"),
+    ("MobileBERT vs DistilBERT", "MobileBERT", "DistilBERT", "speed", 0.60, "CMOW paper"),
+    ("TinyBERT-4L vs DistilBERT", "TinyBERT-4L", "DistilBERT", "speed", 3.26, "CMOW paper"),
+    ("CMOW/CBOW-Hybrid vs DistilBERT", "Bidi. CMOW/CBOW-Hybrid", "DistilBERT", "speed", 3.26,
+     "CMOW paper"),
+    ("LR-ALBERT vs ALBERT-base", "LR-ALBERT", "ALBERT-base", "speed", 2.0, "F-ALBERT paper"),
+    ("LR-ALBERT vs ALBERT-base", "LR-ALBERT", "ALBERT-base", "memory", 0.5, "F-ALBERT paper"),
+    ("F-ALBERT vs LR-ALBERT", "F-ALBERT", "LR-ALBERT", "speed", 1.2, "F-ALBERT paper"),
+    ("F-ALBERT vs LR-ALBERT", "F-ALBERT", "LR-ALBERT", "memory", 0.85, "F-ALBERT paper"),
+    ("MiniALBERT-768 vs DistilBERT", "MiniALBERT-768", "DistilBERT", "speed", 1.0,
+     "MiniALBERT paper (same latency as a 6x768 model)"),
+    ("MiniALBERT-768 vs DistilBERT", "MiniALBERT-768", "DistilBERT", "memory", 1.0,
+     "MiniALBERT paper"),
+]
+
+
+def column(r: dict) -> str:
+    """The report's column: the backend, with the dtype on a GPU ("torch fp16")."""
+    return r.get("column", r["backend"])
+
+
+def quantity(r: dict, what: str) -> float:
+    """Speed is sentences/s; memory is peak GPU memory on a GPU, peak RSS on the CPU."""
+    if what == "speed":
+        return r["sentences_per_s"]
+    return r["peak_gpu_mb"] if "peak_gpu_mb" in r else r["peak_rss_mb"]
+
+
+def _get(results, model, col, loop="unroll"):
+    for r in results:
+        if r["model"] == model and column(r) == col and (r["loop"] in (None, loop)) \
+                and "error" not in r:
+            return r
+    return None
+
+
+def _machine(results: list[dict], references: dict[str, float], rates: dict | None,
+             versions: dict | None) -> str:
+    versions = versions or {}
+    measured = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (rates or {}).items())
+    on_gpu = {r["dtype"]: r["gemm_gflop_per_s"] for r in results
+              if r.get("device", "cpu") != "cpu" and "gemm_gflop_per_s" in r}
+    if on_gpu:  # the rows of each dtype against the GEMM rate of their own run
+        where = (f"{versions.get('gpu', 'a GPU')} (CUDA {versions.get('cuda')}), GEMM at the "
+                 "compute dtype " + ", ".join(f"{d} {g / 1e3:.0f}" for d, g in on_gpu.items())
+                 + f" TFLOP/s, each measured in its dtype's run (this run: {measured})")
+        memory = "peak GPU memory (torch.cuda.max_memory_allocated)"
+    else:
+        by_dtype = ", ".join(f"{d} {v / 1e9:.0f}" for d, v in references.items())
+        where = (f"{available_cores()} cores, GEMM {by_dtype} GFLOP/s measured in this run "
+                 f"({measured})")
+        memory = "peak RSS of the measuring process"
+    used = ", ".join(f"{k} {v}" for k, v in versions.items() if k not in ("gpu", "cuda"))
+    return f"Machine: {where}; {used}. Memory is {memory}."
+
+
+def write(folder: Path, results: list[dict], references: dict[str, float],
+          rates: dict | None = None,
+          versions: dict | None = None) -> None:
+    backends = list(dict.fromkeys(column(r) for r in results))
+    quick = results and all(r.get("preset") == "tiny" for r in results)
+    sizes = ("the tiny test presets (--quick: a check that the harness works, not the "
+             "papers' sizes)" if quick else "the papers' sizes")
+    lines = ["# distilserve bench", "",
+             _machine(results, references, rates, versions) + " Efficiency is achieved "
+             "FLOP/s (counted FLOPs x sentences/s) over the GEMM rate of the dtype the row "
+             "computes in (ONNX Runtime's in fp32, an int8 export's in int8). Batches of "
+             f"{results[0]['batch_size'] if results else '?'} x "
+             f"{results[0]['length'] if results else '?'} random token ids, median of "
+             "repeats (min-max in brackets), each model in its own process. Fresh weights "
+             f"at {sizes} (speed does not depend on weight values).", "",
+             "![throughput](throughput.png)", "", "## The papers' claims, measured", "",
+             "| claim | paper | " + " | ".join(backends) + " | source |",
+             "|---|---|" + "---|" * len(backends) + "---|"]
+    for what, num, den, qty, paper, source in CLAIMS:
+        cells = []
+        for b in backends:
+            a, d = _get(results, num, b), _get(results, den, b)
+            cells.append(f"{quantity(a, qty) / quantity(d, qty):.2f}" if a and d else "-")
+        lines.append(f"| {what} ({qty}) | {paper:.2f} | " + " | ".join(cells) + f" | {source} |")
+    lines += ["", "## All measurements", "",
+              "| model | backend | loop | params (M) | GFLOP/sent. | sentences/s | "
+              "batch-1 p50/p95 ms | peak memory MB | efficiency |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {column(r)} | {r['loop'] or ''} | | | "
+                         f"failed: {r['error']} | | | |")
+            continue
+        lines.append(
+            f"| {r['model']} | {column(r)} | {r['loop'] or ''} | {r['parameters'] / 1e6:.1f} "
+            f"| {r['flops_per_sentence'] / 1e9:.3f} | {r['sentences_per_s']:.1f} "
+            f"({r['sentences_per_s_min']:.0f}-{r['sentences_per_s_max']:.0f}) | "
+            f"{r['latency_ms_p50']:.1f} / {r['latency_ms_p95']:.1f} | "
+            f"{quantity(r, 'memory'):.0f} | "
+            f"{format(r['efficiency'], '.0%') if 'efficiency' in r else '-'} |")
+    lines += ["", "![memory](memory.png)", "", "![throughput vs parameters](params.png)", ""]
+    students = [r for r in results if "fidelity" in r and "error" not in r]
+    if students:
+        lines += ["## Distilled students: speed against fidelity to MiniLM", "",
+                  "Students distilled from all-MiniLM-L6-v2 by `distilserve distill` "
+                  "(distilserve/training/distill.py); fidelity on held-out docstring sentences: Spearman "
+                  "correlation of pairwise cosine similarities with the teacher's, and "
+                  "top-10 neighbour overlap.", "",
+                  "| student | backend | loop | params (M) | sentences/s | Spearman | "
+                  "top-10 overlap |", "|---|---|---|---|---|---|---|"]
+        for r in teacher_rows(results, students) + students:
+            f = r.get("fidelity", {"spearman": 1.0, "top10_overlap": 1.0})
+            lines.append(f"| {r['model']} | {r['backend']} | {r['loop'] or ''} | "
+                         f"{r['parameters'] / 1e6:.1f} | "
+                         f"{r['sentences_per_s']:.1f} | {f['spearman']:.3f} | "
+                         f"{f['top10_overlap']:.3f} |")
+        lines += ["", "![throughput vs fidelity](fidelity.png)", ""]
+    (folder / "REPORT.md").write_text("\n".join(lines))
+    charts(folder, results)
+
+
+def teacher_rows(results: list[dict], students: list[dict]) -> list[dict]:
+    """The teacher's architecture (MiniLM-L6) on the students' backends: fidelity 1."""
+    backends = {r["backend"] for r in students}
+    return [{**r, "model": "MiniLM-L6 (the teacher)"} for r in results
+            if r.get("preset") == "minilm-l6" and "error" not in r
+            and r["backend"] in backends and r["loop"] in (None, "unroll")]
+
+
+def charts(folder: Path, results: list[dict]) -> None:
+    try:
+        import matplotlib
+    except ImportError:  # the report is written; the charts can be drawn elsewhere
+        print(f"bench: charts not drawn (matplotlib is not installed): `python -m distilserve.bench.report "
+              f"{folder}` draws them from its results.json", file=sys.stderr)
+        return
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    measured = [r for r in results if "error" not in r and r["loop"] in (None, "unroll")]
+    if not measured:  # every row failed (REPORT.md says why): no empty axes
+        print("bench: charts not drawn: no row was measured", file=sys.stderr)
+        return
+    students = [r for r in measured if "fidelity" in r]
+    if students:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        for r in teacher_rows(results, students) + students:
+            x = r.get("fidelity", {"spearman": 1.0})["spearman"]
+            ax.scatter(x, r["sentences_per_s"])
+            ax.annotate(f"{r['model']} ({r['backend']})", (x, r["sentences_per_s"]),
+                        fontsize=8)
+        ax.set_xlabel("fidelity to MiniLM (Spearman of pairwise similarities)")
+        ax.set_ylabel("sentences/s")
+        ax.set_yscale("log")
+        ax.set_title("distilled students: speed against fidelity")
+        fig.tight_layout()
+        fig.savefig(folder / "fidelity.png", dpi=100)
+        plt.close(fig)
+    ok = [r for r in measured if "fidelity" not in r]  # the papers' rows
+    if not ok:  # students alone
+        return
+    models = list(dict.fromkeys(r["model"] for r in ok))
+    backends = list(dict.fromkeys(column(r) for r in ok))
+    for name, key, label in (("throughput", "speed", "sentences/s"),
+                             ("memory", "memory", "peak memory (MB)")):
+        fig, ax = plt.subplots(figsize=(12, 5))
+        width = 0.8 / max(len(backends), 1)
+        for i, b in enumerate(backends):
+            values = [next((quantity(r, key) for r in ok if r["model"] == m and column(r) == b), 0)
+                      for m in models]
+            ax.bar(np.arange(len(models)) + i * width, values, width, label=b)
+        ax.set_xticks(np.arange(len(models)) + width * (len(backends) - 1) / 2)
+        ax.set_xticklabels(models, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        ax.legend()
+        ax.set_title(f"{label} per model and backend (loop unrolled)")
+        fig.tight_layout()
+        fig.savefig(folder / f"{name}.png", dpi=100)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for b in backends:
+        rows = [r for r in ok if column(r) == b]
+        ax.scatter([r["parameters"] / 1e6 for r in rows], [r["sentences_per_s"] for r in rows],
+                   label=b)
+    for r in ok:
+        if column(r) == backends[0]:
+            ax.annotate(r["model"], (r["parameters"] / 1e6, r["sentences_per_s"]), fontsize=7)
+    ax.set_xlabel("parameters (M)")
+    ax.set_ylabel("sentences/s")
+    ax.set_yscale("log")
+    ax.legend()
+    ax.set_title("throughput against parameters")
+    fig.tight_layout()
+    fig.savefig(folder / "params.png", dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or not (Path(args[0]) / "results.json").is_file():
+        print("usage: python -m distilserve.bench.report FOLDER (a bench run's output: its results.json)",
+              file=sys.stderr)
+        return 2
+    folder = Path(args[0])
+    charts(folder, json.loads((folder / "results.json").read_text())["results"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

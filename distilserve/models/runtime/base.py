@@ -1,0 +1,212 @@
+"""The interface every runtime backend implements, and how a backend is chosen.
+
+A backend runs one model on one device in one compute dtype: int64 arrays [B, T] in,
+the task's output as float32 out, whatever it computed in ([B, D] embeddings or, exported
+with --token-embeddings, [B, T, D] token vectors; [B, C] or [B, T, C] logits).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distilserve.models.runtime.matrix_units import KNOWN, bf16_units
+
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
+DTYPES = ("fp32", "fp16", "bf16")
+DEVICES_HELP = "cpu, cuda, cuda:N or auto"
+
+log = logging.getLogger("distilserve")
+
+
+class BackendError(Exception):
+    """A device or dtype that this backend cannot give; the message says why."""
+
+
+class Backend(ABC):
+    """Runs one model: int64 arrays [B, T] by name (input_ids, attention_mask,
+    token_type_ids) in, the task's output array (float32) out."""
+
+    name: str = ""
+    device: str = "cpu"  # where it runs: cpu, cuda:0, ...
+    dtype: str = "fp32"  # what it computes in
+    dtype_reason: str = ""  # why that dtype (choose_dtype)
+    asynchronous: bool = False  # launch returns before the work is done (a GPU)
+    # it computes on the CPU through PyTorch's thread pool (OpenMP), which keeps a team of
+    # threads for each thread that calls it (the service runs all such models on one)
+    openmp: bool = False
+
+    @abstractmethod
+    def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray: ...
+
+    def launch(self, inputs: dict[str, np.ndarray]) -> Any:
+        """Starts a batch; ``collect`` of what it returns gives the outputs. An
+        asynchronous backend returns at once, so the caller can prepare the next batch
+        while the device works; a caller has at most two batches started and not yet
+        collected (the GPU backends stage inputs in two buffers, in turn)."""
+        return self.run(inputs)
+
+    def collect(self, launched: Any) -> np.ndarray:
+        return launched
+
+    def use_graphs(self, shapes: Sequence[tuple[int, int]], max_tokens: int | None = None) -> bool:
+        """Runs the batches that fit one of ``shapes`` [B, T] of at most ``max_tokens``
+        B x T (padded up to it) from CUDA graphs, each captured at its first batch; False
+        where this backend cannot (it is not a PyTorch backend on a GPU), and nothing
+        changes."""
+        return False
+
+
+def check_device(device: str) -> str:
+    """``device`` if it is one of cpu, cuda, cuda:N, auto; else BackendError."""
+    kind, _, index = device.partition(":")
+    if kind in ("cpu", "auto") and not index or kind == "cuda" and (not index or index.isdigit()):
+        return device
+    raise BackendError(f"unknown device {device!r} ({DEVICES_HELP})")
+
+
+def choose_dtype(requested: str, device: str, allowed: Sequence[str],
+                 cpu_bf16: bool = True) -> tuple[str, str]:
+    """The compute dtype and why: ``auto`` is, on a GPU, the first of fp16, bf16 that the
+    model allows, and on the CPU bf16 where the processor has bf16 matrix units
+    (distilserve/models/runtime/matrix_units.py), the model allows it and its family gains from it
+    (``cpu_bf16``: Family.cpu_bf16); fp32 otherwise. An explicit dtype must be allowed."""
+    if requested == "auto":
+        if device != "cpu":
+            chosen = next((d for d in ("fp16", "bf16") if d in allowed), None)
+            if chosen is None:
+                return "fp32", "auto: fp32 on a GPU, the model runs in neither fp16 nor bf16"
+            return chosen, f"auto: {chosen}, the first of fp16, bf16 that the model allows on a GPU"
+        units = bf16_units()
+        if units is None:
+            return "fp32", f"auto: fp32, this CPU has no bf16 matrix units ({KNOWN})"
+        if not cpu_bf16:
+            return "fp32", (f"auto: fp32; this CPU's {units} would run bf16, which is "
+                            "slower for this family (not large matrix products)")
+        if "bf16" not in allowed:
+            return "fp32", (f"auto: fp32; this CPU's {units} would run bf16, which the "
+                            f"model does not ({', '.join(allowed)}: its family's, less "
+                            "those its export's parity check failed)")
+        return "bf16", f"auto: bf16, on this CPU's {units}"
+    if requested not in DTYPES:
+        raise BackendError(f"unknown dtype {requested!r} (auto, {', '.join(DTYPES)})")
+    if requested not in allowed:
+        raise BackendError(f"dtype {requested} is not one this model runs in "
+                           f"({', '.join(allowed)})")
+    return requested, "asked for (DISTILSERVE_DTYPE, or the model's manifest)"
+
+
+def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: int = 0,
+                 num_iterations: int | None = None, device: str = "cpu", dtype: str = "fp32",
+                 allowed: Sequence[str] = DTYPES, checkpoint_instead: bool = False,
+                 token_embeddings: bool = False, task: str | None = None,
+                 quantized: bool = False, cpu_bf16: bool = True) -> Backend:
+    """``kind`` is the manifest's backend: onnx, torchscript or torch. ``device`` and
+    ``dtype`` may be ``auto``; ``allowed`` are the dtypes the model may run in (its
+    family's, less those that failed the export's parity check); ``token_embeddings``: an
+    embedding model exported to give its token vectors, and ``task``: the manifest's (a
+    checkpoint run in its place, or traced at load, gives what the artifact gives: a
+    masked-language model's checkpoint loaded without its task is an embedding model);
+    ``cpu_bf16``: whether auto may choose bf16 on a CPU (its family's ``cpu_bf16``).
+
+    With ``checkpoint_instead`` (the service), an ONNX model runs as asked where ONNX
+    Runtime cannot run it so: from its folder's checkpoint, traced with TorchScript at
+    load. That is on a GPU (cuda, or auto with one visible) where this onnxruntime has no
+    CUDA execution provider, and on the CPU in fp16 or bf16 (ONNX Runtime computes in
+    fp32), as ``auto`` chooses on a CPU with bf16 matrix units; not for an int8 artifact
+    (``quantized``), which ONNX Runtime serves as exported. Where ``auto`` asked for it
+    and the checkpoint does not run (or torch is not installed), ONNX Runtime on the CPU
+    in fp32."""
+    folder = Path(folder)
+    check_device(device)
+    if kind == "onnx":
+        from distilserve.models.runtime.onnx import FP32, OnnxBackend, has_cuda_provider
+
+        failed = None
+        if checkpoint_instead and _wants_gpu(device):
+            if not has_cuda_provider():
+                backend, failed = _checkpoint_instead(folder, threads, device, dtype, allowed,
+                                                      token_embeddings, task, cpu_bf16,
+                                                      NO_CUDA_PROVIDER)
+                if backend is not None:
+                    return backend
+                device = "cpu"  # auto, and the checkpoint did not run on the GPU
+        elif (checkpoint_instead and not quantized
+              and choose_dtype(dtype, "cpu", allowed, cpu_bf16)[0] != "fp32"):
+            backend, failed = _checkpoint_instead(folder, threads, "cpu", dtype, allowed,
+                                                  token_embeddings, task, cpu_bf16, FP32)
+            if backend is not None:
+                return backend
+        onnx = OnnxBackend(folder / artifact, threads, num_iterations, device, dtype)
+        if failed:  # (the log has the whole error, which may name server paths)
+            onnx.dtype_reason = f"{FP32}: its checkpoint, run instead, did not ({failed}; logged)"
+        return onnx
+    if kind == "torchscript":
+        from distilserve.models.runtime.torchscript import TorchScriptBackend
+
+        return TorchScriptBackend(folder / artifact, threads, device, dtype, allowed,
+                                  token_embeddings, task, cpu_bf16)
+    if kind == "torch":
+        from distilserve.models.runtime.torch import TorchBackend
+
+        return TorchBackend(folder / (artifact or "checkpoint"), threads, device, dtype, allowed,
+                            token_embeddings, task, cpu_bf16)
+    raise ValueError(f"unknown backend {kind!r} (onnx, torchscript, torch)")
+
+
+# the device files a GPU's driver makes (NVIDIA's; WSL's; AMD's, ROCm's torch.cuda)
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
+def _wants_gpu(device: str) -> bool:
+    if device == "auto":
+        if sys.platform == "linux" and not any(map(os.path.exists, GPU_DEVICE_FILES)):
+            return False  # no driver for torch to find a GPU with: torch is not imported
+        import torch  # (its import: a second or more, and ~150 MB)
+
+        return torch.cuda.is_available()
+    return device.startswith("cuda")
+
+
+NO_CUDA_PROVIDER = ("this onnxruntime has no CUDA execution provider (pip install "
+                    "'distilserve[gpu]' for onnxruntime-gpu)")
+
+
+def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
+                        allowed: Sequence[str], token_embeddings: bool, task: str | None,
+                        cpu_bf16: bool, why: str) -> tuple[Backend | None, str | None]:
+    """An ONNX model's checkpoint traced with TorchScript on ``device`` in ``dtype``,
+    where ONNX Runtime cannot run it so (``why``). Where that fails: (None, the error's
+    type, the error logged), for ONNX Runtime on the CPU in fp32, if ``auto`` asked for
+    what failed (device or dtype); a BackendError if it was asked for by name (the torch
+    backends' own where they refuse the device or the dtype)."""
+    on_gpu = device != "cpu"
+    asked, wanted = (f"device {device}", device) if on_gpu else (f"dtype {dtype}", dtype)
+    try:
+        from distilserve.models.runtime.torchscript import TorchScriptBackend
+
+        backend = TorchScriptBackend(folder / "checkpoint", threads, device, dtype, allowed,
+                                     token_embeddings, task, cpu_bf16)
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+        if wanted != "auto":
+            if isinstance(e, BackendError):
+                raise
+            raise BackendError(f"{asked}: {why}, and the model's checkpoint, which would run "
+                               f"{'there' if on_gpu else 'so'} instead, did not: {error}"
+                               ) from None
+        log.warning("%s: ONNX Runtime on the CPU in fp32, not %s: %s, and the model's "
+                    "checkpoint did not run %s: %s", folder.name,
+                    "on the GPU" if on_gpu else f"in {choose_dtype(dtype, device, allowed, cpu_bf16)[0]}",
+                    why, "there" if on_gpu else "so", error)
+        return None, type(e).__name__
+    log.info("%s: an ONNX model, run on %s in %s from its checkpoint, traced with TorchScript: "
+             "%s", folder.name, backend.device, backend.dtype, why)
+    return backend, None

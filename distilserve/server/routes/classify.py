@@ -1,0 +1,78 @@
+"""POST /v1/classify: single texts and text pairs, and texts zero-shot (candidate labels
+scored by an NLI model); POST /classify, Infinity's."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from distilserve.server import errors, postprocess
+from distilserve.server.engine import Engine, Result
+from distilserve.server.routes.common import check_limits, choose, choose_entailing, infer, reply, usage
+from distilserve.server.schemas import (
+    ClassifyRequest,
+    ClassifyResponse,
+    InfinityClassifyRequest,
+    InfinityClassifyResponse,
+    TeiPredictRequest,
+)
+
+router = APIRouter(tags=["classification"])
+
+
+@router.post("/v1/classify", response_model=ClassifyResponse, responses=errors.INFERENCE)
+async def classify(body: ClassifyRequest, request: Request):
+    engine, results, result = await (zero_shot(body, request) if body.candidate_labels
+                                     else classified(body, request, body.top_k))
+    return reply(request, {"model": engine.name, "results": results}, result)
+
+
+@router.post("/classify", response_model=InfinityClassifyResponse, responses=errors.INFERENCE)
+async def classify_infinity(body: InfinityClassifyRequest, request: Request):
+    """Infinity's: every label's score per input, highest first."""
+    engine, results, result = await classified(body, request)
+    return reply(request, {"object": "classify", "data": results, "model": engine.name,
+                           "usage": usage(result)}, result)
+
+
+async def classified(body: ClassifyRequest | TeiPredictRequest | InfinityClassifyRequest,
+                     request: Request, top_k: int | None = None
+                     ) -> tuple[Engine, list[list[dict]], Result]:
+    """The classification model, each input's labels and scores (highest first, the best
+    ``top_k``), and the run (also TEI's /predict and Infinity's /classify)."""
+    engine, result = await run(body, request)
+    scores = result.postprocessed  # the pipeline's function, applied by their batch
+    if body.function is not None:
+        scores = [postprocess.label_scores(logits, engine.labels, engine.multi_label,
+                                           body.function) for logits in result.outputs]
+    return engine, [postprocess.best(each, engine.labels, top_k) for each in scores], result
+
+
+async def run(body: ClassifyRequest | TeiPredictRequest | InfinityClassifyRequest,
+              request: Request) -> tuple[Engine, Result]:
+    """The classification model and its run on the body's inputs (each output the input's
+    logits; also the Open Inference Protocol's infer, which answers them in label order)."""
+    engine = choose(request, body.model, "classify")
+    check_limits(request, body.texts)
+    return engine, await infer(request, engine, body.texts, body.truncation)
+
+
+async def zero_shot(body: ClassifyRequest, request: Request
+                    ) -> tuple[Engine, list[list[dict]], Result]:
+    """The NLI model, each text's candidate labels and their scores (highest first, the
+    best ``top_k``), and the run: transformers' zero-shot-classification pipeline, the
+    model run on every (text, a label's hypothesis) pair (the pairs are the request's
+    inputs for its limits)."""
+    engine = choose_entailing(request, body.model)
+    labels, hypotheses = body.candidate_labels, body.hypotheses()
+    pairs = [(text, hypothesis) for text in body.texts for hypothesis in hypotheses]
+
+    def named(k: int) -> str:  # (the pairs: each text with each label, in turn)
+        return f"input {k // len(labels)} with candidate label {labels[k % len(labels)]!r}"
+
+    check_limits(request, pairs, what="(text, candidate label) pairs", named=named)
+    result = await infer(request, engine, pairs, body.truncation, named=named)
+    logits = np.stack(result.outputs).reshape(len(body.texts), len(labels), -1)  # [N, L, C]
+    return engine, [postprocess.best(postprocess.zero_shot(
+        each, engine.entailment, body.multi_label, body.raw_scores), labels, body.top_k)
+        for each in logits], result

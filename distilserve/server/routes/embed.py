@@ -1,0 +1,47 @@
+"""POST /v1/embeddings (OpenAI-compatible: texts or token ids, ``dimensions``; also at
+/embeddings, as TEI and Infinity serve it) and POST /v1/embed (also Cohere's v1 body)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from distilserve.server import errors, postprocess
+from distilserve.server.routes import cohere
+from distilserve.server.routes.common import embedded, reply, usage
+from distilserve.server.schemas import (
+    CohereEmbedResponse,
+    CohereV1EmbedRequest,
+    EmbedBody,
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    EmbedResponse,
+)
+
+router = APIRouter(tags=["embeddings"])
+
+
+@router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
+@router.post("/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
+async def embeddings(body: EmbeddingsRequest, request: Request):
+    # unit length, the first ``dimensions`` components re-normalised; a long input: its
+    # end is cut; token ids in the vocabulary the model reads them in (foreign_ids)
+    engine, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
+                                             foreign_ids=True)
+    data = [{"object": "embedding", "index": i,
+             "embedding": postprocess.embedding_payload(v, body.encoding_format)}
+            for i, v in enumerate(vectors)]
+    return reply(request, {"object": "list", "data": data, "model": engine.name,
+                  "usage": usage(result)}, result)
+
+
+@router.post("/v1/embed", response_model=EmbedResponse | CohereEmbedResponse,
+             responses=errors.INFERENCE)
+async def embed(body: EmbedBody, request: Request):
+    """The native body (``inputs``), or Cohere's v1 (``texts``, ``cohere.Client.embed``),
+    answered in Cohere's v1 shape."""
+    if isinstance(body, CohereV1EmbedRequest):
+        return await cohere.embed_v1(body, request)
+    engine, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
+                                             body.prompt_name, body.truncation, body.normalize)
+    return reply(request, {"model": engine.name, "embeddings": vectors, "usage": usage(result)},
+                 result)

@@ -1,0 +1,66 @@
+"""POST /v1/ner: entities with character offsets into the text as sent, as transformers'
+token-classification pipeline finds them. With ``stride``, a text longer than the model's
+max_length tokens is read whole, as the pipeline reads it: in overlapping windows, each an
+input of its own in the model's batches, their entities merged where they overlap."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from distilserve.server import errors, postprocess
+from distilserve.server.engine import Engine, Result
+from distilserve.server.errors import ApiError
+from distilserve.server.routes.common import check_limits, choose, infer, reply
+from distilserve.server.schemas import NerRequest, NerResponse
+
+router = APIRouter(tags=["ner"])
+
+
+@router.post("/v1/ner", response_model=NerResponse, responses=errors.INFERENCE)
+async def ner(body: NerRequest, request: Request):
+    engine, results, result = await recognised(body, request)
+    return reply(request, {"model": engine.name, "results": results}, result)
+
+
+async def recognised(body: NerRequest, request: Request
+                     ) -> tuple[Engine, list[list[dict]], Result]:
+    """The NER model, each input's entities and the run (also POST /'s, the Hugging Face
+    Inference API's body, and the Open Inference Protocol's)."""
+    engine = choose(request, body.model, "ner")
+    check_limits(request, body.texts)
+    texts, ignore = body.texts, tuple(body.ignore_labels)
+    if body.stride is None:
+        result = await infer(request, engine, texts, body.truncation)
+    else:
+        result = await infer(request, engine, texts, None, _windows(engine, body.stride))
+    results = await asyncio.to_thread(  # postprocessing off the event loop
+        lambda: [entities(engine, text, output, body.aggregation_strategy, ignore)
+                 for text, output in zip(texts, result.outputs)])
+    return engine, results, result
+
+
+def _windows(engine: Engine, stride: int) -> tuple[int, int]:
+    """Windows of the model's max_length tokens, each ``stride`` over the one before (a 422
+    unless that leaves each window something new)."""
+    if stride >= engine.room:
+        raise ApiError(422, "invalid_request", f"stride {stride}: model {engine.name!r} "
+                       f"reads windows of {engine.room} tokens of text (its max_length, "
+                       f"{engine.max_length}, less its special tokens); stride must be less")
+    return engine.max_length, stride
+
+
+def entities(engine: Engine, text: str, output, strategy: str,
+             ignore: tuple[str, ...]) -> list[dict]:
+    """One text's token logits [T, C] and its encoding, or a list of its windows' -> the
+    pipeline's entities (those of the windows merged where they overlap)."""
+    if isinstance(output, list):
+        found = [e for window in output for e in entities(engine, text, window, strategy,
+                                                          ignore)]
+        return postprocess.overlapping(found) if len(output) > 1 else found
+    logits, encoding = output
+    info = postprocess.TokenInfo.of(encoding, engine.unk_id, engine.word_aware)
+    return postprocess.entities(text, info, np.asarray(logits), engine.labels, strategy,
+                                ignore)

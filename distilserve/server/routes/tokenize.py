@@ -1,0 +1,49 @@
+"""POST /v1/tokenize (also /tokenize, as TEI serves it): each input's tokens, with
+character offsets; and POST /v1/decode (also /decode, TEI's): token ids back to text."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from fastapi import APIRouter, Request, Response
+
+from distilserve.server import errors
+from distilserve.server.routes.common import check_limits, check_token_ids, choose_tokenizer, with_prompt
+from distilserve.server.schemas import DecodeRequest, Token, TokenizeRequest
+
+router = APIRouter(tags=["tokenize"])
+# never queued: no 429
+RESPONSES = errors.responses(400, 401, 404, 413, 422, 503)
+
+
+@router.post("/v1/tokenize", response_model=list[list[Token]], responses=RESPONSES)
+@router.post("/tokenize", response_model=list[list[Token]], responses=RESPONSES)
+async def tokenize(body: TokenizeRequest, request: Request):
+    return Response(orjson.dumps(await tokenized(request, body)), media_type="application/json")
+
+
+@router.post("/v1/decode", response_model=list[str], responses=RESPONSES)
+@router.post("/decode", response_model=list[str], responses=RESPONSES)
+async def decode(body: DecodeRequest, request: Request):
+    """Each input's text, one per list of ids (special tokens left out unless
+    ``skip_special_tokens`` is false)."""
+    return Response(orjson.dumps(await decoded(request, body)), media_type="application/json")
+
+
+async def tokenized(request: Request, body: TokenizeRequest) -> list[list[dict]]:
+    """Each input's tokens (behind the prompt named, if any)."""
+    engine = choose_tokenizer(request, body.model)
+    check_limits(request, body.texts)
+    texts = (body.texts if body.prompt_name is None
+             else with_prompt(engine, body.texts, body.prompt_name))
+    return await asyncio.to_thread(engine.tokens, texts, body.add_special_tokens)
+
+
+async def decoded(request: Request, body: DecodeRequest) -> list[str]:
+    """Each input's text."""
+    engine = choose_tokenizer(request, body.model)
+    ids = body.texts
+    check_limits(request, ids)
+    check_token_ids(engine, ids)
+    return await asyncio.to_thread(engine.decode, ids, body.skip_special_tokens)

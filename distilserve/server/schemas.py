@@ -1,0 +1,881 @@
+"""Request and response bodies (the routes the README lists)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+Strategy = Literal["none", "simple", "first", "average", "max"]
+ZERO_SHOT_TEMPLATE = "This example is {}."  # transformers' zero-shot-classification's
+Texts = str | Annotated[list[str], Field(min_length=1)]
+Pair = Annotated[list[str], Field(min_length=2, max_length=2)]
+
+
+def _check_unicode(text: str, what: str) -> None:
+    """JSON's \\uXXXX escapes can spell lone surrogates, which are no text at all (the
+    tokenizer cannot take them): refused, ``what`` named."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PydanticCustomError("invalid_text", "{what} is not valid Unicode: a lone "
+                                  "surrogate at character {at}",
+                                  {"what": what, "at": e.start}) from None
+
+
+def numbered(index: int) -> str:
+    """What a client calls the text at ``index`` of those a route runs, where they are its
+    inputs in order."""
+    return f"input {index}"
+
+
+def leading(first: str, then: str) -> Callable[[int], str]:
+    """What a client calls the text at an index of one text and then its inputs (a
+    rerank's query and documents, /similarity's source sentence and sentences): ``first``,
+    then ``then N`` counted from 0."""
+    return lambda index: f"{then} {index - 1}" if index else first
+
+
+def _whole(value):
+    """JSON Schema's integers include 3.0; the strict models take it as 3 (but not 3.5,
+    "3" or true)."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# bounded: no model could use more (a vocabulary, a width, a count of labels or
+# documents), and nothing past a machine integer reaches numpy
+LARGEST = 2**31 - 1
+Count = Annotated[int, Field(ge=1, le=LARGEST), BeforeValidator(_whole)]
+# one input as the model's own vocabulary ids, no special tokens
+TokenIds = list[Annotated[int, Field(ge=0, le=LARGEST), BeforeValidator(_whole)]]
+Dimensions = Annotated[Count | None, Field(None, description="keep the first N "
+                                           "components, re-normalised (Matryoshka-style)")]
+
+
+class _Request(BaseModel):
+    # strict: true/false are booleans (not 0, 1 or "false"), numbers are not strings
+    model_config = ConfigDict(extra="ignore", protected_namespaces=(), strict=True)
+    model: str | None = None
+    # what the client calls the text at an index of ``texts`` (in messages)
+    name_of: ClassVar[Callable[[int], str]] = staticmethod(numbered)
+
+    @property
+    def texts(self) -> list:
+        """The inputs as a list: texts, (text, text) pairs, or token-id lists."""
+        value = self.inputs
+        if isinstance(value, str) or value and isinstance(value[0], int):
+            value = [value]
+        return [x if isinstance(x, str) or not x or isinstance(x[0], int)  # text, ids
+                else (x[0], x[1]) for x in value]  # a pair
+
+    @model_validator(mode="after")
+    def _unicode(self):
+        """Every text is Unicode (_check_unicode)."""
+        for i, text in enumerate(self.texts):
+            if isinstance(text, list):  # token ids
+                continue
+            for part in (text,) if isinstance(text, str) else text:
+                _check_unicode(part, self.name_of(i))
+        return self
+
+
+class _Truncation(BaseModel):
+    """How an input longer than the model's max_length tokens is cut, if at all."""
+
+    model_config = _Request.model_config
+    truncate: bool = Field(True, description="cut an input longer than the model's "
+                           "max_length tokens (false: such an input is a 413)")
+    # TEI's field, with its spelling ("Right", "Left") too
+    truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
+        "right", description="where an input is cut: its end (right) or its start (left, "
+        "keeping the most recent text)")
+
+    @property
+    def truncation(self) -> str | None:
+        """How the engine cuts a long input: "right", "left", or None (refused)."""
+        return self.truncation_direction.lower() if self.truncate else None
+
+
+class _Truncated(_Truncation, _Request):
+    """A request whose inputs may be longer than the model's max_length tokens."""
+
+
+class EmbeddingsRequest(_Request):
+    """OpenAI's /v1/embeddings."""
+
+    input: (Texts | Annotated[TokenIds, Field(min_length=1)]
+            | Annotated[list[TokenIds], Field(min_length=1)]) = Field(
+        description="a text, a non-empty list of texts, or token ids: [int] (one input) or "
+        "[[int]], the model's own vocabulary ids without special tokens")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Dimensions = None
+    user: str | None = None
+
+    @property
+    def inputs(self):
+        return self.input  # OpenAI's name
+
+
+class EmbedRequest(_Truncated):
+    inputs: Texts
+    normalize: bool = True
+    prompt_name: str | None = Field(None, description="one of the model's prompts (GET "
+                                    "/v1/models lists them), put before every input; "
+                                    "default: its default prompt, if it has one")
+    dimensions: Dimensions = None
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    text: str
+
+
+class RerankRequest(_Truncated):
+    """Jina's and Cohere's /rerank (also vLLM's and Infinity's)."""
+
+    query: str
+    documents: Annotated[list[str | RerankDocument], Field(min_length=1)] = Field(
+        description='texts, or objects with a "text" (Jina\'s and Cohere\'s other form)')
+    top_n: Count | None = Field(None, description="return the best N (default all)")
+    return_documents: bool = False
+    name_of = staticmethod(leading("the query", "document"))
+    raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
+                             "probability (TEI's field); an embedding model: the cosine")
+
+    @property
+    def document_texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+    @property
+    def texts(self) -> list:
+        return [self.query, *self.document_texts]
+
+
+CohereInputType = Literal["search_document", "search_query", "classification", "clustering"]
+INPUT_TYPE = ("the model's prompt it is put behind, where it has one: query, document (or "
+              "passage, corpus), classification, clustering")
+CohereTypes = Annotated[list[Literal["float", "int8", "uint8", "binary", "ubinary", "base64"]],
+                        Field(min_length=1)]
+
+
+class CohereEmbedRequest(_Request):
+    """Cohere's v2 embed (``cohere.ClientV2.embed``): texts (images are not served)."""
+
+    texts_: Annotated[list[str], Field(min_length=1)] = Field(alias="texts")
+    input_type: CohereInputType = Field(description=INPUT_TYPE)
+    embedding_types: CohereTypes = ["float"]
+    output_dimension: Dimensions
+    truncate: Literal["NONE", "START", "END"] = "END"
+    images: list | None = Field(None, description="not served: texts only")
+    name_of = staticmethod(lambda index: f"text {index}")
+
+    @field_validator("images")
+    @classmethod
+    def _texts_only(cls, value):
+        if value is not None:
+            raise PydanticCustomError("not_served", "images are not served here: send texts")
+        return value
+
+    @property
+    def texts(self) -> list:
+        return self.texts_
+
+
+class CohereV1EmbedRequest(CohereEmbedRequest):
+    """Cohere's v1 embed (``cohere.Client.embed``), on /v1/embed: ``input_type`` and
+    ``embedding_types`` optional (without types: the floats alone, Cohere's
+    "embeddings_floats" answer)."""
+
+    input_type: CohereInputType | None = Field(None, description=INPUT_TYPE)
+    embedding_types: CohereTypes | None = None
+
+
+def _embed_body(value) -> str:
+    """Which body /v1/embed was sent: Cohere's v1 (``texts`` and no ``inputs``) or the
+    native one; the errors are then that body's alone."""
+    if isinstance(value, CohereV1EmbedRequest) or (
+            isinstance(value, dict) and "texts" in value and "inputs" not in value):
+        return "Cohere"
+    return "Native"
+
+
+EmbedBody = Annotated[Annotated[EmbedRequest, Tag("Native")]
+                      | Annotated[CohereV1EmbedRequest, Tag("Cohere")],
+                      Discriminator(_embed_body)]
+
+
+class CohereEmbedResponse(BaseModel):
+    id: str
+    response_type: Literal["embeddings_by_type", "embeddings_floats"] = "embeddings_by_type"
+    embeddings: dict[str, list] | list[list[float]] = Field(
+        description="each type asked for: one embedding per text (base64: a string of its "
+        "float32 bytes); v1's embeddings_floats: the float embeddings")
+    texts: list[str]
+    meta: dict
+
+
+class TokenizeRequest(_Request):
+    """TEI's /tokenize."""
+
+    inputs: Texts
+    add_special_tokens: bool = True
+    prompt_name: str | None = Field(None, description="one of the model's prompts, put "
+                                    "before every input (offsets then count its "
+                                    "characters); default: none")
+
+
+# transformers' text-classification pipeline's function_to_apply: how logits become scores
+Function = Literal["softmax", "sigmoid", "none"]
+FUNCTION = ("as transformers' text-classification pipeline's: softmax, sigmoid (each "
+            "label's logit on its own) or none (the logits); default: the sigmoid for one "
+            "label or a multi-label model, else the softmax")
+
+
+class _Scored(BaseModel):
+    """A classifier's request: how its logits become scores."""
+
+    model_config = _Request.model_config
+    raw_scores: bool = Field(False, description="the logits, not probabilities (TEI's field)")
+
+    def _function_to_apply(self) -> Function | None:
+        """The function_to_apply asked for, where the request can ask for one."""
+        return None
+
+    @property
+    def function(self) -> Function | None:
+        """The function_to_apply (postprocess.label_scores'): none for raw_scores; None:
+        as the model's labels say."""
+        return "none" if self.raw_scores else self._function_to_apply()
+
+    @model_validator(mode="after")
+    def _one_function(self):
+        if self.raw_scores and self._function_to_apply() not in (None, "none"):
+            raise PydanticCustomError(
+                "two_functions", "raw_scores asks for the logits and function_to_apply for "
+                "the {function}: send one", {"function": self._function_to_apply()})
+        return self
+
+
+class ClassifyRequest(_Scored, _Truncated):
+    inputs: str | Annotated[list[str | Pair], Field(min_length=1)] = Field(
+        description="a text, a list of texts, or text pairs as two-item lists")
+    top_k: Count | None = Field(None, description="return the N most likely labels "
+                                "(default all)")
+    function_to_apply: Function | None = Field(None, description=FUNCTION)
+    candidate_labels: Annotated[list[str], Field(min_length=1)] | None = Field(
+        None, description="zero-shot classification, as transformers' zero-shot-"
+        "classification pipeline: these labels, not the model's, each scored by an NLI "
+        "model (one with an entailment label) as the hypothesis hypothesis_template makes "
+        "of it, the text its premise; texts only")
+    hypothesis_template: str = Field(ZERO_SHOT_TEMPLATE, description="zero-shot: a "
+                                     "candidate label's hypothesis, {} where the label goes")
+    multi_label: bool = Field(False, description="zero-shot: each candidate label scored on "
+                              "its own (entailment against contradiction), not against the "
+                              "others")
+
+    @field_validator("candidate_labels")
+    @classmethod
+    def _labels(cls, labels: list[str] | None) -> list[str] | None:
+        for i, label in enumerate(labels or ()):
+            _check_unicode(label, f"label {i}")
+        return labels
+
+    @field_validator("hypothesis_template")
+    @classmethod
+    def _template(cls, template: str) -> str:
+        _check_unicode(template, "it")
+        if "{}" not in template:
+            raise PydanticCustomError("zero_shot_template", "it holds no {} for the label "
+                                      "to go in")
+        return template
+
+    def _function_to_apply(self) -> Function | None:
+        return self.function_to_apply
+
+    @model_validator(mode="after")
+    def _zero_shot(self):
+        if self.candidate_labels is not None and any(not isinstance(text, str)
+                                                     for text in self.texts):
+            raise PydanticCustomError("zero_shot_pairs", "candidate_labels: zero-shot "
+                                      "classification takes texts, not pairs")
+        if self.candidate_labels is not None and self.function_to_apply is not None:
+            raise PydanticCustomError("zero_shot_function", "function_to_apply: zero-shot "
+                                      "classification scores labels as multi_label says "
+                                      "(raw_scores: the entailment logits)")
+        return self
+
+    def hypotheses(self) -> list[str]:
+        """Each candidate label's hypothesis."""
+        return [self.hypothesis_template.replace("{}", label)
+                for label in self.candidate_labels]
+
+
+class QaInput(BaseModel):
+    model_config = _Request.model_config
+    question: str = Field(min_length=1, description="kept whole")
+    context: str = Field(min_length=1, description="where the answer is found")
+
+
+class _Questions(_Request):
+    inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)] = Field(
+        description="a question and its context, or a list of them")
+
+    @property
+    def texts(self) -> list[tuple[str, str]]:
+        """(question, context) pairs."""
+        inputs = self.inputs if isinstance(self.inputs, list) else [self.inputs]
+        return [(i.question, i.context) for i in inputs]
+
+
+class QaRequest(_Questions):
+    """Extractive question answering, as transformers' question-answering pipeline."""
+
+    top_k: Count = Field(1, description="the N best answers of each")
+    max_answer_len: Count = Field(15, description="an answer's most tokens")
+    handle_impossible_answer: bool = Field(False, description="the empty answer too, with "
+                                           "its score (start and end 0)")
+    align_to_words: bool = Field(True, description="an answer's span widened to whole words")
+    max_seq_len: Count | None = Field(None, description="a window's tokens, the question's "
+                                      "with the context's (default: the model's max_length, "
+                                      "at most 384)")
+    doc_stride: Annotated[int, Field(ge=0, le=LARGEST)] | None = Field(
+        None, description="the tokens of a context a window shares with the one before "
+        "(default: half a window, at most 128)")
+
+
+class QaAnswer(BaseModel):
+    score: float
+    start: int = Field(description="the answer's first character in the context")
+    end: int = Field(description="the character after its last")
+    answer: str
+
+
+class QaResponse(BaseModel):
+    model: str
+    results: list[list[QaAnswer]] = Field(description="each input's answers, best first")
+
+
+class InfinityClassifyRequest(_Scored, _Truncated):
+    """Infinity's /classify."""
+
+    input: Texts = Field(description="a text or a list of texts")
+
+    @property
+    def inputs(self):
+        return self.input  # Infinity's name
+
+
+class NerRequest(_Truncated):
+    inputs: Texts
+    aggregation_strategy: Strategy = "simple"
+    ignore_labels: list[str] = Field(["O"], description="entities of these labels left "
+                                     "out (the pipeline's; given, they replace O)")
+    stride: Annotated[int, Field(ge=0, le=LARGEST)] | None = Field(
+        None, description="read a text longer than max_length tokens whole, in windows of "
+        "max_length tokens each sharing this many with the one before (the "
+        "token-classification pipeline's stride; truncate and truncation_direction then do "
+        "not apply)")
+
+    @field_validator("stride")
+    @classmethod
+    def _aggregated(cls, stride: int | None, info: ValidationInfo) -> int | None:
+        if stride is not None and info.data.get("aggregation_strategy") == "none":
+            raise PydanticCustomError("stride_unaggregated", "a text read in windows needs "
+                                      "an aggregation_strategy other than none (a token's "
+                                      "index would be its window's)")
+        return stride
+
+
+class _Fill(BaseModel):
+    model_config = _Request.model_config
+    top_k: Count = Field(5, description="the likeliest tokens of each mask (at most as many "
+                         "as targets)")
+    targets: str | Annotated[list[str], Field(min_length=1)] | None = Field(
+        None, description="score only these tokens (a word not in the vocabulary: its first "
+        "token, as the pipeline takes it)")
+
+    @property
+    def target_list(self) -> list[str] | None:
+        return [self.targets] if isinstance(self.targets, str) else self.targets
+
+
+class FillMaskRequest(_Fill, _Truncated):
+    """transformers' fill-mask pipeline: texts with the model's mask token ([MASK])."""
+
+    inputs: Texts
+
+
+class FillMaskToken(BaseModel):
+    score: float = Field(description="its probability at the mask, over the vocabulary")
+    token: int
+    token_str: str
+    sequence: str = Field(description="the input with the mask filled")
+
+
+class FillMaskResponse(BaseModel):
+    model: str
+    results: list[list[list[FillMaskToken]]] = Field(
+        description="per input, per mask token, the likeliest tokens first")
+
+
+class HfFillMaskParameters(_Fill):
+    top_k: Count | None = None  # (FillMaskRequest's default)
+
+
+class HfFillMaskRequest(_Truncated):
+    """huggingface_hub's fill_mask: /v1/fill-mask's, its options as ``parameters``."""
+
+    inputs: Texts
+    parameters: HfFillMaskParameters | None = None
+
+
+# TEI's own bodies (distilserve/server/routes/tei.py) -------------------------------------------------
+# one input of TEI's /predict: [text] or [text, text]
+Sequence = Annotated[list[str], Field(min_length=1, max_length=2)]
+
+
+class HfClassifyParameters(BaseModel):
+    model_config = _Request.model_config
+    top_k: Count | None = Field(None, description="the N most likely labels (default all)")
+    function_to_apply: Function | None = Field(None, description=FUNCTION)
+
+
+class TeiPredictRequest(_Scored, _Truncated):
+    """TEI's /predict: a text, a pair [text, text], or a batch [[text], [text, text], ...];
+    with the Hugging Face Inference API's ``parameters`` (huggingface_hub's
+    text_classification) too."""
+
+    inputs: str | Sequence | Annotated[list[Sequence], Field(min_length=1)] = Field(
+        description="a text, a pair of texts [text, text], or a batch of [text] and "
+        "[text, text] items")
+    parameters: HfClassifyParameters | None = None
+
+    def _function_to_apply(self) -> Function | None:
+        return self.parameters and self.parameters.function_to_apply
+
+    @property
+    def batch(self) -> bool:
+        return not isinstance(self.inputs, str) and isinstance(self.inputs[0], list)
+
+    @property
+    def texts(self) -> list:
+        sequences = self.inputs if self.batch else [self.inputs]
+        return [s if isinstance(s, str) else s[0] if len(s) == 1 else (s[0], s[1])
+                for s in sequences]
+
+
+class TeiRerankRequest(_Truncated):
+    """TEI's /rerank."""
+
+    query: str
+    texts_: Annotated[list[str], Field(min_length=1)] = Field(alias="texts")
+    raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
+                             "probability; an embedding model: the cosine")
+    return_text: bool = False
+    name_of = staticmethod(leading("the query", "document"))
+
+    @property
+    def document_texts(self) -> list[str]:
+        return self.texts_
+
+    @property
+    def texts(self) -> list:
+        return [self.query, *self.texts_]
+
+
+class TeiInputsRequest(_Truncated):
+    """TEI's /embed_all and /embed_sparse."""
+
+    inputs: Texts
+    prompt_name: str | None = Field(None, description="as /v1/embed's")
+
+
+class TeiSimilarityInputs(BaseModel):
+    model_config = _Request.model_config
+    source_sentence: str
+    sentences: Annotated[list[str], Field(min_length=1)] = Field(
+        description="the texts compared with source_sentence")
+
+
+class TeiSimilarityParameters(_Truncation):
+    prompt_name: str | None = Field(None, description="as /v1/embed's")
+
+
+class TeiSimilarityRequest(_Request):
+    """TEI's /similarity (huggingface_hub's InferenceClient.sentence_similarity posts it
+    to /)."""
+
+    inputs: TeiSimilarityInputs
+    parameters: TeiSimilarityParameters | None = None
+    name_of = staticmethod(leading("the source sentence", "sentence"))
+
+    @property
+    def texts(self) -> list:
+        return [self.inputs.source_sentence, *self.inputs.sentences]
+
+
+def _root_body(value) -> str:
+    """Which of TEI's bodies POST / was sent: /similarity's (its inputs an object) or
+    /embed's; the errors are then that body's alone."""
+    inputs = value.get("inputs") if isinstance(value, dict) else getattr(value, "inputs", None)
+    return "Similarity" if isinstance(inputs, dict | TeiSimilarityInputs) else "Embed"
+
+
+TeiRootRequest = Annotated[Annotated[EmbedRequest, Tag("Embed")]
+                           | Annotated[TeiSimilarityRequest, Tag("Similarity")],
+                           Discriminator(_root_body)]
+
+
+class DecodeRequest(_Request):
+    """TEI's /decode: token ids back to text."""
+
+    ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
+        description="one input's ids [int], or several [[int]]")
+    skip_special_tokens: bool = True
+
+    @property
+    def texts(self) -> list:
+        return [self.ids] if not self.ids or isinstance(self.ids[0], int) else self.ids
+
+
+def _rerank_body(value) -> str | None:
+    """Which body /rerank was sent: Cohere's (``documents``) or TEI's (``texts``)."""
+    if isinstance(value, RerankRequest) or isinstance(value, dict) and "documents" in value:
+        return "Cohere"
+    if isinstance(value, TeiRerankRequest) or isinstance(value, dict) and "texts" in value:
+        return "Tei"
+    return None  # neither: the error says what a body needs
+
+
+TeiRerankBody = Annotated[
+    Annotated[TeiRerankRequest, Tag("Tei")] | Annotated[RerankRequest, Tag("Cohere")],
+    Discriminator(_rerank_body, custom_error_type="invalid_body", custom_error_message=(
+        "a rerank body has 'texts' (TEI's) or 'documents' (Cohere's, as /v1/rerank)"))]
+
+
+class TeiInfo(BaseModel):
+    """TEI's GET /info."""
+
+    model_id: str
+    model_sha: str | None
+    model_dtype: str
+    model_type: dict = Field(description='{"embedding": {"pooling"}}, or {"classifier": '
+                             '{"id2label", "label2id"}} ("reranker" for a cross-encoder)')
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None
+    max_client_batch_size: int
+    auto_truncate: bool
+    tokenization_workers: int
+    version: str
+    sha: str | None
+    docker_label: str | None
+
+
+class TeiSparseValue(BaseModel):
+    index: int = Field(description="the vocabulary entry (a token id)")
+    value: float
+
+
+class TeiRank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str
+    usage: Usage
+
+
+class EmbedResponse(BaseModel):
+    model: str
+    embeddings: list[list[float]]
+    usage: Usage
+
+
+class Score(BaseModel):
+    label: str
+    score: float
+
+
+# the Hugging Face Inference API's bodies at POST / (huggingface_hub's InferenceClient) for
+# what TEI does not do there: zero-shot and token classification, question answering
+class HfZeroShotParameters(BaseModel):
+    model_config = _Request.model_config
+    candidate_labels: Annotated[list[str], Field(min_length=1)]
+    hypothesis_template: str | None = None  # (ClassifyRequest's default)
+    multi_label: bool | None = None
+
+
+class HfZeroShotRequest(_Truncated):
+    """huggingface_hub's zero_shot_classification: /v1/classify's zero-shot, its options
+    as ``parameters``."""
+
+    inputs: Texts
+    parameters: HfZeroShotParameters
+
+
+class HfZeroShotAnswer(BaseModel):
+    sequence: str
+    labels: list[str]
+    scores: list[float]
+
+
+class HfQaParameters(BaseModel):
+    model_config = _Request.model_config
+    top_k: Count | None = None  # (None: QaRequest's default)
+    max_answer_len: Count | None = None
+    handle_impossible_answer: bool | None = None
+    align_to_words: bool | None = None
+    max_question_len: int | None = Field(None, description="ignored, as the pipeline ignores "
+                                         "it with a fast tokenizer")
+    doc_stride: int | None = None
+    max_seq_len: int | None = None
+
+
+class HfQaRequest(_Questions):
+    """huggingface_hub's question_answering: /v1/qa's, its options as ``parameters``."""
+
+    parameters: HfQaParameters | None = None
+
+
+class HfTokenParameters(BaseModel):
+    model_config = _Request.model_config
+    aggregation_strategy: Strategy | None = None  # (NerRequest's default)
+    ignore_labels: list[str] | None = None  # (None: NerRequest's default)
+    stride: int | None = None
+
+
+class HfTokenRequest(_Truncated):
+    """huggingface_hub's token_classification: /v1/ner's, its options as ``parameters``."""
+
+    inputs: Texts
+    parameters: HfTokenParameters | None = None
+
+
+# what POST / answers: /embed's, /similarity's, /predict's or /rerank's answer, and the
+# Hugging Face Inference API's zero-shot and token classification and question answering
+TeiAnswer = (list[list[float]] | list[float] | list[Score] | list[list[Score]] | list[TeiRank]
+             | HfZeroShotAnswer | list[HfZeroShotAnswer] | list[dict] | list[list[dict]]
+             | QaAnswer | list[QaAnswer] | list[QaAnswer | list[QaAnswer]]
+             | list[list[list[FillMaskToken]]])
+
+
+class TeiVertexRequest(BaseModel):
+    """Vertex AI's prediction request, as TEI takes it at /vertex."""
+
+    model_config = _Request.model_config
+    instances: Annotated[list[dict], Field(min_length=1)] = Field(
+        description="each a body POST / takes")
+
+
+class TeiVertexResponse(BaseModel):
+    predictions: list[TeiAnswer] = Field(description="each instance's answer, in order")
+
+
+class ClassifyResponse(BaseModel):
+    model: str
+    results: list[list[Score]]
+
+
+class InfinityClassifyResponse(BaseModel):
+    object: Literal["classify"] = "classify"
+    data: list[list[Score]]
+    model: str
+    usage: Usage
+
+
+class NerResponse(BaseModel):
+    model: str
+    results: list[list[dict]]
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankResponse(BaseModel):
+    model: str
+    results: list[RerankResult]
+    usage: Usage
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    start: int | None = Field(description="character offset into the input; null for a "
+                              "special token")
+    stop: int | None
+    special: bool
+
+
+# The Open Inference Protocol's (KServe's V2, Triton's HTTP/REST API; distilserve/server/routes/oip.py)
+# a tensor's or a request's parameters: scalars by name (null: none)
+OipParameters = Annotated[dict[str, str | int | float | bool],
+                          BeforeValidator(lambda value: {} if value is None else value)]
+
+class OipTensor(BaseModel):
+    """A tensor: row-major ``data`` (nested or flat), or with Triton's binary extension
+    ``parameters.binary_data_size`` bytes after the JSON header."""
+
+    model_config = _Request.model_config
+    name: str
+    datatype: str = Field(description="BYTES for texts (each UTF-8), FP32 for numbers")
+    shape: list[int]
+    parameters: OipParameters = {}
+    data: list | None = None
+
+
+class OipRequestedOutput(BaseModel):
+    model_config = _Request.model_config
+    name: str
+    parameters: OipParameters = Field(
+        {}, description='{"binary_data": true}: this output as binary data; '
+        '{"classification": k}: a classifier\'s k best classes')
+
+
+class OipInferRequest(BaseModel):
+    model_config = _Request.model_config
+    id: str | None = None
+    parameters: OipParameters = Field(
+        {}, description="the route's options (normalize, dimensions, prompt_name, "
+        "raw_scores, aggregation_strategy, truncate, truncation_direction) and "
+        "binary_data_output: every output as binary data")
+    inputs: Annotated[list[OipTensor], Field(min_length=1)]
+    outputs: list[OipRequestedOutput] | None = Field(
+        None, description="the outputs to return (default: all of the model's)")
+
+
+class OipInferResponse(BaseModel):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    parameters: dict | None = None
+    outputs: list[OipTensor]
+
+
+class OipTensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="-1: any size")
+
+
+class OipModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[OipTensorMetadata]
+    outputs: list[OipTensorMetadata]
+
+
+class OipServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+class OipIndexRequest(BaseModel):
+    """Triton's repository index: an empty body, or ``{"ready": true}``."""
+
+    model_config = _Request.model_config
+    ready: bool = Field(False, description="the models served alone")
+
+
+class OipControlRequest(BaseModel):
+    """Triton's load and unload: an empty body, or its ``parameters`` (a load's config and
+    files are refused; an unload's unload_dependents is taken: a model has none)."""
+
+    model_config = _Request.model_config
+    parameters: OipParameters = {}
+
+
+class OipRepositoryModel(BaseModel):
+    name: str
+    state: Literal["READY", "UNAVAILABLE"]
+    reason: str | None = None
+
+
+class OipDuration(BaseModel):
+    count: int
+    ns: int
+
+
+class OipInferenceStats(BaseModel):
+    success: OipDuration
+    fail: OipDuration
+    queue: OipDuration
+    compute_input: OipDuration
+    compute_infer: OipDuration
+    compute_output: OipDuration
+    cache_hit: OipDuration
+    cache_miss: OipDuration
+
+
+class OipBatchStats(BaseModel):
+    batch_size: int
+    compute_infer: OipDuration
+
+
+class OipModelStats(BaseModel):
+    name: str
+    version: str
+    last_inference: int = Field(description="when a request was last answered, "
+                                "milliseconds since the epoch (0: never)")
+    inference_count: int = Field(description="inputs run")
+    execution_count: int = Field(description="batches run")
+    inference_stats: OipInferenceStats
+    batch_stats: list[OipBatchStats]
+
+
+class OipStatistics(BaseModel):
+    model_stats: list[OipModelStats]
+
+
+class OipConfigTensor(BaseModel):
+    name: str
+    data_type: str
+    dims: list[int]
+    reshape: dict | None = None
+
+
+class OipModelConfig(BaseModel):
+    """Triton's model configuration (config.pbtxt's fields, as Triton's JSON gives them)."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    input: list[OipConfigTensor]
+    output: list[OipConfigTensor]
+    dynamic_batching: dict
+    instance_group: list[dict]
+    parameters: dict[str, dict[str, str]]

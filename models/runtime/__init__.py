@@ -1,9 +1,0 @@
-"""Runtime backends: one small interface (numpy in, numpy out), one file per backend.
-
-They live under models/ rather than server/ because ``distilserve export`` checks every
-artifact it writes with the very code that will serve it.
-"""
-
-from models.runtime.base import Backend, open_backend
-
-__all__ = ["Backend", "open_backend"]
