@@ -1,6 +1,8 @@
 """The fully parameterised students (BERT, DistilBERT, TinyBERT, MiniLM, MobileBERT, and
 ALBERT checkpoints) through transformers' own classes, plus the key converter for the
-academic-budget-bert students of "How to Distill your BERT" (paper 002).
+academic-budget-bert students of "How to Distill your BERT: An Empirical Study on the
+Impact of Weight Initialisation and Distillation Objectives" (Wang et al., ACL 2023,
+arXiv:2305.15032).
 
 Checkpoints are ordinary Hugging Face folders, so transformers' pipelines load them too.
 """

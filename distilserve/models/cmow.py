@@ -1,4 +1,5 @@
-"""Bidirectional CMOW/CBOW-Hybrid (paper 004): matrix embeddings, no attention at all.
+"""Bidirectional CMOW/CBOW-Hybrid ("Cross-Architecture Distillation Using Bidirectional CMOW
+Embeddings", an ICLR 2022 submission on OpenReview): matrix embeddings, no attention at all.
 
 Each token j has a forward matrix X_j (d x d, d = ``root_mat_size`` = 20), a backward
 matrix Y_j (d x d) and a vector x_j (``embedding_size`` = 400 = d * d):

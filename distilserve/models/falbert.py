@@ -1,4 +1,6 @@
-"""F-ALBERT (paper 003): ALBERT with fewer reuses (LR-ALBERT), then a shrinking FFN.
+"""F-ALBERT ("F-ALBERT: A Distilled Model from a Two-Time Distillation System for Reduced
+Computational Complexity in ALBERT Model", Kim and Jeong, Applied Sciences 2023,
+doi:10.3390/app13179530): ALBERT with fewer reuses (LR-ALBERT), then a shrinking FFN.
 
     x_0 = embedding_hidden_mapping_in(Embeddings(ids))            [B, T, E] -> [B, T, D]
     O_i = AlbertLayer(O_{i-1}, ffn_width = C_i * F / N)            i = 0 .. L-1

@@ -71,9 +71,7 @@ def splade(logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     the largest log(1 + relu(logit)) of each vocabulary entry over the real tokens (as
     sentence-transformers' SpladePooling, "max" and "relu"; zero where no token gives it
     a positive logit). Both functions only grow, so they apply to the largest logit
-    [B, V] rather than to every one [B, T, V]: the same numbers, the pooling in a third of
-    the time (32 x 128 tokens, PyTorch, 2 cores: 188 ms against 532; a MiniLM-sized model,
-    ONNX, 32 x 64 tokens: 520 ms against 622 in all)."""
+    [B, V] rather than to every one [B, T, V]: the same numbers, in fewer operations."""
     mask = attention_mask.to(logits.dtype)[:, :, None]  # [B, T, 1]
     return torch.log1p(torch.relu((logits * mask).amax(1)))
 

@@ -1,5 +1,7 @@
-"""MiniALBERT (paper 001): one shared ALBERT layer applied L times, with optional
-per-iteration bottleneck adapters and a factorised embedding.
+"""MiniALBERT ("MiniALBERT: Model Distillation via Parameter-Efficient Recursive
+Transformers", Nouriborji et al., EACL 2023, arXiv:2210.06425): one shared ALBERT layer
+applied L times, with optional per-iteration bottleneck adapters and a factorised
+embedding.
 
     x_0 = projector(Embeddings(ids))                            [B, T, E] -> [B, T, D]
     O_i = f_mlp(phi_mlp^i(f_att(phi_att^i(O_{i-1}))))            i = 0 .. L-1

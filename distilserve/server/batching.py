@@ -124,8 +124,8 @@ def pad(encodings: list) -> dict[str, np.ndarray]:
 
 # On the CPU an input joins a batch only if the padding it brings costs less than running
 # it apart would: its own tokens and a forward pass's fixed cost, some 32 tokens' worth
-# (ONNX Runtime, 2 threads: MiniLM-L6 4 ms for 1 x 16 tokens, +1.25 ms per 16 more; 1
-# thread and DistilBERT alike). A GPU's fixed cost is thousands of tokens: None, any.
+# (loadtests/RESULTS.md has the measurement). A GPU's fixed cost is
+# thousands of tokens: None, any.
 CPU_PADDING = 32
 
 

@@ -279,8 +279,7 @@ class Engine:
         at = probe.special_tokens_mask.index(0)
         self.specials = (probe.ids[:at], probe.ids[at + 1:])
         least = least_max_length(self.tokenizers[None], self.task)
-        if self.max_length < least:  # (before, a folder at 1 failed its warm-up as a client's
-            # input too long; at 2 it served every text as [CLS] [SEP])
+        if self.max_length < least:
             raise ModelLoadError(f"{self.folder}: its max_length, {self.max_length}, leaves no "
                                  "token of text beside the special tokens of an input: "
                                  f"re-export it with --max-length {least} or more")
@@ -341,9 +340,8 @@ class Engine:
         collect = self.backend.collect if overlap else None
         if cpu_thread is not None and self.backend.openmp:
             # the service's PyTorch models take turns on one thread: each on a thread of its
-            # own had an OpenMP team of its own, and with more team threads than cores every
-            # small op waited (on_own_thread); a lone request to one of two MiniLMs (torch
-            # backend, 2 cores) took 17-22 ms at p50 against 10.5-12.2 (loadtests/RESULTS.md)
+            # own would have an OpenMP team of its own, and with more team threads than cores
+            # every small op waits (on_own_thread; loadtests/RESULTS.md has the measurement)
             run = functools.partial(_run_on, cpu_thread, run)
         if self.task == "fill-mask":
             run, collect = decoding(self, run, collect)
@@ -654,9 +652,7 @@ async def on_own_thread(fn, *args):
     warm-up): its CPU thread pool (OpenMP) keeps a team of threads for every thread that
     has run a parallel operation, for as long as that thread lives, and once the teams hold
     more threads than there are cores, idle ones sleep at once rather than wait for the
-    next operation, so that every small operation of a forward pass waits for them to wake.
-    Loaded on a thread that stayed, MiniLM with the torch backend took 13.4 ms a sentence
-    on another thread against 5.8 ms (2 cores)."""
+    next operation, so that every small operation of a forward pass waits for them to wake."""
     pool = ThreadPoolExecutor(1, thread_name_prefix="load")
     try:
         return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)

@@ -90,9 +90,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4_000_000, ge=1024, description="request body size")
     compress_min_bytes: int = Field(0, ge=0, description="answers of at least this many "
                                     "bytes are sent gzip-compressed (level 1) to a client "
-                                    "whose Accept-Encoding takes gzip; 0: none (JSON "
-                                    "numbers shrink to 45% for 1.3 ms of CPU per 150 KB: "
-                                    "worth it on links slower than some 500 Mbit/s)")
+                                    "whose Accept-Encoding takes gzip; 0: none (worth it on "
+                                    "slow links: the README has the trade-off)")
 
     # batching, per model (unset: the CPU or GPU value, by where the model runs)
     max_batch_size: int | None = Field(None, ge=1, description="inputs per forward pass "
@@ -139,8 +138,7 @@ class Settings(BaseSettings):
     @field_validator("poll_seconds")
     @classmethod
     def _a_poll(cls, value: float) -> float:
-        """0 or at least 0.1 s: a microsecond's polling kept a core busy (a repository of
-        ten folders every 0.1 s: 1% of one)."""
+        """0 or at least 0.1 s: polling more often keeps a core busy."""
         if 0 < value < 0.1:
             raise ValueError(f"{value} s: 0 (never) or at least 0.1")
         return value
@@ -219,18 +217,15 @@ class Settings(BaseSettings):
 
     def model_threads(self) -> int:
         """Intra-op threads per model: DISTILSERVE_THREADS, else the cores this process may
-        use (a container's CPU limit too: distilserve/models/runtime/cores.py) shared out among the
-        worker processes. Each worker taking every core slowed all of them: 2 workers
-        on 2 cores, MiniLM with the torch backend, 32 clients: 68 req/s with 2 threads
-        each, 468 with 1 (ONNX: 449 and 526)."""
+        use (a container's CPU limit too: distilserve/models/runtime/cores.py) shared out
+        among the worker processes: workers that each take every core slow one another."""
         return self.threads or max(1, available_cores() // self.workers)
 
     def batch_limits(self, device: str) -> tuple[int, int]:
         """(inputs, padded tokens) per forward pass for a model on ``device``. On the CPU
         a batch does the most tokens a second at some 512 padded tokens per thread, at any
-        width, and fewer past it (its activations leave the caches): MiniLM-L6 in ONNX
-        Runtime on 2 threads, 11.3k tokens/s at 32 x 32 and 7.8k at 2 x 512, but 6.3k at
-        32 x 512; on 1 thread 6.5k at 16 x 32, 5.8k at 32 x 32."""
+        width, and fewer past it (its activations leave the caches; the README's
+        Configuration section has the measurement)."""
         gpu = not device.startswith("cpu")
         return (self.max_batch_size or (256 if gpu else 32),
                 self.max_batch_tokens or (65_536 if gpu else 512 * self.model_threads()))

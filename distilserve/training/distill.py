@@ -2,27 +2,28 @@
 heads) into a student of each family, with the papers' own objectives adapted to a
 teacher that has no MLM head, on real prose available offline (``distilserve.training.corpus``).
 
-    minialbert  layer-to-layer alignment (paper 001): iteration i <-> teacher layer g(i),
+    minialbert  layer-to-layer alignment (MiniALBERT, arXiv:2210.06425): iteration i <-> teacher layer g(i),
                 3.0 x (attention KL + (1 - hidden cosine)) summed over iterations, plus
                 5.0 x (1 - cosine) of the pooled outputs in place of the MLM output loss
-    falbert     relational knowledge (paper 003): MSE between token cosine-similarity
+    falbert     relational knowledge (F-ALBERT, doi:10.3390/app13179530): MSE between token cosine-similarity
                 matrices; first an LR-ALBERT (full FFN) from the teacher's layers, then the
                 IP-ALBERT with the shrinking schedule from the LR-ALBERT, reuse by reuse;
                 plus (1 - cosine) of the pooled outputs
-    bert        attention transfer, Att-MSE (paper 002's recommendation) on the attention
-                probabilities, plus (1 - cosine) of the pooled outputs in place of the
-                task loss (Att-MSE alone made the embeddings worse than the initialisation)
-    cmow        cross-architecture (paper 004): pooled and per-token outputs matched to
-                the teacher's through learned projections (cosine); the sentence
+    bert        attention transfer, Att-MSE ("How to Distill your BERT", arXiv:2305.15032,
+                recommends it) on the attention probabilities, plus (1 - cosine) of the
+                pooled outputs in place of the task loss (Att-MSE alone makes the
+                embeddings worse than the initialisation)
+    cmow        cross-architecture (the bidirectional CMOW paper, an ICLR 2022
+                submission): pooled and per-token outputs matched to the teacher's
+                through learned projections (cosine); the sentence
                 projection stays in the student (``projection_size``), so its embeddings
                 are in the teacher's space
 
-Every student starts from the teacher's weights where the shapes allow, which paper 002
-finds decisive and paper 003 does for its own students: BERT from the teacher's lower
+Every student starts from the teacher's weights where the shapes allow, which "How to
+Distill your BERT" finds decisive and F-ALBERT does for its own students: BERT from the teacher's lower
 layers; MiniALBERT and F-ALBERT with a truncated-SVD factorisation of the teacher's word
 embeddings and the shared layer from the teacher's first layer; CMOW as a bag of the
-teacher's word vectors. (MiniALBERT-384 after 150 steps: Spearman
-0.40 from the teacher, 0.06 from random weights.)
+teacher's word vectors.
 
 Fidelity on held-out sentences (never trained on): Spearman correlation between teacher
 and student cosine similarities of all sentence pairs, and top-10 nearest-neighbour
@@ -301,7 +302,8 @@ LAYER_NAMES = {"attention.query": "attention.self.query", "attention.key": "atte
 @torch.no_grad()
 def init_from_teacher(student: Checkpoint, teacher: Teacher, layer: int = 0) -> None:
     """Starts a recursive student from the teacher's weights, as F-ALBERT's students start
-    from their teacher's (paper 003) and paper 002 finds teacher initialisation decisive:
+    from their teacher's (F-ALBERT) and "How to Distill your BERT" finds teacher
+    initialisation decisive:
     the factorised embedding [V, E] x projection [E, D] from a truncated SVD of the
     teacher's word embeddings, the shared layer from teacher layer ``layer``, adapters
     starting as (almost) the identity."""

@@ -1,8 +1,8 @@
 """CUDA graphs for the PyTorch backends on a GPU (``DISTILSERVE_CUDA_GRAPH_TOKENS``).
 
 A compact encoder's forward pass is a few hundred small kernels, and launching them costs
-the CPU more time than the GPU takes to run them: one MiniLM sentence on an H100 took
-1.6-2.7 ms with TorchScript and 4.4-5.6 ms eager, nearly all of it launches. A CUDA graph
+the CPU more time than the GPU takes to run them: a lone sentence's time is nearly all
+launches (loadtests/RESULTS.md has the measurement). A CUDA graph
 records a batch shape's kernels once and replays them with one launch. Its shapes are
 fixed, so a batch is padded up to the smallest of the given shapes that holds it (the
 engine gives the GPU warm-up's powers of two, up to a number of padded tokens: the
