@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-dev serve test clean distill
+.PHONY: install install-dev serve test test-fast clean distill
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ serve: install
 
 test: install-dev
 	$(BIN)/python -m pytest
+
+# the inner loop: every test not marked slow (real servers in subprocesses, Ray, training,
+# the default's build, schemathesis)
+test-fast: install-dev
+	$(BIN)/python -m pytest -m "not slow"
 
 clean:
 	rm -rf $(VENV)

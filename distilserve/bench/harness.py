@@ -65,6 +65,9 @@ class Options:
     cuda_graphs: bool = False  # on a GPU: each timed shape replayed from a CUDA graph
     backends: tuple = BACKENDS
     rows: list = dataclasses.field(default_factory=lambda: list(PAPER_ROWS))
+    # the recursive rows also at every depth, 1 to theirs (a request's iterations): their
+    # loop kept (ONNX, TorchScript) and their checkpoint (torch)
+    depths: bool = False
 
 
 def fastest(fn: Callable[[], object], runs: int,
@@ -165,11 +168,12 @@ def gpu_gemm_rates(device: str, dtype: str, runs: int = 10) -> dict[str, float]:
     return rates
 
 
-def flops_per_sentence(model, length: int) -> int:
+def flops_per_sentence(model, length: int, depth: int | None = None) -> int:
     """Counted, not estimated: every matmul of one forward pass over one sentence
-    (recursion and attention included), via torch's FlopCounterMode. Attention through
-    scaled_dot_product_attention is counted on its math path: the counter has no formula
-    for the CPU's fused kernel and counted it as 0."""
+    (recursion and attention included; ``depth``: a recursive model's iterations, None:
+    its own), via torch's FlopCounterMode. Attention through scaled_dot_product_attention
+    is counted on its math path: the counter has no formula for the CPU's fused kernel and
+    counted it as 0."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import FlopCounterMode
@@ -177,7 +181,8 @@ def flops_per_sentence(model, length: int) -> int:
     ids = torch.randint(1000, 30000, (1, length))
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter, \
             torch.no_grad():
-        model(ids, torch.ones_like(ids), torch.zeros_like(ids))
+        inputs = (ids, torch.ones_like(ids), torch.zeros_like(ids))
+        model(*inputs) if depth is None else model.forward_iterations(*inputs, depth)
     return int(counter.get_total_flops())
 
 
@@ -268,10 +273,52 @@ def _loops(row: Row, backend: str) -> tuple:
     return ("unroll", "keep") if row.family in RECURSIVE and backend != "torch" else ("unroll",)
 
 
+def _depth_jobs(rows: list[Row], backends: tuple) -> list[tuple[Row, str, str, str]]:
+    """(row, backend, loop, "depths"): the recursive rows whose depth a request may choose,
+    their loop kept (the checkpoint itself on torch)."""
+    from distilserve.models.families import RECURSIVE
+
+    return [(row, b, "unroll" if b == "torch" else "keep", "depths") for row in rows
+            if row.family in RECURSIVE for b in backends if b in ("torch", "torchscript", "onnx")]
+
+
+def _measure(row: Row, backend: str, loop: str, depth: int | None, spec: dict,
+             opts: Options) -> dict:
+    """One measurement of a prepared artifact (``spec``) by the worker, in a process of its
+    own; ``depth``: a recursive model's iterations (None: its own)."""
+    from distilserve.models import families
+    from distilserve.models.io import checkpoint
+
+    model = checkpoint.load(Path(spec["folder"]) / "checkpoint").model
+    flops = flops_per_sentence(model, opts.length, depth)
+    del model
+    out = subprocess.run([sys.executable, "-m", "distilserve.bench.worker",
+                          json.dumps({**spec, "depth": depth})],
+                         capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    if out.returncode != 0:
+        result = {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
+    else:
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        result["gflop_per_s"] = result["sentences_per_s"] * flops / 1e9
+    if row.source:
+        distilled = json.loads((Path(row.source) / "distillation.json").read_text())
+        result["fidelity"] = (distilled["fidelity"] if depth is None
+                              else distilled.get("fidelity_by_depth", {}).get(str(depth)))
+        if result["fidelity"] is None:  # distilled before fidelity was kept by depth
+            del result["fidelity"]
+    return {"model": row.name, "family": row.family, "preset": row.preset,
+            "overrides": dict(row.overrides), "backend": backend,
+            "device": opts.device, "dtype": opts.dtype, "column": _column(backend, opts),
+            "loop": loop if row.family in families.RECURSIVE else None,
+            "iterations": depth, "parameters": spec["parameters"],
+            "flops_per_sentence": flops, "batch_size": opts.batch_size,
+            "length": opts.length, "parity_max_abs_diff": spec["parity"],
+            "int8_agreement": spec["quantization"], **result}
+
+
 def measure_all(opts: Options, progress=print) -> list[dict]:
     """Measures every row x backend x loop not already in results.jsonl."""
     from distilserve.models import families
-    from distilserve.models.io import checkpoint
 
     opts.output.mkdir(parents=True, exist_ok=True)
     log = opts.output / "results.jsonl"
@@ -293,43 +340,28 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
     for row in opts.rows:
         if row not in rows:  # e.g. CMOW in fp16: not a failure, a row the dtype leaves out
             progress(f"{row.name}: left out, {row.family} does not run in {opts.dtype}")
-    jobs = [(row, b, loop) for row in rows for b in opts.backends for loop in _loops(row, b)]
-    for n, (row, backend, loop) in enumerate(jobs, 1):
+    jobs = [(row, b, loop, None) for row in rows for b in opts.backends
+            for loop in _loops(row, b)] + (_depth_jobs(rows, opts.backends) if opts.depths else [])
+    for n, (row, backend, loop, depths) in enumerate(jobs, 1):
         key = _key(row, backend, loop, opts)
-        if key in done:
+        if not depths and key in done:
             continue
         progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}: preparing")
         spec = prepare(row, backend, loop, opts)
-        model = checkpoint.load(Path(spec["folder"]) / "checkpoint").model
-        flops = flops_per_sentence(model, opts.length)
-        del model
-        progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}: measuring")
         spec.update(batch_size=opts.batch_size, length=opts.length, batches=opts.batches,
                     repeats=opts.repeats, latency_runs=opts.latency_runs, threads=threads,
                     device=opts.device, dtype=opts.dtype, cuda_graphs=opts.cuda_graphs)
-        out = subprocess.run([sys.executable, "-m", "distilserve.bench.worker", json.dumps(spec)],
-                             capture_output=True, text=True, cwd=Path(__file__).parent.parent)
-        if out.returncode != 0:
-            result = {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
-        else:
-            result = json.loads(out.stdout.strip().splitlines()[-1])
-            result["gflop_per_s"] = result["sentences_per_s"] * flops / 1e9
-        if row.source:
-            distilled = json.loads((Path(row.source) / "distillation.json").read_text())
-            result["fidelity"] = distilled["fidelity"]
-        record = {"key": key, "model": row.name, "family": row.family, "preset": row.preset,
-                  "overrides": dict(row.overrides), "backend": backend,
-                  "device": opts.device, "dtype": opts.dtype,
-                  "column": _column(backend, opts),
-                  "loop": loop if row.family in families.RECURSIVE else None,
-                  "parameters": spec["parameters"], "flops_per_sentence": flops,
-                  "batch_size": opts.batch_size,
-                  "length": opts.length, "parity_max_abs_diff": spec["parity"],
-                  "int8_agreement": spec["quantization"], **result}
-        score(record, references)
-        done[key] = record
-        with log.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        for depth in range(1, spec["num_iterations"] + 1) if depths else [None]:
+            at = "" if depth is None else f", {depth} iterations"
+            if depth is not None and f"{key}|iterations {depth}" in done:
+                continue
+            progress(f"[{n}/{len(jobs)}] {row.name}, {backend}, loop {loop}{at}: measuring")
+            record = _measure(row, backend, loop, depth, spec, opts)
+            record["key"] = key + ("" if depth is None else f"|iterations {depth}")
+            score(record, references)
+            done[record["key"]] = record
+            with log.open("a") as f:
+                f.write(json.dumps(record) + "\n")
     results = list(done.values())  # in the order measured, earlier (resumed) runs included
     rescore(results, references, opts.device, opts.dtype)
     (opts.output / "results.json").write_text(json.dumps(

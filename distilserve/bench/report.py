@@ -71,6 +71,8 @@ def _machine(results: list[dict], references: dict[str, float], rates: dict | No
 def write(folder: Path, results: list[dict], references: dict[str, float],
           rates: dict | None = None,
           versions: dict | None = None) -> None:
+    by_depth = [r for r in results if r.get("iterations") is not None]
+    results = [r for r in results if r.get("iterations") is None]
     backends = list(dict.fromkeys(column(r) for r in results))
     quick = results and all(r.get("preset") == "tiny" for r in results)
     sizes = ("the tiny test presets (--quick: a check that the harness works, not the "
@@ -125,8 +127,31 @@ def write(folder: Path, results: list[dict], references: dict[str, float],
                          f"{r['sentences_per_s']:.1f} | {f['spearman']:.3f} | "
                          f"{f['top10_overlap']:.3f} |")
         lines += ["", "![throughput vs fidelity](fidelity.png)", ""]
+    if by_depth:
+        lines += depth_table(by_depth)
     (folder / "REPORT.md").write_text("\n".join(lines))
-    charts(folder, results)
+    charts(folder, results + by_depth)
+
+
+def depth_table(rows: list[dict]) -> list[str]:
+    """The recursive models at each depth a request may choose (``iterations``)."""
+    lines = ["## Depth per request", "",
+             "A recursive model's shared layer applied fewer times than trained (a request's "
+             "`iterations`), its loop kept (ONNX, TorchScript) or its checkpoint (torch); "
+             "a distilled student's fidelity at that depth, measured as above.", "",
+             "| model | backend | iterations | GFLOP/sent. | sentences/s | batch-1 p50 ms | "
+             "Spearman | top-10 overlap |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {column(r)} | {r['iterations']} | | failed: "
+                         f"{r['error']} | | | |")
+            continue
+        f = r.get("fidelity")
+        lines.append(f"| {r['model']} | {column(r)} | {r['iterations']} | "
+                     f"{r['flops_per_sentence'] / 1e9:.3f} | {r['sentences_per_s']:.1f} | "
+                     f"{r['latency_ms_p50']:.1f} | "
+                     + (f"{f['spearman']:.3f} | {f['top10_overlap']:.3f} |" if f else "- | - |"))
+    return lines + ["", "![speed and fidelity by depth](depths.png)", ""]
 
 
 def teacher_rows(results: list[dict], students: list[dict]) -> list[dict]:
@@ -149,9 +174,14 @@ def charts(folder: Path, results: list[dict]) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    measured = [r for r in results if "error" not in r and r["loop"] in (None, "unroll")]
+    deep = [r for r in results if "error" not in r and r.get("iterations") is not None]
+    if deep:
+        depth_chart(folder, deep, plt)
+    measured = [r for r in results if "error" not in r and r["loop"] in (None, "unroll")
+                and r.get("iterations") is None]
     if not measured:  # every row failed (REPORT.md says why): no empty axes
-        print("bench: charts not drawn: no row was measured", file=sys.stderr)
+        if not deep:
+            print("bench: charts not drawn: no row was measured", file=sys.stderr)
         return
     students = [r for r in measured if "fidelity" in r]
     if students:
@@ -205,6 +235,40 @@ def charts(folder: Path, results: list[dict]) -> None:
     ax.set_title("throughput against parameters")
     fig.tight_layout()
     fig.savefig(folder / "params.png", dpi=100)
+    plt.close(fig)
+
+
+def depth_chart(folder: Path, rows: list[dict], plt) -> None:
+    """depths.png: sentences/s by iterations, one line per model and backend; beside it,
+    for the distilled students, sentences/s against fidelity, each point a depth."""
+    lines = {}
+    for r in rows:
+        lines.setdefault(f"{r['model']} ({column(r)})", []).append(r)
+    students = {name: rs for name, rs in lines.items() if all("fidelity" in r for r in rs)}
+    fig, axes = plt.subplots(1, 2 if students else 1, figsize=(13 if students else 7, 5),
+                             squeeze=False)
+    speed = axes[0][0]
+    for name, rs in lines.items():
+        speed.plot([r["iterations"] for r in rs], [r["sentences_per_s"] for r in rs],
+                   marker="o", label=name)
+    speed.set_xlabel("iterations (the request's depth)")
+    speed.set_ylabel("sentences/s")
+    speed.set_title("speed by depth")
+    speed.legend(fontsize=7)
+    if students:
+        trade = axes[0][1]
+        for name, rs in students.items():
+            xs = [r["fidelity"]["spearman"] for r in rs]
+            ys = [r["sentences_per_s"] for r in rs]
+            trade.plot(xs, ys, marker="o", label=name)
+            for r, x, y in zip(rs, xs, ys):
+                trade.annotate(str(r["iterations"]), (x, y), fontsize=8)
+        trade.set_xlabel("fidelity to MiniLM (Spearman of pairwise similarities)")
+        trade.set_ylabel("sentences/s")
+        trade.set_title("distilled students: speed against fidelity, by depth")
+        trade.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "depths.png", dpi=100)
     plt.close(fig)
 
 

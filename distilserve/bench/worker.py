@@ -36,10 +36,17 @@ def measure(spec: dict) -> dict:
     load_s = time.perf_counter() - started
     rng = np.random.default_rng(0)
 
+    depth = spec.get("depth")  # a recursive model's iterations (None: its own)
+    if depth is not None and backend.depth is None:
+        raise SystemExit(f"{backend.name}: this artifact's depth is fixed")
+
     def batch(size: int, length: int) -> dict[str, np.ndarray]:
         ids = rng.integers(1000, 30000, (size, length), dtype=np.int64)
-        return {"input_ids": ids, "attention_mask": np.ones_like(ids),
-                "token_type_ids": np.zeros_like(ids)}
+        arrays = {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                  "token_type_ids": np.zeros_like(ids)}
+        if depth is not None:
+            arrays["num_iterations"] = np.array(depth, dtype=np.int64)
+        return arrays
 
     size, length = spec["batch_size"], spec["length"]
     if spec.get("cuda_graphs") and not backend.use_graphs([(size, length), (1, length)]):

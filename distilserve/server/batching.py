@@ -102,14 +102,16 @@ class Item:
     started: float = 0.0  # when its batch started, and when its outputs were ready
     finished: float = 0.0
     request: Request = field(default_factory=Request)
+    depth: int | None = None  # a recursive model's iterations for it (None: its own)
 
     @property
     def length(self) -> int:
         return len(self.encoding.ids)
 
 
-def pad(encodings: list) -> dict[str, np.ndarray]:
-    """Right-pads encodings (``.ids``, ``.type_ids``): int64 [B, T] arrays, T the longest."""
+def pad(encodings: list, depth: int | None = None) -> dict[str, np.ndarray]:
+    """Right-pads encodings (``.ids``, ``.type_ids``): int64 [B, T] arrays, T the longest;
+    with ``depth``, also ``num_iterations`` (Backend's), an int64 scalar."""
     width = max(len(e.ids) for e in encodings)
     ids = np.zeros((len(encodings), width), dtype=np.int64)
     types = np.zeros_like(ids)
@@ -119,7 +121,10 @@ def pad(encodings: list) -> dict[str, np.ndarray]:
         ids[row, :n] = e.ids
         types[row, :n] = e.type_ids
         mask[row, :n] = 1
-    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    arrays = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    if depth is not None:
+        arrays["num_iterations"] = np.array(depth, dtype=np.int64)
+    return arrays
 
 
 # On the CPU an input joins a batch only if the padding it brings costs less than running
@@ -149,14 +154,15 @@ def take_batch(pending: list[Item], max_size: int, max_tokens: int,
                max_padding: int | None = None) -> list[Item]:
     """The oldest input of the request with the fewest inputs started (so that a request
     queued behind a large one waits for a batch, not for all of it; ``pending`` is oldest
-    first), then the queued inputs closest to it in length (its own request's first), as
+    first), then the queued inputs of its depth closest to it in length (its own request's
+    first; inputs of different depths never share a forward pass), as
     long as the padded batch stays within ``max_size`` inputs and ``max_tokens`` tokens,
     and each adds at most ``max_padding`` padded tokens more than its own length (None:
     any; a long input among short ones, or a short one among long ones, waits for a batch
     of its own length)."""
     first = min(pending, key=lambda it: it.request.started)
     batch, width = [first], first.length
-    rest = (it for it in pending if it is not first)
+    rest = (it for it in pending if it is not first and it.depth == first.depth)
     for item in sorted(rest, key=lambda it: (abs(it.length - first.length),
                                              it.request is not first.request)):
         if len(batch) == max_size:
@@ -216,7 +222,7 @@ class Batcher:
     def __init__(self, encode: Callable[[list, str | None], list],
                  run: Callable[[dict[str, np.ndarray]], Any], max_length: int,
                  max_size: int, max_tokens: int, max_queue: int, max_wait_s: float = 0.0,
-                 on_batch: Callable[[int, float], None] = lambda size, seconds: None,
+                 on_batch: Callable[[int, float, int | None], None] = lambda *batch: None,
                  on_depth: Callable[[int], None] = lambda depth: None, name: str = "model",
                  collect: Callable[[Any], np.ndarray] | None = None,
                  max_padding: int | None = None):
@@ -256,19 +262,20 @@ class Batcher:
         for thread in self.threads:
             await asyncio.to_thread(thread.join)
 
-    def submit(self, texts: list, truncation: str | None,
-               encodings: list | None = None) -> list[Item]:
+    def submit(self, texts: list, truncation: str | None, encodings: list | None = None,
+               depth: int | None = None) -> list[Item]:
         """Queues a request's texts together (with their ``encodings`` when the caller has
-        tokenised them: the thread does not again), or raises QueueFull for all of them
-        (OverQueue if they are more than it ever holds; Stopped once ``stop`` began)."""
+        tokenised them: the thread does not again; ``depth``: a recursive model's iterations
+        for them, None: its own), or raises QueueFull for all of them (OverQueue if they are
+        more than it ever holds; Stopped once ``stop`` began)."""
         if len(texts) > self.max_queue:
             raise OverQueue(f"{len(texts)} inputs at once are more than its queue holds "
                             f"({self.max_queue}, DISTILSERVE_MAX_QUEUE)")
         loop = asyncio.get_running_loop()
         encodings = encodings or [None] * len(texts)
         request = Request()
-        items = [Item(text, truncation, loop.create_future(), i, enc, request=request)
-                 for i, (text, enc) in enumerate(zip(texts, encodings))]
+        items = [Item(text, truncation, loop.create_future(), i, enc, request=request,
+                      depth=depth) for i, (text, enc) in enumerate(zip(texts, encodings))]
         with self.lock:
             if self.stopping:  # its threads are finishing what was queued before
                 raise Stopped(f"model {self.name!r} has stopped")
@@ -362,7 +369,7 @@ class Batcher:
             item.request.started += 1
         started = time.perf_counter()
         try:
-            outputs = self.run(pad([it.encoding for it in batch]))
+            outputs = self.run(pad([it.encoding for it in batch], batch[0].depth))
         except Exception as e:  # a model failure fails its batch, not the service
             outputs = e
         return batch, outputs, started
@@ -417,7 +424,7 @@ class Batcher:
                     item.future.set_exception(outputs)
             return
         if batch:
-            self.on_batch(len(batch), finished - started)
+            self.on_batch(len(batch), finished - started, batch[0].depth)
         for row, item in enumerate(batch):
             item.started, item.finished = started, finished
             if item.future.done():

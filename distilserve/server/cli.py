@@ -401,7 +401,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise Refused(f"--students: {args.students} is not a folder")
     opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
                            batches=args.batches, repeats=args.repeats, threads=args.threads,
-                           device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs)
+                           device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
+                           depths=args.depths)
     if args.device != "cpu" or args.dtype != "fp32":  # ONNX Runtime: fp32 on the CPU only
         opts.backends = ("torch", "torchscript")
     if args.quick:
@@ -434,9 +435,13 @@ def cmd_distill(args: argparse.Namespace) -> int:
 
     limit_torch_threads()  # in a container: its CPU limit, not the node's cores
 
+    if args.any_depth and args.family not in ("minialbert", "falbert"):
+        raise Refused(f"--any-depth is for the recursive families (minialbert, falbert), "
+                      f"not {args.family}")
     opts = distill.Options(family=args.family, output=args.output, preset=args.preset,
                            steps=args.steps, seed=args.seed, batch_size=args.batch_size,
-                           lr=args.lr, teacher=args.teacher, cache_dir=Settings().cache_dir)
+                           lr=args.lr, teacher=args.teacher, cache_dir=Settings().cache_dir,
+                           any_depth=args.any_depth)
     with status("distilling") as progress:
         try:
             record = distill.distill(opts, progress)
@@ -446,6 +451,9 @@ def cmd_distill(args: argparse.Namespace) -> int:
         print(f"{args.family} student ({record['parameters'] / 1e6:.1f}M parameters) in "
               f"{args.output}: Spearman {fid['spearman']:.3f}, top-10 overlap "
               f"{fid['top10_overlap']:.3f} on {fid['sentences']} held-out sentences")
+        if "fidelity_by_depth" in record:
+            print("Spearman by depth: " + ", ".join(
+                f"{depth} {f['spearman']:.3f}" for depth, f in record["fidelity_by_depth"].items()))
         if args.add_to_default:
             from distilserve.server.embedded_default import ensure_default_repository
 
@@ -588,12 +596,17 @@ def parser() -> argparse.ArgumentParser:
                       help="folder for the student checkpoint (resumed if it holds one)")
     dist.add_argument("--preset", help="student size (default: one that aligns with MiniLM)")
     dist.add_argument("--steps", type=at_least(1),
-                      help="training steps (default: 12-19 minutes on 2 cores)")
+                      help="training steps (default: the family's, "
+                      + ", ".join(f"{f} {n}" for f, n in OBJECTIVES.items()) + ")")
     dist.add_argument("--seed", type=int, default=0, help="seed of data order and weights")
     dist.add_argument("--batch-size", type=at_least(1), default=32,
                       help="sentences per step")
     dist.add_argument("--lr", type=positive, default=3e-4, help="peak learning rate")
     dist.add_argument("--teacher", type=Path, help="a local checkpoint (default: MiniLM)")
+    dist.add_argument("--any-depth", action="store_true",
+                      help="minialbert, falbert: train every depth, 1 to the student's, to "
+                      "give embeddings (the output loss at every iteration's exit), for "
+                      "requests that choose fewer iterations")
     dist.add_argument("--add-to-default", action="store_true",
                       help="export the student into the default repository as FAMILY")
     dist.set_defaults(func=cmd_distill)
@@ -628,6 +641,10 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--models", help="comma-separated model names or presets")
     bench.add_argument("--students", type=Path,
                        help="also measure the distilled students in this folder")
+    bench.add_argument("--depths", action="store_true",
+                       help="also measure the recursive models at every depth a request may "
+                       "choose (iterations 1 to theirs): the loop kept (onnx, torchscript) "
+                       "and the checkpoint (torch), with a student's fidelity at each")
     bench.set_defaults(func=cmd_bench)
     return p
 

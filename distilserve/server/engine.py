@@ -246,6 +246,9 @@ class Engine:
         self.series = metrics.model(name)
         if local:  # first: a broken artifact is the likelier fault, and names the file
             self.backend = open_runtime(folder, manifest, settings)
+        # a recursive model's trained depth where a request may ask for fewer iterations
+        # (its backend runs the loop kept, or its checkpoint); None: its depth is fixed
+        self.depth = self.backend.depth if local else None
         # the Rust tokenizer itself, set up once per truncation below (transformers' wrapper
         # re-configures it on every call); the model's thread encodes in batches
         rust, facts, self.hf_tokenizer = load_tokenizer(folder, manifest)
@@ -364,6 +367,9 @@ class Engine:
         for key in ("loop", "pooling", "dimensions", "parameters"):
             if getattr(self.manifest, key) is not None:
                 info[key] = getattr(self.manifest, key)
+        if (trained := self.manifest.num_iterations) is not None:  # a recursive model
+            info["iterations"] = {"min": 1 if self.depth else trained, "max": trained,
+                                  "default": trained}
         if self.pools:
             info["token_embeddings"] = True
         if self.foreign is not None:
@@ -395,7 +401,10 @@ class Engine:
             sample = ("warm", "up") if self.task in PAIRED else "warm up"
             for _ in range(2):
                 await self.infer([sample], "right")
-        self.batcher.on_batch = self.series.observe_batch  # what the clients' inputs ran
+        self.batcher.on_batch = self._observe_batch  # what the clients' inputs ran
+
+    def _observe_batch(self, size: int, seconds: float, depth: int | None) -> None:
+        self.series.observe_batch(size, seconds, depth or self.depth)
 
     def _warm_shapes(self) -> None:
         """On a GPU, before traffic: two batches of each of ``self.shapes``. The first shape
@@ -514,11 +523,14 @@ class Engine:
 
     # run ----------------------------------------------------------------------------
     async def infer(self, texts: list, truncation: str | None,
-                    windows: tuple[int, int] | None = None) -> Result:
+                    windows: tuple[int, int] | None = None,
+                    iterations: int | None = None) -> Result:
         """The texts' raw outputs, each cut to max_length as ``truncation`` says (see
         tokenize); with None, an input longer is refused before anything is queued. With
         ``windows`` (size, stride): each input runs as its windows (see windows), each an
-        input of the batches, and its outputs are its windows' (a list of them)."""
+        input of the batches, and its outputs are its windows' (a list of them).
+        ``iterations``: a recursive model's depth for them, 1 to ``self.depth`` (None: its
+        own; the caller checks it)."""
         encodings, tokenizing, groups, owners = None, 0.0, None, None
         if windows is not None:
             began = time.perf_counter()
@@ -542,7 +554,8 @@ class Engine:
                     raise InputTooLong(i, len(enc.ids), self.max_length)
         queued = texts if owners is None else [texts[i] for i in owners]  # a window: its input's
         try:
-            items = self.batcher.submit(queued, truncation, encodings)
+            items = self.batcher.submit(queued, truncation, encodings,
+                                        None if iterations == self.depth else iterations)
         except QueueFull:
             self.series.rejected.inc(len(queued))
             raise

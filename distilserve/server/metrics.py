@@ -57,11 +57,16 @@ class ModelSeries:
     postprocessed: Any  # seconds from a request's outputs to its answer
     last: Any  # when a request was last answered (Unix seconds, a Gauge's child)
     by_size: Callable[[int], Any]  # a batch size's forward passes (a Summary's child)
+    by_depth: Callable[[int], Any]  # forward passes at a depth (a Counter's child)
 
-    def observe_batch(self, size: int, seconds: float) -> None:
+    def observe_batch(self, size: int, seconds: float, depth: int | None = None) -> None:
+        """A forward pass of ``size`` inputs; ``depth``: the iterations a recursive model
+        whose depth may vary ran for it."""
         self.batch_size.observe(size)
         self.inference.observe(seconds)
         self.by_size(size).observe(seconds)
+        if depth is not None:
+            self.by_depth(depth).inc()
 
     def observe_result(self, result, seconds: float) -> None:
         """A request answered in ``seconds`` with the model: where its time went (an
@@ -112,6 +117,9 @@ class Metrics:
                           "was last answered", ["model"], registry=r, multiprocess_mode="max")
         self.by_size = Summary("distilserve_batch_seconds", "forward pass time by batch "
                                "size", ["model", "size"], registry=r)
+        self.by_depth = Counter("distilserve_batches_by_iterations", "forward passes of a "
+                                "recursive model whose depth may vary, by the iterations "
+                                "they ran", ["model", "iterations"], registry=r)
         self.connections_closed = Counter(
             "distilserve_connections_closed", "connections the service closed, by why: past "
             "a cap when accepted (over_capacity, client_over_capacity), or a deadline passed "
@@ -132,19 +140,25 @@ class Metrics:
 
     def model(self, name: str) -> ModelSeries:
         """The series of the model served as ``name``."""
-        sizes: dict[int, Any] = {}
+        def by(metric) -> Callable[[int], Any]:
+            """The model's child of ``metric`` for a number (its second label), looked up
+            once."""
+            children: dict[int, Any] = {}
 
-        def by_size(size: int):
-            child = sizes.get(size)
-            if child is None:
-                child = sizes[size] = self.by_size.labels(name, str(size))
+            def child(value: int):
+                found = children.get(value)
+                if found is None:
+                    found = children[value] = metric.labels(name, str(value))
+                return found
+
             return child
 
         return ModelSeries(*(series.labels(name) for series in (
             self.queue_depth, self.queued, self.tokenized, self.batch_size, self.inference,
             self.rejected, self.truncated)), self.with_model.labels(name, "success"),
             self.with_model.labels(name, "failure"), self.ran.labels(name),
-            self.postprocessed.labels(name), self.last.labels(name), by_size)
+            self.postprocessed.labels(name), self.last.labels(name), by(self.by_size),
+            by(self.by_depth))
 
     def _everyone(self) -> CollectorRegistry:
         """The registry of this process, or with several workers one of all of them."""

@@ -92,8 +92,8 @@ class ModelReplica:
         self.engine = await open_engine(path.name, path, settings, Metrics())
 
     async def infer(self, texts: list, truncation: str | None,
-                    windows: tuple[int, int] | None = None):
-        return await self.engine.infer(texts, truncation, windows)
+                    windows: tuple[int, int] | None = None, iterations: int | None = None):
+        return await self.engine.infer(texts, truncation, windows, iterations)
 
     def describe(self) -> dict:
         return self.engine.describe()
@@ -110,6 +110,8 @@ class RemoteEngine(Engine):
         super().__init__(folder.name, folder, read_manifest(folder), settings, metrics,
                          local=False)
         self.handle, self.described = handle, described
+        span = described.get("iterations")  # the replica's backend's depth (Engine.depth)
+        self.depth = span["max"] if span and span["min"] == 1 else None
 
     def describe(self) -> dict:
         return self.described  # the replica's (its device and dtype)
@@ -121,9 +123,9 @@ class RemoteEngine(Engine):
         pass
 
     async def infer(self, texts: list, truncation: str | None,
-                    windows: tuple[int, int] | None = None):
+                    windows: tuple[int, int] | None = None, iterations: int | None = None):
         try:
-            return await self.handle.infer.remote(texts, truncation, windows)
+            return await self.handle.infer.remote(texts, truncation, windows, iterations)
         except RayTaskError as e:  # the replica raised it: InputTooLong, QueueFull, ...
             raise e.cause from None
         except GONE as e:

@@ -112,7 +112,17 @@ class _Truncated(_Truncation, _Request):
     """A request whose inputs may be longer than the model's max_length tokens."""
 
 
-class EmbeddingsRequest(_Request):
+class _Deep(BaseModel):
+    """A native request that runs a model: a recursive model's depth may be chosen."""
+
+    iterations: int | None = Field(None, ge=1, description="a recursive model's depth for "
+                                   "this request: 1 to its trained depth (GET /v1/models: "
+                                   "iterations); default: its trained depth. For a model "
+                                   "whose loop is kept (ONNX, TorchScript) or served from "
+                                   "its checkpoint")
+
+
+class EmbeddingsRequest(_Deep, _Request):
     """OpenAI's /v1/embeddings."""
 
     input: (Texts | Annotated[TokenIds, Field(min_length=1)]
@@ -128,7 +138,7 @@ class EmbeddingsRequest(_Request):
         return self.input  # OpenAI's name
 
 
-class EmbedRequest(_Truncated):
+class EmbedRequest(_Deep, _Truncated):
     inputs: Texts
     normalize: bool = True
     prompt_name: str | None = Field(None, description="one of the model's prompts (GET "
@@ -142,7 +152,7 @@ class RerankDocument(BaseModel):
     text: str
 
 
-class RerankRequest(_Truncated):
+class RerankRequest(_Deep, _Truncated):
     """Jina's and Cohere's /rerank (also vLLM's and Infinity's)."""
 
     query: str
@@ -268,7 +278,7 @@ class _Scored(BaseModel):
         return self
 
 
-class ClassifyRequest(_Scored, _Truncated):
+class ClassifyRequest(_Deep, _Scored, _Truncated):
     inputs: str | Annotated[list[str | Pair], Field(min_length=1)] = Field(
         description="a text, a list of texts, or text pairs as two-item lists")
     top_k: Count | None = Field(None, description="return the N most likely labels "
@@ -339,7 +349,7 @@ class _Questions(_Request):
         return [(i.question, i.context) for i in inputs]
 
 
-class QaRequest(_Questions):
+class QaRequest(_Deep, _Questions):
     """Extractive question answering, as transformers' question-answering pipeline."""
 
     top_k: Count = Field(1, description="the N best answers of each")
@@ -377,7 +387,7 @@ class InfinityClassifyRequest(_Scored, _Truncated):
         return self.input  # Infinity's name
 
 
-class NerRequest(_Truncated):
+class NerRequest(_Deep, _Truncated):
     inputs: Texts
     aggregation_strategy: Strategy = "simple"
     ignore_labels: list[str] = Field(["O"], description="entities of these labels left "
@@ -411,7 +421,7 @@ class _Fill(BaseModel):
         return [self.targets] if isinstance(self.targets, str) else self.targets
 
 
-class FillMaskRequest(_Fill, _Truncated):
+class FillMaskRequest(_Deep, _Fill, _Truncated):
     """transformers' fill-mask pipeline: texts with the model's mask token ([MASK])."""
 
     inputs: Texts

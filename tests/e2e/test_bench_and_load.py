@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+import pytest
+
 from distilserve.models import export
 from distilserve.server.cli import main
 from distilserve.server.engine import load_engine
@@ -13,6 +15,8 @@ from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
 from loadtests import grpc_vs_http
 from loadtests import run as loadrun
+
+pytestmark = pytest.mark.slow  # the bench and load tests, in subprocesses
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

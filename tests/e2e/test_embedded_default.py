@@ -19,6 +19,8 @@ from distilserve.server import embedded_default as default
 from distilserve.training import handwritten
 from tests.conftest import free_port, running_server, wait_until_ready
 
+pytestmark = pytest.mark.slow  # builds the embedded default (fine-tuning)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # Written by hand for this test; none of them comes from distilserve/training/synthetic.py or is in

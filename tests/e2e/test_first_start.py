@@ -18,6 +18,8 @@ import pytest
 from distilserve.server.embedded_default import VERSION
 from tests.conftest import free_port, wait_for
 
+pytestmark = pytest.mark.slow  # real servers in subprocesses, building the default
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -14,6 +14,8 @@ from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests.conftest import running_server
 
+pytestmark = pytest.mark.slow  # schemathesis over every operation
+
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 

@@ -21,6 +21,8 @@ from distilserve.server.ray_serve import GRPC_SERVICERS, Scaling, application, i
 from distilserve.server.settings import Settings
 from tests.conftest import running_server, unallocated_port, wait_for
 
+pytestmark = pytest.mark.slow  # a local Ray instance
+
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 

@@ -16,6 +16,8 @@ import pytest
 from distilserve.models import export
 from tests.conftest import free_port, wait_until_ready
 
+pytestmark = pytest.mark.slow  # real servers in subprocesses
+
 ROOT = Path(__file__).resolve().parents[2]
 # the dev extras' modules (pyproject's [dev]; OpenTelemetry's API is FastAPI's own): none
 # is needed to serve

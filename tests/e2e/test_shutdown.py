@@ -6,10 +6,13 @@ import signal
 import threading
 
 import httpx
+import pytest
 
 from distilserve.models import export
 from loadtests.run import free_port, start_server
 from tests.conftest import wait_for
+
+pytestmark = pytest.mark.slow  # real servers in subprocesses, stopped by signals
 
 
 def test_sigterm_finishes_in_flight_requests_then_exits(tiny_checkpoints, tmp_path):

@@ -15,12 +15,15 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.models.io.manifest import FILE
 from distilserve.models.runtime.matrix_units import bf16_units
 from tests.conftest import free_port, running_server, wait_for
+
+pytestmark = pytest.mark.slow  # a real server in a subprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 # the CLI with torch and transformers unimportable: any import of either raises ImportError

@@ -15,10 +15,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 import tritonclient.grpc as triton
 
 from distilserve.models import export
 from tests.conftest import free_port, unallocated_port, wait_for
+
+pytestmark = pytest.mark.slow  # servers of several worker processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

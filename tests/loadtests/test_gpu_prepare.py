@@ -13,6 +13,10 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # imports every GPU step in subprocesses
+
 ROOT = Path(__file__).parents[2]
 
 # On the machine (../shared/gpu/prepare.sh's header), with what those need, and what

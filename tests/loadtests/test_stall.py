@@ -5,8 +5,12 @@ connection is closed by its deadline (distilserve/server/connections.py)."""
 
 from __future__ import annotations
 
+import pytest
+
 from distilserve.models import export
 from loadtests import stall
+
+pytestmark = pytest.mark.slow  # thousands of connections
 
 # time past a deadline that a closed connection may be seen to live: the event loops of
 # the service and of the stalling process, each busy with thousands of connections

@@ -130,6 +130,7 @@ def test_keep_form_depth_is_a_runtime_input(tiny_checkpoints, tmp_path):
         assert np.abs(got - ref).max() <= 1e-4
 
 
+@pytest.mark.slow  # the real MiniLM, exported and quantised
 def test_real_minilm_exports_to_onnx_and_int8_keeps_embeddings(tmp_path, recwarn):
     manifest = export.export(checkpoint.minilm_path(), tmp_path / "minilm", "onnx",
                              quantize="int8", max_length=256)

@@ -360,3 +360,50 @@ def test_auto_keeps_onnx_in_fp32_where_the_checkpoint_cannot_run_in_bf16(
                        "exported, in fp32, and the model's checkpoint, which would run so "
                        "instead, did not: CheckpointError: .*no model.safetensors"):
         open_backend("onnx", folder, "model.onnx", dtype="bf16", checkpoint_instead=True)
+
+
+@pytest.fixture(scope="module")
+def recursive_exports(tiny_checkpoints, tmp_path_factory):
+    """(family, format, loop) -> (its model, its backend), a tiny embedding model of each
+    recursive family in every format and loop (the checkpoint, format torch: its own)."""
+    from distilserve.models.io import checkpoint
+
+    root, out = tmp_path_factory.mktemp("depths"), {}
+    for family in ("minialbert", "falbert"):
+        folder = tiny_checkpoints[family, "embed"]
+        model = checkpoint.load(folder).model.eval()
+        for fmt, loop in (("onnx", "keep"), ("torchscript", "keep"), ("torch", "unroll"),
+                          ("onnx", "unroll"), ("torchscript", "unroll")):
+            made = export.export(folder, root / f"{family}-{fmt}-{loop}", fmt, loop)
+            out[family, fmt, loop] = model, open_backend(
+                fmt, root / f"{family}-{fmt}-{loop}", made.artifact,
+                num_iterations=made.num_iterations)
+    return out
+
+
+@pytest.mark.parametrize("family", ["minialbert", "falbert"])
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript", "torch"])
+def test_a_kept_loop_runs_at_every_depth_as_the_model_does(recursive_exports, family, fmt):
+    """MiniALBERT's iteration i with its adapter i, F-ALBERT's with its FFN cut i: the
+    depth a batch asks for (num_iterations) gives what PyTorch gives at that depth."""
+    model, backend = recursive_exports[family, fmt, "unroll" if fmt == "torch" else "keep"]
+    assert backend.depth == model.num_iterations > 1
+    ids = torch.randint(1000, 3000, (3, 9), generator=torch.Generator().manual_seed(1))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    arrays = {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
+              "token_type_ids": np.zeros_like(ids.numpy())}
+    outputs = []
+    for depth in range(1, backend.depth + 1):
+        with torch.no_grad():
+            expected = model.forward_iterations(ids, mask, torch.zeros_like(ids), depth).numpy()
+        got = backend.run({**arrays, "num_iterations": np.array(depth, dtype=np.int64)})
+        assert np.abs(got - expected).max() <= 1e-4, depth
+        outputs.append(got)
+    assert np.abs(backend.run(arrays) - outputs[-1]).max() <= 1e-6  # its own: the last
+    assert np.abs(outputs[0] - outputs[-1]).max() > 1e-3  # the depths differ
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_an_unrolled_loop_has_a_fixed_depth(recursive_exports, fmt):
+    assert recursive_exports["minialbert", fmt, "unroll"][1].depth is None

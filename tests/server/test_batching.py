@@ -150,10 +150,40 @@ def test_warmup_shapes_start_with_the_most_memory_and_stay_within_the_limits():
     assert warmup_shapes(32, 100, 512)[0] == (1, 100)  # a budget under max_length
 
 
+def test_take_batch_never_mixes_depths():
+    """A recursive model's inputs at different depths (iterations) run apart: the first
+    input's depth chooses the batch, whatever the lengths."""
+    pending = [_item(10), _item(10), _item(10), _item(12), _item(10)]
+    for item, depth in zip(pending, (2, None, 2, 2, 3)):
+        item.depth = depth
+    assert take_batch(pending, 8, 10_000) == [pending[0], pending[2], pending[3]]
+    assert take_batch(pending[1:2] + pending[4:], 8, 10_000) == [pending[1]]
+
+
+def test_a_batchers_depths_each_run_apart_and_say_their_depth():
+    calls, seen, batches = [], [], []
+
+    async def go():
+        b = _batcher(calls, on_batch=lambda size, seconds, depth: batches.append((size, depth)))
+        run = b.run
+        b.run = lambda arrays: seen.append(int(arrays.get("num_iterations", -1))) or run(arrays)
+        items = [*b.submit(["a b", "c"], "right", depth=2), *b.submit(["d"], "right"),
+                 *b.submit(["e f g"], "right", depth=2)]
+        b.start()  # all queued before the thread looks
+        results = await asyncio.gather(*(it.future for it in items))
+        await b.stop()
+        return results
+
+    assert [float(r[0]) for r in asyncio.run(go())] == [2.0, 1.0, 1.0, 3.0]
+    assert sorted(seen) == [-1, 2] and sorted(batches) == [(1, None), (3, 2)]
+
+
 def test_pad_right_pads_with_a_mask():
     arrays = pad([_encoding(2), _encoding(4)])
     assert arrays["input_ids"].tolist() == [[1, 2, 0, 0], [1, 2, 3, 4]]
     assert arrays["attention_mask"].tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert "num_iterations" not in arrays
+    assert pad([_encoding(2)], depth=3)["num_iterations"] == np.array(3, dtype=np.int64)
 
 
 def _batcher(calls, **kw):

@@ -15,6 +15,8 @@ from distilserve.models.io import checkpoint
 from distilserve.training import corpus, distill
 from tests.conftest import running_server
 
+pytestmark = pytest.mark.slow  # training
+
 STUDENTS = {"minialbert": "tiny", "falbert": "tiny", "cmow": "tiny", "bert": None}
 
 
@@ -204,3 +206,25 @@ def test_the_corpus_says_how_far_along_it_is_and_is_read_once(tmp_path, monkeypa
     monkeypatch.setattr(corpus, "_docstrings", unread)
     assert corpus.sentences(limit=5000, roots=[root], cache=tmp_path / "cache") == first
     assert corpus.sentences(limit=5000, roots=[root], seed=1, cache=tmp_path / "cache") != first
+
+
+@pytest.mark.parametrize("family", ["minialbert", "falbert"])
+def test_any_depth_trains_every_exit_and_fidelity_is_recorded_by_depth(teacher, tmp_path,
+                                                                       family):
+    """--any-depth: the output loss is the mean over every iteration's exit (not the last
+    one's alone), and a recursive student's fidelity is recorded at each depth, the last
+    being its fidelity."""
+    runs = {}
+    for any_depth in (False, True):
+        opts = distill.Options(family=family, output=tmp_path / f"s-{any_depth}", preset="tiny",
+                               steps=4, batch_size=8, max_length=32, lr=3e-3,
+                               teacher=teacher, held_out=40, corpus_limit=3000,
+                               any_depth=any_depth)
+        runs[any_depth] = distill.distill(opts, progress=lambda s: None)
+    for record in runs.values():
+        depths = record["fidelity_by_depth"]
+        assert list(depths) == [str(d) for d in range(1, len(depths) + 1)] and len(depths) > 1
+        assert depths[str(len(depths))] == pytest.approx(record["fidelity"], abs=1e-6)
+    assert runs[True]["any_depth"] and not runs[False]["any_depth"]
+    assert runs[True]["stages"][-1]["fixed_batch_loss_before"] != pytest.approx(
+        runs[False]["stages"][-1]["fixed_batch_loss_before"])  # another objective

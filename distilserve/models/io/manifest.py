@@ -82,7 +82,7 @@ class Manifest(BaseModel):
     default_prompt_name: str | None = None
     dimensions: int | None = Field(None, gt=0)  # embedding models: the width
     loop: Literal["unroll", "keep"] | None = None  # recursive families
-    num_iterations: int | None = Field(None, gt=0)  # a kept loop's trip count
+    num_iterations: int | None = Field(None, gt=0)  # a recursive model's trained depth
     device: str | None = None  # run here, over DISTILSERVE_DEVICE
     dtype: str | None = None  # in this dtype, over DISTILSERVE_DTYPE
     # embedding models: the vocabulary of token-id inputs, over DISTILSERVE_TOKEN_IDS

@@ -32,7 +32,9 @@ class BackendError(Exception):
 
 class Backend(ABC):
     """Runs one model: int64 arrays [B, T] by name (input_ids, attention_mask,
-    token_type_ids) in, the task's output array (float32) out."""
+    token_type_ids) in, the task's output array (float32) out. A recursive model whose
+    depth may vary (``depth``) also takes ``num_iterations``, an int64 scalar: the times
+    its shared layer runs for that batch (1 to ``depth``; absent: ``depth``)."""
 
     name: str = ""
     device: str = "cpu"  # where it runs: cpu, cuda:0, ...
@@ -42,6 +44,9 @@ class Backend(ABC):
     # it computes on the CPU through PyTorch's thread pool (OpenMP), which keeps a team of
     # threads for each thread that calls it (the service runs all such models on one)
     openmp: bool = False
+    # a recursive model's trained depth, where a batch may run it fewer times (its loop
+    # kept: ONNX's Loop, scripted TorchScript, the checkpoint itself); None: fixed
+    depth: int | None = None
 
     @abstractmethod
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray: ...

@@ -52,10 +52,15 @@ class OnnxBackend(Backend):
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": index}))
         self.session = ort.InferenceSession(str(path), options, providers=providers)
         self.input_names = [i.name for i in self.session.get_inputs()]
-        self.num_iterations = num_iterations
+        if "num_iterations" in self.input_names:  # the loop kept: depth chosen at run time
+            if num_iterations is None:
+                raise BackendError(f"{path.name} keeps its loop: its trained depth "
+                                   "(the manifest's num_iterations) is needed")
+            self.depth = num_iterations
+            self.trained = np.array(num_iterations, dtype=np.int64)
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         feed = {k: inputs[k] for k in self.input_names if k in inputs}
-        if "num_iterations" in self.input_names:  # the loop kept: depth chosen at run time
-            feed["num_iterations"] = np.array(self.num_iterations, dtype=np.int64)
+        if self.depth is not None and "num_iterations" not in feed:
+            feed["num_iterations"] = self.trained
         return self.session.run(None, feed)[0]

@@ -19,3 +19,4 @@ class TorchBackend(TorchRuntime):
         super().__init__(threads, device, dtype, allowed, cpu_bf16)
         model = checkpoint.load(path, task, token_embeddings=token_embeddings).model
         self.forward = model.to(self.place.device, self.place.dtype)
+        self.recursive(self.forward)

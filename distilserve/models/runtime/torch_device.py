@@ -61,14 +61,15 @@ class Placement:
         np.stack([arrays[k] for k in INPUT_NAMES], out=host.numpy())
         return host.to(self.device, non_blocking=True)
 
-    def launch(self, forward, arrays: dict[str, np.ndarray]):
-        """Runs ``forward`` on the batch; on a GPU returns before it is done."""
+    def launch(self, forward, arrays: dict[str, np.ndarray], graphs: bool = True):
+        """Runs ``forward`` on the batch (from a CUDA graph where ``graphs`` and one holds
+        it); on a GPU returns before it is done."""
         with torch.inference_mode():
             if not self.cuda:
                 return forward(*(torch.from_numpy(arrays[k]) for k in INPUT_NAMES)).float().numpy()
             with torch.cuda.device(self.device):  # streams and events: the model's GPU's
                 inputs = self.inputs(arrays)  # [3, B, T]
-                out = self.graphs.run(inputs) if self.graphs else None
+                out = self.graphs.run(inputs) if self.graphs and graphs else None
                 if out is None:
                     out = forward(*inputs.unbind(0)).float()
                 host = out.to("cpu", non_blocking=True)  # into pinned memory
@@ -105,7 +106,8 @@ def linear(weight: np.ndarray, bias: np.ndarray, device: str, dtype: str):
 
 class TorchRuntime(Backend):
     """A PyTorch module as a backend: subclasses set ``self.forward`` (on ``self.place``'s
-    device, in its dtype)."""
+    device, in its dtype) and, for a recursive model whose depth may vary, ``self.depth``
+    and ``self.iterate`` (its ``forward_iterations``: the inputs, then the depth)."""
 
     def __init__(self, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
                  allowed: Sequence[str] = DTYPES, cpu_bf16: bool = True):
@@ -116,7 +118,13 @@ class TorchRuntime(Backend):
         self.dtype_reason = self.place.dtype_reason
         self.asynchronous = self.place.cuda
         self.openmp = not self.place.cuda
-        self.forward = None
+        self.forward = self.iterate = None
+
+    def recursive(self, module) -> None:
+        """Runs ``module`` at any depth up to its own where it can (a recursive model, its
+        loop not unrolled: its ``forward_iterations``)."""
+        if hasattr(module, "forward_iterations") and hasattr(module, "num_iterations"):
+            self.depth, self.iterate = int(module.num_iterations), module.forward_iterations
 
     def run(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.collect(self.launch(inputs))
@@ -129,7 +137,11 @@ class TorchRuntime(Backend):
         return True
 
     def launch(self, inputs: dict[str, np.ndarray]):
-        return self.place.launch(self.forward, inputs)
+        depth = inputs.get("num_iterations")
+        if depth is None or int(depth) == self.depth:
+            return self.place.launch(self.forward, inputs)
+        n = int(depth)  # another depth than the one the CUDA graphs were captured at
+        return self.place.launch(lambda *x: self.iterate(*x, n), inputs, graphs=False)
 
     def collect(self, launched) -> np.ndarray:
         return self.place.collect(launched)

@@ -38,6 +38,8 @@ class TorchScriptBackend(TorchRuntime):
             if self.dtype != "fp32" and "prim::Loop" not in str(module.inlined_graph):
                 module = self._trace(path.parent / "checkpoint")  # traced in fp32: again
         self.forward = module.to(self.place.dtype).eval()
+        if "prim::Loop" in str(self.forward.inlined_graph):  # scripted: the loop kept
+            self.recursive(self.forward)
 
     def _trace(self, folder: Path):
         """The checkpoint in ``folder`` traced on the device, in the dtype."""

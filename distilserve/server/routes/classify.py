@@ -54,7 +54,8 @@ async def run(body: ClassifyRequest | TeiPredictRequest | InfinityClassifyReques
     logits; also the Open Inference Protocol's infer, which answers them in label order)."""
     engine = choose(request, body.model, "classify")
     check_limits(request, body.texts)
-    return engine, await infer(request, engine, body.texts, body.truncation)
+    return engine, await infer(request, engine, body.texts, body.truncation,
+                               iterations=body.iterations)
 
 
 async def zero_shot(body: ClassifyRequest, request: Request
@@ -71,7 +72,8 @@ async def zero_shot(body: ClassifyRequest, request: Request
         return f"input {k // len(labels)} with candidate label {labels[k % len(labels)]!r}"
 
     check_limits(request, pairs, what="(text, candidate label) pairs", named=named)
-    result = await infer(request, engine, pairs, body.truncation, named=named)
+    result = await infer(request, engine, pairs, body.truncation, named=named,
+                         iterations=body.iterations)
     logits = np.stack(result.outputs).reshape(len(body.texts), len(labels), -1)  # [N, L, C]
     return engine, [postprocess.best(postprocess.zero_shot(
         each, engine.entailment, body.multi_label, body.raw_scores), labels, body.top_k)

@@ -222,6 +222,28 @@ def check_token_ids(engine: Engine, texts: list) -> None:
                                f"{engine.vocab_size - 1})")
 
 
+def check_iterations(engine: Engine, iterations: int | None) -> None:
+    """A 422 for ``iterations`` the model cannot run: not 1 to its trained depth, or any
+    other than its own where its depth is fixed (not a recursive family, or its loop
+    unrolled), saying why."""
+    if iterations is None:
+        return
+    trained = engine.manifest.num_iterations
+    if engine.depth is not None:
+        if iterations <= engine.depth:
+            return
+        why = f"runs 1 to {engine.depth} iterations"
+    elif trained is None:
+        why = f"is a {engine.family} model, not a recursive one: its depth is fixed"
+    elif iterations == trained:
+        return
+    else:
+        why = (f"runs its {trained} iterations unrolled: its depth is fixed (export it "
+               "with --loop keep, or --format torch, to choose it per request)")
+    raise ApiError(422, "invalid_request", f"iterations {iterations}: model {engine.name!r} "
+                   + why)
+
+
 def read_foreign(engine: Engine, texts: list) -> list:
     """The inputs, those that are token ids read back into text where the model takes ids
     in another vocabulary than its own (Engine.foreign); a 422 naming the first id that
@@ -287,12 +309,13 @@ def _on_client_gone(request: Request, callback: Callable[[], None]) -> Callable[
 
 async def infer(request: Request, engine: Engine, texts: list, truncation: str | None,
                 windows: tuple[int, int] | None = None,
-                named: Callable[[int], str] = numbered) -> Result:
+                named: Callable[[int], str] = numbered, iterations: int | None = None) -> Result:
     """Runs the texts (within the limits: check_limits) on the engine (``windows``:
-    question answering's, Engine.infer's); drops them from the queue if the client goes
-    away. ``named``: what the client calls the text at an index, for an error about it
-    (where the texts are not the client's inputs in order: a rerank's query, then its
-    documents)."""
+    question answering's, Engine.infer's; ``iterations``: a recursive model's depth,
+    check_iterations'); drops them from the queue if the client goes away. ``named``: what
+    the client calls the text at an index, for an error about it (where the texts are not
+    the client's inputs in order: a rerank's query, then its documents)."""
+    check_iterations(engine, iterations)
     task, running, gone = asyncio.current_task(), True, False
 
     def client_gone() -> None:
@@ -304,7 +327,7 @@ async def infer(request: Request, engine: Engine, texts: list, truncation: str |
     stop_watching = _on_client_gone(request, client_gone)
     result, began = None, time.perf_counter()
     try:
-        result = await engine.infer(texts, truncation, windows)
+        result = await engine.infer(texts, truncation, windows, iterations)
         return result
     except asyncio.CancelledError:
         if not gone:
@@ -385,14 +408,14 @@ def usage(result: Result) -> dict:
 async def embedded(request: Request, model: str | None, texts: list,
                    dimensions: int | None = None, prompt_name: str | None = None,
                    truncation: str | None = "right", normalize: bool = True,
-                   named: Callable[[int], str] = numbered,
-                   foreign_ids: bool = False) -> tuple[Engine, np.ndarray, Result]:
+                   named: Callable[[int], str] = numbered, foreign_ids: bool = False,
+                   iterations: int | None = None) -> tuple[Engine, np.ndarray, Result]:
     """The embedding model (``model``, or the only one), the inputs' embeddings [N, D] (the
     first ``dimensions`` components, then unit length if ``normalize``) and the run; for
     every protocol's embedding routes. ``texts``: texts or token
     ids, behind the prompt ``prompt_name`` (None: the model's default prompt); ``named``:
     as infer's; ``foreign_ids``: token ids in the vocabulary the model reads them in
-    (DISTILSERVE_TOKEN_IDS), else its own."""
+    (DISTILSERVE_TOKEN_IDS), else its own; ``iterations``: as infer's."""
     engine = choose(request, model, "embed")
     if foreign_ids:
         texts = read_foreign(engine, texts)
@@ -400,7 +423,7 @@ async def embedded(request: Request, model: str | None, texts: list,
     check_embedding_request(engine, texts, dimensions)
     check_answer_size(engine, len(texts), dimensions or engine.dimensions or 1)
     result = await infer(request, engine, with_prompt(engine, texts, prompt_name), truncation,
-                         named=named)
+                         named=named, iterations=iterations)
     if normalize and dimensions is None and result.postprocessed is not None:
         return engine, np.asarray(result.postprocessed), result  # [N, D], by their batch
     vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)  # [N, D]

@@ -26,7 +26,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
     # unit length, the first ``dimensions`` components re-normalised; a long input: its
     # end is cut; token ids in the vocabulary the model reads them in (foreign_ids)
     engine, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
-                                             foreign_ids=True)
+                                             foreign_ids=True, iterations=body.iterations)
     data = [{"object": "embedding", "index": i,
              "embedding": postprocess.embedding_payload(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
@@ -42,6 +42,7 @@ async def embed(body: EmbedBody, request: Request):
     if isinstance(body, CohereV1EmbedRequest):
         return await cohere.embed_v1(body, request)
     engine, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
-                                             body.prompt_name, body.truncation, body.normalize)
+                                             body.prompt_name, body.truncation, body.normalize,
+                                             iterations=body.iterations)
     return reply(request, {"model": engine.name, "embeddings": vectors, "usage": usage(result)},
                  result)

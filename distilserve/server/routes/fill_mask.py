@@ -50,7 +50,7 @@ async def filled(body: FillMaskRequest, request: Request
     k = min(body.top_k, engine.vocab_size if targets is None else len(targets))
     check_answer_size(engine, masks * k, engine.max_length, "tokens",
                       f"answers ({masks} masks x top_k {k})")
-    result = await infer(request, engine, texts, body.truncation)
+    result = await infer(request, engine, texts, body.truncation, iterations=body.iterations)
 
     def each(i: int, logits, encoding) -> list[list[dict]]:
         if engine.mask_id not in encoding.ids:

@@ -33,9 +33,11 @@ async def recognised(body: NerRequest, request: Request
     check_limits(request, body.texts)
     texts, ignore = body.texts, tuple(body.ignore_labels)
     if body.stride is None:
-        result = await infer(request, engine, texts, body.truncation)
+        result = await infer(request, engine, texts, body.truncation,
+                             iterations=body.iterations)
     else:
-        result = await infer(request, engine, texts, None, _windows(engine, body.stride))
+        result = await infer(request, engine, texts, None, _windows(engine, body.stride),
+                             iterations=body.iterations)
     results = await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [entities(engine, text, output, body.aggregation_strategy, ignore)
                  for text, output in zip(texts, result.outputs)])

@@ -343,7 +343,8 @@ async def model_config(model_name: str, request: Request):
                             "count": settings.workers, "gpus": gpu}],
         "parameters": {key: {"string_value": str(value)} for key, value in (
             ("task", engine.task), ("family", engine.family), ("dtype", described["dtype"]),
-            ("max_length", engine.max_length), ("max_batch_tokens", batch_tokens))}}
+            ("max_length", engine.max_length), ("max_batch_tokens", batch_tokens),
+            *((f"iterations_{k}", n) for k, n in described.get("iterations", {}).items()))}}
 
 
 # the body, as JSON (a body with Triton's binary tensor data is this JSON, then the bytes),
@@ -489,7 +490,8 @@ def _options(model, engine: Engine, texts: list, parameters: dict):
 async def _embed(request: Request, engine: Engine, texts: list, parameters: dict):
     body = _options(EmbedRequest, engine, texts, parameters)
     _, vectors, result = await embedded(request, engine.name, body.texts, body.dimensions,
-                                        body.prompt_name, body.truncation, body.normalize)
+                                        body.prompt_name, body.truncation, body.normalize,
+                                        iterations=body.iterations)
     return {"embedding": vectors}, result
 
 

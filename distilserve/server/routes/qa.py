@@ -41,7 +41,8 @@ async def answered(body: QaRequest, request: Request
     check_answer_size(engine, len(pairs) * body.top_k, min(body.max_answer_len, size),
                       "tokens", f"answers ({len(pairs)} inputs x top_k {body.top_k})")
     await asyncio.to_thread(_check_questions, engine, pairs, size, stride)
-    result = await infer(request, engine, pairs, None, (size, stride))
+    result = await infer(request, engine, pairs, None, (size, stride),
+                         iterations=body.iterations)
     return engine, await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [postprocess.answers([(np.asarray(logits), encoding)
                                       for logits, encoding in windows], context,

@@ -42,14 +42,16 @@ async def scored(body: RerankRequest | TeiRerankRequest, request: Request
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         texts = (with_prompt(engine, [body.query], _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
-        result = await infer(request, engine, texts, body.truncation, named=body.name_of)
+        result = await infer(request, engine, texts, body.truncation, named=body.name_of,
+                             iterations=body.iterations)
         # [1 + N, D]: the query, then the documents
         vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)
         if engine.sparse:  # SPLADE ranks by dot product
             return engine, vectors[1:] @ vectors[0], result
         return engine, postprocess.cosine_ranking(vectors[0], vectors[1:]), result
     result = await infer(request, engine, [(body.query, d) for d in documents], body.truncation,
-                         named=lambda k: f"document {k} (with the query)")
+                         named=lambda k: f"document {k} (with the query)",
+                         iterations=body.iterations)
     # [N]: the relevant label's score as /v1/classify gives it (the batch's label scores,
     # scored on the model's thread: Engine.batch_postprocess), or its logit (raw_scores)
     rows = result.outputs if body.raw_scores else result.postprocessed

@@ -77,7 +77,8 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # each route's answer and its run, for the route, the root and /vertex -----------------
 async def embedding(body: EmbedRequest, request: Request) -> tuple[np.ndarray, Result]:
     _, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
-                                        body.prompt_name, body.truncation, body.normalize)
+                                        body.prompt_name, body.truncation, body.normalize,
+                                        iterations=body.iterations)
     return vectors, result
 
 
