@@ -19,10 +19,13 @@ def cpu_s() -> float:
 
 
 async def _client(host: str, port: int, path: str, bodies: list[bytes], until: float,
-                  latencies: list[float], statuses: dict, key: str | None = None) -> None:
+                  latencies: list[float], statuses: dict, key: str | None = None,
+                  start: int = 0) -> None:
+    """Sends ``bodies`` in turn from the ``start``-th (clients start apart, so that
+    different bodies are in flight at once)."""
     auth = f"Authorization: Bearer {key}\r\n".encode() if key else b""
     reader, writer = await asyncio.open_connection(host, port)
-    i = 0
+    i = start
     try:
         while time.perf_counter() < until:
             body = bodies[i % len(bodies)]
@@ -117,7 +120,7 @@ def _drive(url: str, path: str, payloads: list[dict], clients: int, seconds: flo
     async def main():
         until = time.perf_counter() + seconds
         await asyncio.gather(*(_client(host, int(port), path, bodies, until, latencies,
-                                       statuses, key) for _ in range(clients)))
+                                       statuses, key, n) for n in range(clients)))
 
     cpu, wall = cpu_s(), time.perf_counter()
     asyncio.run(main())

@@ -230,8 +230,9 @@ def student_rows(folder: Path) -> list[Row]:
     rows = []
     for path in sorted(p.parent for p in folder.glob("*/distillation.json")):
         record = json.loads((path / "distillation.json").read_text())
-        rows.append(Row(f"{record['family']} student", record["family"], record["preset"],
-                        source=str(path.resolve())))
+        name = f"{record['family']} student" + (" (any depth)" if record.get("any_depth")
+                                                 else "")
+        rows.append(Row(name, record["family"], record["preset"], source=str(path.resolve())))
     return rows
 
 

@@ -55,6 +55,11 @@ RETRY_STATUSES = (429, 503)
 RETRY_ERRORS = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
 
 
+def _deep(body: dict, iterations: int | None) -> dict:
+    """``body`` with a recursive model's depth for the request (``iterations``), if given."""
+    return body if iterations is None else {**body, "iterations": iterations}
+
+
 def _raise_for(response: httpx.Response) -> Any:
     if response.status_code < 400:
         return response.json()
@@ -176,10 +181,11 @@ class DistilServeClient(_Base):
             time.sleep(_delay(response, attempt, self.backoff))
 
     def embed(self, inputs, model=None, normalize=True, truncate=True, dimensions=None,
-              prompt_name=None, truncation_direction="right") -> list[list[float]]:
+              prompt_name=None, truncation_direction="right", *,
+              iterations=None) -> list[list[float]]:
         body = self._embed_body(inputs, model, normalize, truncate, truncation_direction,
                                 dimensions, prompt_name)
-        return self._call("POST", "/v1/embed", body)["embeddings"]
+        return self._call("POST", "/v1/embed", _deep(body, iterations))["embeddings"]
 
     def embed_all(self, inputs, model=None, truncate=True, prompt_name=None,
                   truncation_direction="right") -> list[list[list[float]]]:
@@ -194,11 +200,12 @@ class DistilServeClient(_Base):
         return self._call("POST", "/embed_sparse", body)
 
     def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
-               truncate=True, truncation_direction="right", raw_scores=False) -> list[dict]:
+               truncate=True, truncation_direction="right", raw_scores=False, *,
+               iterations=None) -> list[dict]:
         """``results``: {index, relevance_score[, document]}, most relevant first."""
         body = self._rerank_body(query, documents, model, top_n, return_documents, truncate,
                                  truncation_direction, raw_scores)
-        return self._call("POST", "/v1/rerank", body)["results"]
+        return self._call("POST", "/v1/rerank", _deep(body, iterations))["results"]
 
     def tokenize(self, inputs, model=None, add_special_tokens=True,
                  prompt_name=None) -> list[list[dict]]:
@@ -215,36 +222,38 @@ class DistilServeClient(_Base):
     def classify(self, inputs, model=None, top_k=None, truncate=True,
                  truncation_direction="right", raw_scores=False, *, candidate_labels=None,
                  hypothesis_template=None, multi_label=False,
-                 function_to_apply=None) -> list[list[dict]]:
+                 function_to_apply=None, iterations=None) -> list[list[dict]]:
         """Each input's labels and scores, best first (``function_to_apply``: softmax,
         sigmoid or none, as transformers' pipeline's); with ``candidate_labels``, those
         labels scored zero-shot by an NLI model."""
         body = self._classify_body(inputs, model, top_k, truncate, truncation_direction,
                                    raw_scores, candidate_labels, hypothesis_template,
                                    multi_label, function_to_apply)
-        return self._call("POST", "/v1/classify", body)["results"]
+        return self._call("POST", "/v1/classify", _deep(body, iterations))["results"]
 
     def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,
-            truncation_direction="right", stride=None, ignore_labels=None):
+            truncation_direction="right", stride=None, ignore_labels=None, *,
+            iterations=None):
         body = self._ner_body(inputs, model, aggregation_strategy, truncate,
                               truncation_direction, stride, ignore_labels)
-        return self._call("POST", "/v1/ner", body)["results"]
+        return self._call("POST", "/v1/ner", _deep(body, iterations))["results"]
 
     def qa(self, inputs, model=None, top_k=1, max_answer_len=15,
            handle_impossible_answer=False, align_to_words=True, max_seq_len=None,
-           doc_stride=None) -> list[list[dict]]:
+           doc_stride=None, *, iterations=None) -> list[list[dict]]:
         """Each {"question", "context"}'s answers, best first: {score, start, end, answer}."""
         body = self._qa_body(inputs, model, top_k, max_answer_len, handle_impossible_answer,
                              align_to_words, max_seq_len, doc_stride)
-        return self._call("POST", "/v1/qa", body)["results"]
+        return self._call("POST", "/v1/qa", _deep(body, iterations))["results"]
 
     def fill_mask(self, inputs, model=None, top_k=5, targets=None, truncate=True,
-                  truncation_direction="right") -> list[list[list[dict]]]:
+                  truncation_direction="right", *,
+                  iterations=None) -> list[list[list[dict]]]:
         """Per input, per mask token, its likeliest tokens: {score, token, token_str,
         sequence}."""
         body = self._fill_mask_body(inputs, model, top_k, targets, truncate,
                                     truncation_direction)
-        return self._call("POST", "/v1/fill-mask", body)["results"]
+        return self._call("POST", "/v1/fill-mask", _deep(body, iterations))["results"]
 
     def models(self) -> list[dict]:
         return self._call("GET", "/v1/models")["data"]
@@ -287,10 +296,10 @@ class AsyncDistilServeClient(_Base):
             await asyncio.sleep(_delay(response, attempt, self.backoff))
 
     async def embed(self, inputs, model=None, normalize=True, truncate=True, dimensions=None,
-                    prompt_name=None, truncation_direction="right"):
+                    prompt_name=None, truncation_direction="right", *, iterations=None):
         body = self._embed_body(inputs, model, normalize, truncate, truncation_direction,
                                 dimensions, prompt_name)
-        return (await self._call("POST", "/v1/embed", body))["embeddings"]
+        return (await self._call("POST", "/v1/embed", _deep(body, iterations)))["embeddings"]
 
     async def embed_all(self, inputs, model=None, truncate=True, prompt_name=None,
                         truncation_direction="right"):
@@ -303,10 +312,11 @@ class AsyncDistilServeClient(_Base):
         return await self._call("POST", "/embed_sparse", body)
 
     async def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
-                     truncate=True, truncation_direction="right", raw_scores=False):
+                     truncate=True, truncation_direction="right", raw_scores=False, *,
+                     iterations=None):
         body = self._rerank_body(query, documents, model, top_n, return_documents, truncate,
                                  truncation_direction, raw_scores)
-        return (await self._call("POST", "/v1/rerank", body))["results"]
+        return (await self._call("POST", "/v1/rerank", _deep(body, iterations)))["results"]
 
     async def tokenize(self, inputs, model=None, add_special_tokens=True, prompt_name=None):
         return await self._call("POST", "/v1/tokenize", self._tokenize_body(
@@ -319,30 +329,31 @@ class AsyncDistilServeClient(_Base):
     async def classify(self, inputs, model=None, top_k=None, truncate=True,
                        truncation_direction="right", raw_scores=False, *,
                        candidate_labels=None, hypothesis_template=None, multi_label=False,
-                       function_to_apply=None):
+                       function_to_apply=None, iterations=None):
         body = self._classify_body(inputs, model, top_k, truncate, truncation_direction,
                                    raw_scores, candidate_labels, hypothesis_template,
                                    multi_label, function_to_apply)
-        return (await self._call("POST", "/v1/classify", body))["results"]
+        return (await self._call("POST", "/v1/classify", _deep(body, iterations)))["results"]
 
     async def ner(self, inputs, model=None, aggregation_strategy="simple", truncate=True,
-                  truncation_direction="right", stride=None, ignore_labels=None):
+                  truncation_direction="right", stride=None, ignore_labels=None, *,
+                  iterations=None):
         body = self._ner_body(inputs, model, aggregation_strategy, truncate,
                               truncation_direction, stride, ignore_labels)
-        return (await self._call("POST", "/v1/ner", body))["results"]
+        return (await self._call("POST", "/v1/ner", _deep(body, iterations)))["results"]
 
     async def qa(self, inputs, model=None, top_k=1, max_answer_len=15,
                  handle_impossible_answer=False, align_to_words=True, max_seq_len=None,
-                 doc_stride=None):
+                 doc_stride=None, *, iterations=None):
         body = self._qa_body(inputs, model, top_k, max_answer_len, handle_impossible_answer,
                              align_to_words, max_seq_len, doc_stride)
-        return (await self._call("POST", "/v1/qa", body))["results"]
+        return (await self._call("POST", "/v1/qa", _deep(body, iterations)))["results"]
 
     async def fill_mask(self, inputs, model=None, top_k=5, targets=None, truncate=True,
-                        truncation_direction="right"):
+                        truncation_direction="right", *, iterations=None):
         body = self._fill_mask_body(inputs, model, top_k, targets, truncate,
                                     truncation_direction)
-        return (await self._call("POST", "/v1/fill-mask", body))["results"]
+        return (await self._call("POST", "/v1/fill-mask", _deep(body, iterations)))["results"]
 
     async def models(self) -> list[dict]:
         return (await self._call("GET", "/v1/models"))["data"]

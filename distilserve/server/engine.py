@@ -554,8 +554,8 @@ class Engine:
                     raise InputTooLong(i, len(enc.ids), self.max_length)
         queued = texts if owners is None else [texts[i] for i in owners]  # a window: its input's
         try:
-            items = self.batcher.submit(queued, truncation, encodings,
-                                        None if iterations == self.depth else iterations)
+            items = self.batcher.submit(queued, truncation, encodings, iterations if (
+                self.depth is not None and iterations != self.depth) else None)
         except QueueFull:
             self.series.rejected.inc(len(queued))
             raise

@@ -377,7 +377,7 @@ class QaResponse(BaseModel):
     results: list[list[QaAnswer]] = Field(description="each input's answers, best first")
 
 
-class InfinityClassifyRequest(_Scored, _Truncated):
+class InfinityClassifyRequest(_Deep, _Scored, _Truncated):
     """Infinity's /classify."""
 
     input: Texts = Field(description="a text or a list of texts")
@@ -462,7 +462,7 @@ class HfClassifyParameters(BaseModel):
     function_to_apply: Function | None = Field(None, description=FUNCTION)
 
 
-class TeiPredictRequest(_Scored, _Truncated):
+class TeiPredictRequest(_Deep, _Scored, _Truncated):
     """TEI's /predict: a text, a pair [text, text], or a batch [[text], [text, text], ...];
     with the Hugging Face Inference API's ``parameters`` (huggingface_hub's
     text_classification) too."""
@@ -486,7 +486,7 @@ class TeiPredictRequest(_Scored, _Truncated):
                 for s in sequences]
 
 
-class TeiRerankRequest(_Truncated):
+class TeiRerankRequest(_Deep, _Truncated):
     """TEI's /rerank."""
 
     query: str

@@ -103,6 +103,19 @@ def test_classify_ner_and_rerank_take_iterations(served):
     ranked = post(url, "/v1/rerank", {"model": "minialbert-embed-onnx-keep", "query": "Paris",
                                       "documents": TEXTS, "iterations": 1})
     assert ranked.status_code == 200, ranked.text
+    # TEI's and Infinity's bodies take it too
+    predicted = post(url, "/predict", {"model": "minialbert-classify-torch-unroll",
+                                       "inputs": TEXTS[0], "raw_scores": True, "iterations": 1})
+    assert predicted.status_code == 200, predicted.text
+    assert np.allclose(sorted(s["score"] for s in predicted.json()), sorted(logits[0]),
+                       atol=1e-4)
+    for route, body in (("/rerank", {"query": "Paris", "texts": TEXTS}),
+                        ("/classify", {"input": TEXTS})):
+        model = "minialbert-classify-torch-unroll" if route == "/classify" else \
+            "minialbert-embed-onnx-keep"
+        answer = post(url, route, {"model": model, "iterations": 1, **body})
+        assert answer.status_code == 200, (route, answer.text)
+        assert post(url, route, {"model": model, "iterations": 9, **body}).status_code == 422
 
 
 @pytest.mark.parametrize("body, message", [
@@ -120,10 +133,15 @@ def test_a_depth_the_model_cannot_run_is_a_422_saying_why(served, body, message)
     assert answer.status_code == 422 and message in answer.json()["error"]["message"]
 
 
-def test_the_unrolled_models_own_depth_is_taken(served):
+def test_an_unrolled_models_own_depth_is_taken(served, tiny_checkpoints, tmp_path):
     url, _ = served
     assert post(url, "/v1/embed", {"model": "minialbert-embed-onnx-unroll", "inputs": "x",
                                    "iterations": 3}).status_code == 200
+    export.export(tiny_checkpoints["falbert", "embed"], tmp_path / "repo" / "traced",
+                  "torchscript")  # traced: unrolled
+    with running_server(tmp_path / "repo") as other:
+        answer = post(other, "/v1/embed", {"inputs": "x", "iterations": 4})
+        assert answer.status_code == 200, answer.text
 
 
 def _batches_by_depth(url, model) -> dict[str, float]:
@@ -171,3 +189,21 @@ def test_the_open_inference_protocol_takes_iterations_as_a_parameter(served):
     config = httpx.get(url + f"/v2/models/{name}/config").json()["parameters"]
     assert config["iterations_min"] == {"string_value": "1"}
     assert config["iterations_max"] == {"string_value": "3"}
+
+
+def test_the_python_client_sends_iterations(served):
+    from distilserve.client import AsyncDistilServeClient, DistilServeClient
+
+    url, _ = served
+    name = "minialbert-embed-onnx-keep"
+    native = post(url, "/v1/embed", {"model": name, "inputs": TEXTS, "iterations": 1}).json()
+    with DistilServeClient(url) as client:
+        assert np.allclose(client.embed(TEXTS, model=name, iterations=1),
+                           native["embeddings"], atol=1e-6)
+        assert len(client.rerank("Paris", TEXTS, model=name, iterations=2)) == 3
+
+    async def asynchronous():
+        async with AsyncDistilServeClient(url) as client:
+            return await client.ner(TEXTS[0], model="falbert-ner-onnx-keep", iterations=1)
+
+    assert isinstance(asyncio.run(asynchronous()), list)
