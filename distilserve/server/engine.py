@@ -193,7 +193,7 @@ def open_runtime(folder: Path, manifest: Manifest, settings: Settings) -> Backen
             manifest.dtype or settings.dtype, manifest.allowed_dtypes, checkpoint_instead=True,
             token_embeddings=manifest.token_embeddings, task=manifest.task,
             quantized=manifest.quantization is not None,
-            cpu_bf16=families.get(manifest.family).cpu_bf16)
+            cpu_bf16=families.get(manifest.family).cpu_bf16, keep_loop=manifest.loop == "keep")
     except BackendError as e:
         raise ModelLoadError(f"{folder}: {e}") from None
 

@@ -55,3 +55,5 @@ def test_students_alone_get_their_chart_and_no_empty_ones(tmp_path):
     assert students
     report.write(tmp_path, students, {"fp32": 100e9}, {}, {"torch": "2.13.0"})
     assert [c for c in CHARTS if (tmp_path / c).exists()] == ["fidelity.png"]
+    written = (tmp_path / "REPORT.md").read_text()  # no image that is not drawn
+    assert "fidelity.png" in written and not any(c in written for c in CHARTS[:3])

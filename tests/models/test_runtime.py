@@ -407,3 +407,29 @@ def test_a_kept_loop_runs_at_every_depth_as_the_model_does(recursive_exports, fa
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_an_unrolled_loop_has_a_fixed_depth(recursive_exports, fmt):
     assert recursive_exports["minialbert", fmt, "unroll"][1].depth is None
+
+
+def test_a_kept_loop_run_from_its_checkpoint_in_bf16_keeps_its_depth(tiny_checkpoints, tmp_path):
+    """An ONNX model with its loop kept, served in bf16 (auto on a CPU with bf16 units) from
+    its checkpoint: scripted, not traced, so that a request may still choose its depth."""
+    from distilserve.models.io import checkpoint
+
+    folder = tiny_checkpoints["falbert", "embed"]
+    made = export.export(folder, tmp_path / "kept", "onnx", "keep")
+    backend = open_backend("onnx", tmp_path / "kept", made.artifact, 0, made.num_iterations,
+                           "cpu", "bf16", made.allowed_dtypes, checkpoint_instead=True,
+                           keep_loop=True)
+    assert (backend.name, backend.dtype, backend.depth) == ("torchscript", "bf16", 4)
+    model = checkpoint.load(folder).model.eval()
+    ids = torch.randint(1000, 3000, (2, 7), generator=torch.Generator().manual_seed(2))
+    arrays = {"input_ids": ids.numpy(), "attention_mask": np.ones_like(ids.numpy()),
+              "token_type_ids": np.zeros_like(ids.numpy())}
+    for depth in (1, 4):
+        with torch.no_grad():
+            expected = model.forward_iterations(ids, torch.ones_like(ids),
+                                                torch.zeros_like(ids), depth).numpy()
+        got = backend.run({**arrays, "num_iterations": np.array(depth, dtype=np.int64)})
+        assert np.abs(got - expected).max() <= 0.05 * np.abs(expected).max(), depth
+    traced = open_backend("onnx", tmp_path / "kept", made.artifact, 0, made.num_iterations,
+                          "cpu", "bf16", made.allowed_dtypes, checkpoint_instead=True)
+    assert traced.depth is None  # (an unrolled export's checkpoint: traced)

@@ -112,7 +112,8 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
                  num_iterations: int | None = None, device: str = "cpu", dtype: str = "fp32",
                  allowed: Sequence[str] = DTYPES, checkpoint_instead: bool = False,
                  token_embeddings: bool = False, task: str | None = None,
-                 quantized: bool = False, cpu_bf16: bool = True) -> Backend:
+                 quantized: bool = False, cpu_bf16: bool = True,
+                 keep_loop: bool = False) -> Backend:
     """``kind`` is the manifest's backend: onnx, torchscript or torch. ``device`` and
     ``dtype`` may be ``auto``; ``allowed`` are the dtypes the model may run in (its
     family's, less those that failed the export's parity check); ``token_embeddings``: an
@@ -126,7 +127,8 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
     load. That is on a GPU (cuda, or auto with one visible) where this onnxruntime has no
     CUDA execution provider, and on the CPU in fp16 or bf16 (ONNX Runtime computes in
     fp32), as ``auto`` chooses on a CPU with bf16 matrix units; not for an int8 artifact
-    (``quantized``), which ONNX Runtime serves as exported. Where ``auto`` asked for it
+    (``quantized``), which ONNX Runtime serves as exported; a recursive model exported with
+    its loop kept (``keep_loop``) is scripted, its loop kept, rather than traced. Where ``auto`` asked for it
     and the checkpoint does not run (or torch is not installed), ONNX Runtime on the CPU
     in fp32."""
     folder = Path(folder)
@@ -139,14 +141,15 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
             if not has_cuda_provider():
                 backend, failed = _checkpoint_instead(folder, threads, device, dtype, allowed,
                                                       token_embeddings, task, cpu_bf16,
-                                                      NO_CUDA_PROVIDER)
+                                                      NO_CUDA_PROVIDER, keep_loop)
                 if backend is not None:
                     return backend
                 device = "cpu"  # auto, and the checkpoint did not run on the GPU
         elif (checkpoint_instead and not quantized
               and choose_dtype(dtype, "cpu", allowed, cpu_bf16)[0] != "fp32"):
             backend, failed = _checkpoint_instead(folder, threads, "cpu", dtype, allowed,
-                                                  token_embeddings, task, cpu_bf16, FP32)
+                                                  token_embeddings, task, cpu_bf16, FP32,
+                                                  keep_loop)
             if backend is not None:
                 return backend
         onnx = OnnxBackend(folder / artifact, threads, num_iterations, device, dtype)
@@ -186,7 +189,8 @@ NO_CUDA_PROVIDER = ("this onnxruntime has no CUDA execution provider (pip instal
 
 def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
                         allowed: Sequence[str], token_embeddings: bool, task: str | None,
-                        cpu_bf16: bool, why: str) -> tuple[Backend | None, str | None]:
+                        cpu_bf16: bool, why: str,
+                        keep_loop: bool = False) -> tuple[Backend | None, str | None]:
     """An ONNX model's checkpoint traced with TorchScript on ``device`` in ``dtype``,
     where ONNX Runtime cannot run it so (``why``). Where that fails: (None, the error's
     type, the error logged), for ONNX Runtime on the CPU in fp32, if ``auto`` asked for
@@ -198,7 +202,7 @@ def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
         from distilserve.models.runtime.torchscript import TorchScriptBackend
 
         backend = TorchScriptBackend(folder / "checkpoint", threads, device, dtype, allowed,
-                                     token_embeddings, task, cpu_bf16)
+                                     token_embeddings, task, cpu_bf16, keep_loop)
     except Exception as e:
         error = f"{type(e).__name__}: {e}"
         if wanted != "auto":

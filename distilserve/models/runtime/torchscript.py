@@ -7,8 +7,9 @@ mixed fp32 masks into half-precision attention and gave NaN. So for fp16 / bf16 
 artifact is traced again at load, from the model folder's checkpoint, on the device, in
 that dtype.
 
-``path`` may also be a model folder's checkpoint folder, traced here: an ONNX model on a
-GPU where onnxruntime has no CUDA execution provider (``open_backend``).
+``path`` may also be a model folder's checkpoint folder, traced here (scripted, its loop
+kept, for a recursive model exported so: ``keep_loop``): an ONNX model on a GPU where
+onnxruntime has no CUDA execution provider, or in fp16 or bf16 (``open_backend``).
 """
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ class TorchScriptBackend(TorchRuntime):
 
     def __init__(self, path: Path, threads: int = 0, device: str = "cpu", dtype: str = "fp32",
                  allowed: Sequence[str] = DTYPES, token_embeddings: bool = False,
-                 task: str | None = None, cpu_bf16: bool = True):
+                 task: str | None = None, cpu_bf16: bool = True, keep_loop: bool = False):
         super().__init__(threads, device, dtype, allowed, cpu_bf16)
         # a checkpoint traced here gives what the artifact gives (see open_backend)
-        self.token_embeddings, self.task = token_embeddings, task
+        self.token_embeddings, self.task, self.keep_loop = token_embeddings, task, keep_loop
         if path.is_dir():
             module = self._trace(path)
         else:
@@ -42,11 +43,14 @@ class TorchScriptBackend(TorchRuntime):
             self.recursive(self.forward)
 
     def _trace(self, folder: Path):
-        """The checkpoint in ``folder`` traced on the device, in the dtype."""
+        """The checkpoint in ``folder`` traced on the device, in the dtype (scripted with
+        ``keep_loop``)."""
         from distilserve.models import export
         from distilserve.models.io import checkpoint
 
         model = checkpoint.load(folder, self.task, token_embeddings=self.token_embeddings).model
-        model = model.to(self.place.device, self.place.dtype)
+        model = model.to(self.place.device, self.place.dtype).eval()
+        if self.keep_loop:
+            return torch.jit.script(model)
         with torch.no_grad():
             return export.trace(model, self.place.device)
