@@ -113,7 +113,8 @@ class _Truncated(_Truncation, _Request):
 
 
 class _Deep(BaseModel):
-    """A native request that runs a model: a recursive model's depth may be chosen."""
+    """A request that runs a model (the native, OpenAI's, TEI's and Infinity's): a
+    recursive model's depth may be chosen."""
 
     iterations: int | None = Field(None, ge=1, description="a recursive model's depth for "
                                    "this request: 1 to its trained depth (GET /v1/models: "

@@ -127,10 +127,10 @@ def open_backend(kind: str, folder: str | Path, artifact: str | None, threads: i
     load. That is on a GPU (cuda, or auto with one visible) where this onnxruntime has no
     CUDA execution provider, and on the CPU in fp16 or bf16 (ONNX Runtime computes in
     fp32), as ``auto`` chooses on a CPU with bf16 matrix units; not for an int8 artifact
-    (``quantized``), which ONNX Runtime serves as exported; a recursive model exported with
-    its loop kept (``keep_loop``) is scripted, its loop kept, rather than traced. Where ``auto`` asked for it
-    and the checkpoint does not run (or torch is not installed), ONNX Runtime on the CPU
-    in fp32."""
+    (``quantized``), which ONNX Runtime serves as exported. A recursive model exported with
+    its loop kept (``keep_loop``) is scripted, its loop kept, rather than traced. Where
+    ``auto`` asked for it and the checkpoint does not run (or torch is not installed), ONNX
+    Runtime on the CPU in fp32."""
     folder = Path(folder)
     check_device(device)
     if kind == "onnx":
