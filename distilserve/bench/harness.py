@@ -51,6 +51,29 @@ QUICK_ROWS = [Row(f"{family} tiny", family, "tiny") for family in
               ("bert", "distilbert", "minialbert", "falbert", "cmow")]
 
 
+def _reuses(n: int) -> tuple:
+    """An ALBERT's overrides for ``n`` reuses of its whole layer (an LR-ALBERT)."""
+    return (("num_hidden_layers", n), ("connection_schedule", []))
+
+
+def _paper(*names: str) -> list[Row]:
+    return [row for row in PAPER_ROWS if row.name in names]
+
+
+# fine-tuning (--training): F-ALBERT's Figure 6 sweep of reuses, and the speed table's rows
+TRAINING_ROWS = [
+    *_paper("ALBERT-base"),
+    *[Row(f"LR-ALBERT {n} reuses", "falbert", "albert-base", _reuses(n)) for n in (10, 8)],
+    *_paper("LR-ALBERT"),
+    *[Row(f"LR-ALBERT {n} reuses", "falbert", "albert-base", _reuses(n)) for n in (4, 2)],
+    *_paper("F-ALBERT", "MiniALBERT-768", "DistilBERT", "BERT-base", "TinyBERT-4L",
+            "MobileBERT", "Bidi. CMOW/CBOW-Hybrid"),
+]
+QUICK_TRAINING_ROWS = [
+    *[Row(f"falbert tiny {n} reuses", "falbert", "tiny", _reuses(n)) for n in (4, 2)],
+    *[Row(f"{family} tiny", family, "tiny") for family in ("bert", "minialbert", "cmow")]]
+
+
 @dataclass
 class Options:
     output: Path
@@ -68,6 +91,9 @@ class Options:
     # the recursive rows also at every depth, 1 to theirs (a request's iterations): their
     # loop kept (ONNX, TorchScript) and their checkpoint (torch)
     depths: bool = False
+    # fine-tuning steps (training.py) of training_rows instead, ``repeats`` of them timed
+    training: bool = False
+    training_rows: list = dataclasses.field(default_factory=lambda: list(TRAINING_ROWS))
 
 
 def fastest(fn: Callable[[], object], runs: int,
@@ -311,10 +337,29 @@ def _measure(row: Row, backend: str, loop: str, depth: int | None, spec: dict,
             "overrides": dict(row.overrides), "backend": backend,
             "device": opts.device, "dtype": opts.dtype, "column": _column(backend, opts),
             "loop": loop if row.family in families.RECURSIVE else None,
-            "iterations": depth, "parameters": spec["parameters"],
+            "iterations": depth, "mode": "inference", "parameters": spec["parameters"],
             "flops_per_sentence": flops, "batch_size": opts.batch_size,
             "length": opts.length, "parity_max_abs_diff": spec["parity"],
             "int8_agreement": spec["quantization"], **result}
+
+
+def _measure_training(row: Row, opts: Options, threads: int) -> dict:
+    """One row's fine-tuning steps (distilserve.bench.training) in a process of its own."""
+    spec = {"mode": "training", "family": row.family, "preset": row.preset,
+            "overrides": dict(row.overrides), "batch_size": opts.batch_size,
+            "length": opts.length, "steps": opts.repeats, "threads": threads,
+            "device": opts.device, "dtype": opts.dtype}
+    out = subprocess.run([sys.executable, "-m", "distilserve.bench.worker", json.dumps(spec)],
+                         capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    if out.returncode != 0:
+        result = {"error": out.stderr.strip().splitlines()[-1] if out.stderr else "failed"}
+    else:
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"model": row.name, "family": row.family, "preset": row.preset,
+            "overrides": dict(row.overrides), "backend": "torch", "column": "training",
+            "loop": None, "device": opts.device, "dtype": opts.dtype,
+            "batch_size": opts.batch_size, "length": opts.length, "mode": "training",
+            **result}
 
 
 def measure_all(opts: Options, progress=print) -> list[dict]:
@@ -341,8 +386,20 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
     for row in opts.rows:
         if row not in rows:  # e.g. CMOW in fp16: not a failure, a row the dtype leaves out
             progress(f"{row.name}: left out, {row.family} does not run in {opts.dtype}")
-    jobs = [(row, b, loop, None) for row in rows for b in opts.backends
-            for loop in _loops(row, b)] + (_depth_jobs(rows, opts.backends) if opts.depths else [])
+    jobs = [] if opts.training else [
+        (row, b, loop, None) for row in rows for b in opts.backends
+        for loop in _loops(row, b)] + (_depth_jobs(rows, opts.backends) if opts.depths else [])
+    trained = [row for row in opts.training_rows if opts.dtype in families.get(row.family).dtypes]
+    for n, row in enumerate(trained if opts.training else [], 1):
+        key = f"{row.name}|training|{opts.batch_size}x{opts.length}|{opts.device}|{opts.dtype}"
+        if key in done:
+            continue
+        progress(f"[{n}/{len(trained)}] {row.name}: fine-tuning steps")
+        record = _measure_training(row, opts, threads)
+        record["key"] = key
+        done[key] = record
+        with log.open("a") as f:
+            f.write(json.dumps(record) + "\n")
     for n, (row, backend, loop, depths) in enumerate(jobs, 1):
         key = _key(row, backend, loop, opts)
         if not depths and key in done:

@@ -71,20 +71,19 @@ def _machine(results: list[dict], references: dict[str, float], rates: dict | No
 def write(folder: Path, results: list[dict], references: dict[str, float],
           rates: dict | None = None,
           versions: dict | None = None) -> None:
+    trained = [r for r in results if r.get("mode") == "training"]
     by_depth = [r for r in results if r.get("iterations") is not None]
-    results = [r for r in results if r.get("iterations") is None]
+    results = [r for r in results if r.get("iterations") is None and r not in trained]
     backends = list(dict.fromkeys(column(r) for r in results))
     quick = results and all(r.get("preset") == "tiny" for r in results)
     sizes = ("the tiny test presets (--quick: a check that the harness works, not the "
              "papers' sizes)" if quick else "the papers' sizes")
-    lines = ["# distilserve bench", "",
-             _machine(results, references, rates, versions) + " Efficiency is achieved "
-             "FLOP/s (counted FLOPs x sentences/s) over the GEMM rate of the dtype the row "
-             "computes in (ONNX Runtime's in fp32, an int8 export's in int8). Batches of "
-             f"{results[0]['batch_size'] if results else '?'} x "
-             f"{results[0]['length'] if results else '?'} random token ids, median of "
-             "repeats (min-max in brackets), each model in its own process. Fresh weights "
-             f"at {sizes} (speed does not depend on weight values).", ""]
+    lines = ["# distilserve bench", "", _machine(results, references, rates, versions) + (
+        " Efficiency is achieved FLOP/s (counted FLOPs x sentences/s) over the GEMM rate of "
+        "the dtype the row computes in (ONNX Runtime's in fp32, an int8 export's in int8). "
+        f"Batches of {results[0]['batch_size']} x {results[0]['length']} random token ids, "
+        "median of repeats (min-max in brackets), each model in its own process. Fresh "
+        f"weights at {sizes} (speed does not depend on weight values)." if results else ""), ""]
     # the papers' rows, which the throughput, memory and parameters charts draw
     papers = any("error" not in r and "fidelity" not in r and r["loop"] in (None, "unroll")
                  for r in results)
@@ -101,7 +100,7 @@ def write(folder: Path, results: list[dict], references: dict[str, float],
     lines += ["", "## All measurements", "",
               "| model | backend | loop | params (M) | GFLOP/sent. | sentences/s | "
               "batch-1 p50/p95 ms | peak memory MB | efficiency |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|"] if results else []
     for r in results:
         if "error" in r:
             lines.append(f"| {r['model']} | {column(r)} | {r['loop'] or ''} | | | "
@@ -135,8 +134,59 @@ def write(folder: Path, results: list[dict], references: dict[str, float],
         lines += ["", "![throughput vs fidelity](fidelity.png)", ""]
     if by_depth:
         lines += depth_table(by_depth)
+    if trained:
+        lines += training_table(trained)
     (folder / "REPORT.md").write_text("\n".join(lines))
-    charts(folder, results + by_depth)
+    charts(folder, results + by_depth + trained)
+
+
+def _training(rows: list[dict], model: str) -> dict | None:
+    return next((r for r in rows if r["model"] == model and "error" not in r), None)
+
+
+def training_table(rows: list[dict]) -> list[str]:
+    """Fine-tuning steps (distilserve/bench/training.py): every row, and the papers' memory
+    and speed claims as training measures them, each with what its memory is made of."""
+    first = rows[0]
+    lines = ["## Fine-tuning", "",
+             f"One fine-tuning step as the papers fine-tune (forward, a classification "
+             f"head's cross-entropy, backward, AdamW) on {first['batch_size']} x "
+             f"{first['length']} random token ids, {first.get('dtype', 'fp32')} on "
+             f"{first.get('device', 'cpu')}, each model in its own process, the median of the "
+             "timed steps after a first. Memory: the step's peak "
+             f"({first.get('memory', 'peak memory')}); the activations kept for the backward "
+             "pass (the tensors saved for it, parameters left out); the parameters' own bytes "
+             "(gradients take as many, AdamW's state twice as many).", "",
+             "| claim | paper | step memory | activations | fine-tuning speed | why it differs |",
+             "|---|---|---|---|---|---|"]
+    claimed = len(lines)
+    for what, num, den, qty, paper, _ in CLAIMS:
+        a, d = _training(rows, num), _training(rows, den)
+        if qty != "memory" or not (a and d):
+            continue
+        speed = next((p for w, _, _, q, p, _ in CLAIMS if w == what and q == "speed"), None)
+        fixed = 3 * a["parameter_mb"]  # gradients and AdamW's two moments
+        lines.append(
+            f"| {what} | memory {paper:.2f}" + (f", speed {speed:.2f}" if speed else "")
+            + f" | {a['step_memory_mb'] / d['step_memory_mb']:.2f} | "
+            f"{a['activations_mb'] / d['activations_mb']:.2f} | "
+            f"{a['sentences_per_s'] / d['sentences_per_s']:.2f} | "
+            f"activations {a['activations_mb']:.0f} against {d['activations_mb']:.0f} MB; "
+            f"gradients and AdamW state (3x the parameters) {fixed:.0f} against "
+            f"{3 * d['parameter_mb']:.0f} MB |")
+    if len(lines) == claimed:  # no claim's two rows measured
+        del lines[claimed - 2:]
+    lines += ["", "| model | reuses | params (M) | parameters MB | activations MB | step "
+              "memory MB | step ms | sentences/s |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | | | | | failed: {r['error']} | | |")
+            continue
+        lines.append(f"| {r['model']} | {r.get('reuses') or ''} | {r['parameters'] / 1e6:.1f} "
+                     f"| {r['parameter_mb']:.0f} | {r['activations_mb']:.0f} | "
+                     f"{r['step_memory_mb']:.0f} | {r['step_ms']:.0f} | "
+                     f"{r['sentences_per_s']:.1f} |")
+    return lines + ["", "![fine-tuning by reuses](training.png)", ""]
 
 
 def depth_table(rows: list[dict]) -> list[str]:
@@ -183,10 +233,14 @@ def charts(folder: Path, results: list[dict]) -> None:
     deep = [r for r in results if "error" not in r and r.get("iterations") is not None]
     if deep:
         depth_chart(folder, deep, plt)
+    swept = [r for r in results if "error" not in r and r.get("mode") == "training"
+             and r.get("family") == "falbert"]
+    if swept:
+        training_chart(folder, swept, plt)
     measured = [r for r in results if "error" not in r and r["loop"] in (None, "unroll")
-                and r.get("iterations") is None]
+                and r.get("iterations") is None and r.get("mode") != "training"]
     if not measured:  # every row failed (REPORT.md says why): no empty axes
-        if not deep:
+        if not deep and not swept:
             print("bench: charts not drawn: no row was measured", file=sys.stderr)
         return
     students = [r for r in measured if "fidelity" in r]
@@ -275,6 +329,29 @@ def depth_chart(folder: Path, rows: list[dict], plt) -> None:
         trade.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "depths.png", dpi=100)
+    plt.close(fig)
+
+
+def training_chart(folder: Path, rows: list[dict], plt) -> None:
+    """training.png: an ALBERT's fine-tuning memory and speed against its reuses."""
+    rows = sorted(rows, key=lambda r: r["reuses"])
+    reuses = [r["reuses"] for r in rows]
+    fig, (memory, speed) = plt.subplots(1, 2, figsize=(12, 4.5))
+    memory.plot(reuses, [r["step_memory_mb"] for r in rows], marker="o", label="step peak")
+    memory.plot(reuses, [r["activations_mb"] for r in rows], marker="o",
+                label="activations kept for backward")
+    memory.set_xlabel("layer reuses")
+    memory.set_ylabel("MB")
+    memory.set_title("fine-tuning memory")
+    memory.legend(fontsize=8)
+    speed.plot(reuses, [r["sentences_per_s"] for r in rows], marker="o")
+    speed.set_xlabel("layer reuses")
+    speed.set_ylabel("sentences/s")
+    speed.set_title("fine-tuning speed")
+    for r in rows:
+        speed.annotate(r["model"], (r["reuses"], r["sentences_per_s"]), fontsize=7)
+    fig.tight_layout()
+    fig.savefig(folder / "training.png", dpi=100)
     plt.close(fig)
 
 

@@ -86,4 +86,10 @@ def measure(spec: dict) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(measure(json.loads(sys.argv[1]))))
+    spec = json.loads(sys.argv[1])
+    if spec.get("mode") == "training":
+        from distilserve.bench import training
+
+        print(json.dumps(training.measure(spec)))
+    else:
+        print(json.dumps(measure(spec)))

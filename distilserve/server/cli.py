@@ -399,14 +399,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
                       f"{','.join(harness.BACKENDS)})")
     if args.students and not args.students.is_dir():
         raise Refused(f"--students: {args.students} is not a folder")
-    opts = harness.Options(output=args.output, batch_size=args.batch_size, length=args.length,
+    training = args.training  # its own defaults: the papers fine-tune shorter batches
+    opts = harness.Options(output=args.output,
+                           batch_size=args.batch_size or (32 if training else 256),
+                           length=args.length or (128 if training else 64),
                            batches=args.batches, repeats=args.repeats, threads=args.threads,
                            device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
-                           depths=args.depths)
+                           depths=args.depths, training=training)
     if args.device != "cpu" or args.dtype != "fp32":  # ONNX Runtime: fp32 on the CPU only
         opts.backends = ("torch", "torchscript")
     if args.quick:
         opts.rows = list(harness.QUICK_ROWS)
+        opts.training_rows = list(harness.QUICK_TRAINING_ROWS)
         opts.backends = ("onnx",) if args.device == "cpu" else ("torch",)
         opts.batch_size, opts.length, opts.repeats, opts.latency_runs = 8, 16, 2, 5
     if args.backends:
@@ -415,10 +419,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
         opts.rows += harness.student_rows(args.students)
     if args.models:
         wanted = {m.strip() for m in args.models.split(",")}
-        if unknown := wanted - {n for r in opts.rows for n in (r.name, r.preset)}:
+        rows = opts.training_rows if training else opts.rows
+        if unknown := wanted - {n for r in rows for n in (r.name, r.preset)}:
             raise Refused(f"--models: no model or preset {', '.join(sorted(unknown))} (of "
-                          f"{', '.join(r.name for r in opts.rows)})")
-        opts.rows = [r for r in opts.rows if r.name in wanted or r.preset in wanted]
+                          f"{', '.join(r.name for r in rows)})")
+        chosen = [r for r in rows if r.name in wanted or r.preset in wanted]
+        if training:
+            opts.training_rows = chosen
+        else:
+            opts.rows = chosen
     with status("bench") as progress:
         results = harness.measure_all(opts, progress)
     failed = [r["key"] for r in results if "error" in r]
@@ -620,9 +629,10 @@ def parser() -> argparse.ArgumentParser:
                        "the committed report is bench/)")
     bench.add_argument("--quick", action="store_true",
                        help="tiny presets, one backend, seconds: checks the harness")
-    bench.add_argument("--batch-size", type=at_least(1), default=256,
-                       help="sentences per batch")
-    bench.add_argument("--length", type=at_least(1), default=64, help="tokens per sentence")
+    bench.add_argument("--batch-size", type=at_least(1),
+                       help="sentences per batch (default 256; --training 32)")
+    bench.add_argument("--length", type=at_least(1),
+                       help="tokens per sentence (default 64; --training 128)")
     bench.add_argument("--batches", type=at_least(1), default=1, help="batches per timed run")
     bench.add_argument("--repeats", type=at_least(1), default=3,
                        help="timed runs (median reported)")
@@ -641,6 +651,11 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--models", help="comma-separated model names or presets")
     bench.add_argument("--students", type=Path,
                        help="also measure the distilled students in this folder")
+    bench.add_argument("--training", action="store_true",
+                       help="fine-tuning steps instead (forward, a classification head's "
+                       "loss, backward, AdamW): the ALBERTs by reuses, and the speed table's "
+                       "rows, with sentences/s and memory told apart (parameters, "
+                       "activations, the step's peak)")
     bench.add_argument("--depths", action="store_true",
                        help="also measure the recursive models at every depth a request may "
                        "choose (iterations 1 to theirs): the loop kept (onnx, torchscript) "

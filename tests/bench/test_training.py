@@ -1,0 +1,43 @@
+"""Fine-tuning steps (distilserve bench --training): fewer reuses of an ALBERT's layer keep
+fewer activations and take less time a step, in one run; the counts are the checkpoints'."""
+
+from __future__ import annotations
+
+import pytest
+
+from distilserve.bench import harness, training
+from distilserve.models.io import checkpoint
+
+
+def _spec(reuses: int) -> dict:
+    return {"mode": "training", "family": "falbert", "preset": "tiny",
+            "overrides": dict(harness._reuses(reuses)), "batch_size": 32, "length": 128,
+            "steps": 3, "threads": 1}
+
+
+def test_fewer_reuses_keep_fewer_activations_and_step_faster():
+    deep, shallow = training.measure(_spec(8)), training.measure(_spec(1))
+    assert (deep["reuses"], shallow["reuses"]) == (8, 1)
+    assert shallow["activations_mb"] < deep["activations_mb"] / 3
+    assert shallow["sentences_per_s"] > deep["sentences_per_s"]
+    assert deep["parameters"] == shallow["parameters"] == checkpoint.new(
+        "falbert", "tiny", "classify", training.LABELS,
+        overrides=dict(harness._reuses(8))).num_parameters()
+    assert deep["parameter_mb"] == pytest.approx(deep["parameters"] * 4 / 2**20)
+    assert deep["step_memory_mb"] > 0 and deep["peak_memory_mb"] > deep["loaded_mb"]
+
+
+@pytest.mark.slow  # the harness's worker processes
+def test_the_harness_writes_the_fine_tuning_rows_table_and_chart(tmp_path):
+    opts = harness.Options(output=tmp_path, batch_size=8, length=16, repeats=2, threads=1,
+                           training=True, training_rows=list(harness.QUICK_TRAINING_ROWS[:2]))
+    results = harness.measure_all(opts, lambda said: None)
+    assert [r["model"] for r in results] == ["falbert tiny 4 reuses", "falbert tiny 2 reuses"]
+    for r in results:
+        assert "error" not in r, r
+        assert {"model", "mode", "batch_size", "length", "sentences_per_s", "peak_memory_mb",
+                "parameters", "device", "dtype"} <= set(r)
+        assert r["mode"] == "training" and r["device"] == "cpu"
+    written = (tmp_path / "REPORT.md").read_text()
+    assert "## Fine-tuning" in written and "| falbert tiny 2 reuses | 2 |" in written
+    assert (tmp_path / "training.png").stat().st_size > 0
