@@ -140,10 +140,6 @@ def write(folder: Path, results: list[dict], references: dict[str, float],
     charts(folder, results + by_depth + trained)
 
 
-def _training(rows: list[dict], model: str) -> dict | None:
-    return next((r for r in rows if r["model"] == model and "error" not in r), None)
-
-
 def training_table(rows: list[dict]) -> list[str]:
     """Fine-tuning steps (distilserve/bench/training.py): every row, and the papers' memory
     and speed claims as training measures them, each with what its memory is made of."""
@@ -161,7 +157,7 @@ def training_table(rows: list[dict]) -> list[str]:
              "|---|---|---|---|---|---|"]
     claimed = len(lines)
     for what, num, den, qty, paper, _ in CLAIMS:
-        a, d = _training(rows, num), _training(rows, den)
+        a, d = _get(rows, num, "training"), _get(rows, den, "training")
         if qty != "memory" or not (a and d):
             continue
         speed = next((p for w, _, _, q, p, _ in CLAIMS if w == what and q == "speed"), None)

@@ -19,14 +19,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from distilserve.bench.worker import peak_rss_mb, status_mb
+
 LABELS = ["a", "b"]
-
-
-def _rss_mb(field: str) -> float:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def _reset_peak_rss() -> bool:
@@ -91,7 +86,7 @@ def measure(spec: dict) -> dict:
         loaded_mb = torch.cuda.memory_allocated(device) / 2**20
         torch.cuda.reset_peak_memory_stats(device)
     else:
-        loaded_mb = _rss_mb("VmRSS")
+        loaded_mb = status_mb("VmRSS") or 0.0
         reset = _reset_peak_rss()
     step()  # the first: AdamW's state is made, kernels chosen
     times = []
@@ -102,7 +97,7 @@ def measure(spec: dict) -> dict:
     if gpu:
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
     else:
-        peak_mb = _rss_mb("VmHWM") if reset else float("nan")
+        peak_mb = peak_rss_mb() if reset else float("nan")
     activations_mb = saved_for_backward_bytes(model, inputs, labels) / 2**20
     seconds = statistics.median(times)
     return {"mode": "training", "sentences_per_s": size / seconds,
