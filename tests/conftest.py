@@ -81,6 +81,32 @@ def splade_checkpoint(tmp_path_factory):
     return root / "splade"
 
 
+@pytest.fixture(scope="session")
+def embedded_default(tmp_path_factory):
+    """(cache, folder): the embedded default built once on an empty cache, for the tests of
+    the build and the documentation's examples alike."""
+    from distilserve.server import embedded_default as default
+
+    cache = tmp_path_factory.mktemp("cache")
+    return cache, default.ensure_default_repository(cache)
+
+
+@pytest.fixture(scope="session")
+def tiktoken_cache(tmp_path_factory):
+    """A TIKTOKEN_CACHE_DIR holding tiktoken's cl100k_base, from the table bpe-openai ships:
+    the same file as tiktoken's download, which tiktoken checks by its hash."""
+    import gzip
+    import hashlib
+    from importlib import resources
+
+    cache = tmp_path_factory.mktemp("tiktoken")
+    blob = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+    table = resources.files("bpe_openai.data").joinpath("cl100k_base.tiktoken.gz")
+    (cache / hashlib.sha1(blob.encode()).hexdigest()).write_bytes(
+        gzip.decompress(table.read_bytes()))
+    return cache
+
+
 def batch(batch_size: int = 3, length: int = 11, seed: int = 0, pad_row: int | None = 1):
     """Random token ids with one row padded to about half its length."""
     g = torch.Generator().manual_seed(seed)

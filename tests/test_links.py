@@ -20,3 +20,14 @@ def test_no_users_file_points_outside_the_repository():
             if re.search(r"(^|[\s(`'\"])\.\./", line):
                 outside.append(f"{file.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not outside, "\n".join(outside)
+
+
+def test_no_docs_page_links_outside_the_repository():
+    outside = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
+            if "://" in target:
+                continue
+            if not (page.parent / target).resolve().is_relative_to(ROOT):
+                outside.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not outside, "\n".join(outside)

@@ -1,1 +1,1 @@
-"""The benchmark harness: ``distilserve bench`` (the README's Benchmarks section)."""
+"""The benchmark harness: ``distilserve bench`` (the docs' guide: reproduce the papers' table)."""

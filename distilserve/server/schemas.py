@@ -1,4 +1,4 @@
-"""Request and response bodies (the routes the README lists)."""
+"""Request and response bodies (the routes the reference pages list)."""
 
 from __future__ import annotations
 

@@ -29,7 +29,9 @@ class Settings(BaseSettings):
 
     model_repository: Path | None = Field(None, description="folder of model folders; "
                                           "none: the embedded default")
-    host: str = "127.0.0.1"
+    host: str = Field("127.0.0.1", description="the address to listen on; another than "
+                      "loopback (0.0.0.0) without an API key exposes every route, and the "
+                      "start warns of it")
     port: int = Field(8000, ge=1, le=65535, description="the HTTP port")
     grpc_port: int | None = Field(None, ge=1, le=65535, description="also serve gRPC on "
                                   "this port, not the HTTP one (Triton's is 8001): the Open "
@@ -90,8 +92,8 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4_000_000, ge=1024, description="request body size")
     compress_min_bytes: int = Field(0, ge=0, description="answers of at least this many "
                                     "bytes are sent gzip-compressed (level 1) to a client "
-                                    "whose Accept-Encoding takes gzip; 0: none (worth it on "
-                                    "slow links: the README has the trade-off)")
+                                    "whose Accept-Encoding takes gzip; 0: none (worth it for "
+                                    "clients on slow links)")
 
     # batching, per model (unset: the CPU or GPU value, by where the model runs)
     max_batch_size: int | None = Field(None, ge=1, description="inputs per forward pass "
@@ -116,13 +118,13 @@ class Settings(BaseSettings):
     cuda_graph_tokens: int = Field(4096, ge=0, description="on a GPU, batches of up to this "
                                    "many padded tokens run from CUDA graphs (torch and "
                                    "TorchScript backends); 0: none")
-    warmup: bool = True
+    warmup: bool = Field(True, description="run each model before /ready turns 200 (on a "
+                         "GPU, every batch shape and its CUDA graph)")
     gc_threshold: int = Field(50_000, ge=1, description="container objects allocated (net) "
                               "between two of Python's collections of its youngest "
-                              "generation while serving (Python's default: 700, which "
-                              "under load ran some 300 collections a second, a tenth "
-                              "of the event loop's time at 512 clients, and found no "
-                              "garbage)")
+                              "generation while serving (Python's default, 700, "
+                              "collects hundreds of times a second under load and finds "
+                              "no garbage: a request's objects die by reference counting)")
     access_log: bool = Field(False, description="log every request (uvicorn's access log; "
                              "costs throughput under load)")
     otlp_endpoint: str | None = Field(None, description="send OpenTelemetry traces (a span "
@@ -224,8 +226,7 @@ class Settings(BaseSettings):
     def batch_limits(self, device: str) -> tuple[int, int]:
         """(inputs, padded tokens) per forward pass for a model on ``device``. On the CPU
         a batch does the most tokens a second at some 512 padded tokens per thread, at any
-        width, and fewer past it (its activations leave the caches; the README's
-        Configuration section has the measurement)."""
+        width, and fewer past it (its activations leave the caches)."""
         gpu = not device.startswith("cpu")
         return (self.max_batch_size or (256 if gpu else 32),
                 self.max_batch_tokens or (65_536 if gpu else 512 * self.model_threads()))

@@ -47,9 +47,8 @@ NATURAL = [("Tim Cook presented the new iPhone at Apple's campus in Cupertino.",
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    return cache, default.ensure_default_repository(cache)
+def built(embedded_default):
+    return embedded_default
 
 
 def test_second_start_does_not_rebuild(built):

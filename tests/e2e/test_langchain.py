@@ -4,10 +4,6 @@ cl100k_base reads them), and check_embedding_ctx_length=False, which sends the t
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-from importlib import resources
-
 import bpe_openai
 import httpx
 import numpy as np
@@ -22,16 +18,9 @@ TEXTS = ["The Eiffel Tower stands in Paris.", "naïve café, 🎉 and a long " +
 
 
 @pytest.fixture(scope="module")
-def offline_tiktoken(tmp_path_factory):
-    """tiktoken's cl100k_base where tiktoken looks for its download (TIKTOKEN_CACHE_DIR),
-    from the table bpe-openai ships: the same file, which tiktoken checks by its hash."""
-    cache = tmp_path_factory.mktemp("tiktoken")
-    blob = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
-    table = resources.files("bpe_openai.data").joinpath("cl100k_base.tiktoken.gz")
-    (cache / hashlib.sha1(blob.encode()).hexdigest()).write_bytes(
-        gzip.decompress(table.read_bytes()))
+def offline_tiktoken(tiktoken_cache):
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+        patch.setenv("TIKTOKEN_CACHE_DIR", str(tiktoken_cache))
         yield
 
 

@@ -333,7 +333,7 @@ BAD = [
     ("/v1/embeddings", {"model": "minilm", "input": []}, 422, "input"),
     ("/v1/tokenize", {"model": "nope", "inputs": "x"}, 404, "unknown model"),
     ("/v1/tokenize", {"model": "minilm", "inputs": []}, 422, "at least 1"),
-    # not JSON at all: 422 (as the README says), not FastAPI's 400
+    # not JSON at all: 422 (as the docs say), not FastAPI's 400
     ("/v1/embed", b'{"model": "minilm", "inputs": "\xff\xfe"}', 422, "not UTF-8"),
     ("/v1/embed", b'{"model": "minilm", "inputs": "x", "dimensions": ' + b"9" * 5000 + b"}",
      422, "malformed JSON"),

@@ -326,7 +326,7 @@ def test_every_familys_onnx_model_is_served_in_bf16_on_the_cpu(family, tiny_chec
 
 
 def test_cuda_graphs_on_by_default_change_nothing_on_the_cpu(torch_model, caplog):
-    assert Settings().cuda_graph_tokens == 4096  # for a GPU: measured there (README, GPUs)
+    assert Settings().cuda_graph_tokens == 4096  # for a GPU: measured there (the docs: GPUs)
     with caplog.at_level(logging.INFO, logger="distilserve"):
         engine = load_engine("m", torch_model, Settings(), Metrics())
     assert engine.backend.place.graphs is None and "cuda_graph_tokens" not in engine.describe()

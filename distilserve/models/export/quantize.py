@@ -1,5 +1,5 @@
 """int8: ONNX Runtime's dynamic quantisation, keeping the FFN's down-projections in fp32
-(the README has the measured trade-off)."""
+(the results pages have the measured trade-off)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def quantize_int8(src: Path, dst: Path) -> list[str]:
 
     MatMuls whose weight narrows the width (K > N: the FFN's down-projection, which reads
     the GELU's long-tailed output) stay fp32: quantising them too costs more agreement
-    with fp32 than it gains speed (figures in the README's Export section). Returns their
+    with fp32 than it gains speed (figures on the results pages). Returns their
     names."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 

@@ -4,7 +4,7 @@ infer) without FastAPI's per-request machinery.
 
 Requests come hundreds a second, often one short text each, and FastAPI's routing,
 dependency solving and exception middleware cost a large share of the event loop's time
-per request (the README's Configuration section has the measurement); on a few cores
+per request (the results pages have the measurement); on a few cores
 that time is taken from the model. This ASGI middleware answers the inference routes
 itself, with the same pydantic request models, the same route functions and the same
 error responses (distilserve/server/errors.py), inside the app's own middlewares (API key, body
