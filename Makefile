@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-dev serve test test-fast clean distill
+.PHONY: install install-dev serve test test-fast docs clean distill
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test: install-dev
 # the default's build, schemathesis)
 test-fast: install-dev
 	$(BIN)/python -m pytest -m "not slow"
+
+# the documentation site, built and served locally as it is edited
+docs: install-dev
+	$(BIN)/mkdocs serve --dev-addr 127.0.0.1:8001
 
 clean:
 	rm -rf $(VENV)

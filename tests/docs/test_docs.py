@@ -31,10 +31,10 @@ def test_the_site_builds_strictly(tmp_path):
                            str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-4000:]
     site = tmp_path / "site"
-    assert (site / "search" / "search_index.js").exists()  # the offline plugin's search
-    settings = (site / "reference" / "settings.html").read_text()
+    assert (site / "search" / "search_index.json").exists()  # the search plugin's index
+    settings = (site / "reference" / "settings" / "index.html").read_text()
     assert "DISTILSERVE_MAX_BATCH_TOKENS" in settings and "DISTILSERVE_TOKEN_IDS" in settings
-    cli = (site / "reference" / "cli.html").read_text()
+    cli = (site / "reference" / "cli" / "index.html").read_text()
     assert "--relevant-label" in cli and "--any-depth" in cli
 
 
