@@ -58,8 +58,11 @@ def test_output_matching():
 
 
 @pytest.fixture(scope="module")
-def environment(embedded_default, tiktoken_cache):
-    cache, _ = embedded_default
+def environment(embedded_default, tiktoken_cache, tmp_path_factory):
+    """The examples' environment: a cache of their own holding the built default (what
+    they add there, a distillation's corpus, is theirs), the test's tiktoken table."""
+    cache = tmp_path_factory.mktemp("examples-cache")
+    (cache / embedded_default[1].name).symlink_to(embedded_default[1])
     return {**os.environ, "DISTILSERVE_CACHE_DIR": str(cache), "TIKTOKEN_CACHE_DIR":
             str(tiktoken_cache), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
 
