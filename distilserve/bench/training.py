@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from distilserve.bench.worker import peak_rss_mb, status_mb
+from distilserve.bench.memory import peak_rss_mb, status_mb
 
 LABELS = ["a", "b"]
 

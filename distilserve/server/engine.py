@@ -28,7 +28,7 @@ import numpy as np
 from safetensors.numpy import load_file
 from tokenizers import Tokenizer
 
-from distilserve.models import families
+from distilserve.models import entities, families
 from distilserve.models.io.manifest import DECODER, Manifest, ManifestError, TokenizerFacts
 from distilserve.models.io.manifest import FILE as manifest_file
 from distilserve.models.runtime import open_backend
@@ -264,7 +264,7 @@ class Engine:
         self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
         # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
         self.tokenizer_digest = hashlib.sha256(spec.encode()).hexdigest()
-        self.word_aware = postprocess.TokenInfo.marks_words(rust)
+        self.word_aware = entities.TokenInfo.marks_words(rust)
         self._spec, self._windowing = spec, {}  # windows()'s tokenizers
         self.tokenizers = {}
         for truncation in TRUNCATIONS:

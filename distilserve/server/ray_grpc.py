@@ -26,7 +26,7 @@ from google.protobuf import message_factory
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from distilserve.server.ray_serve import Ingress
+from distilserve.server.ray_deployments import Ingress
 from distilserve.server.routes import oip_grpc, tei_grpc
 from distilserve.server.routes.grpc_server import Health
 

@@ -16,9 +16,9 @@ from transformers import (
     AutoTokenizer,
 )
 
+from distilserve.models import entities
 from distilserve.models.bert import HFEncoder
 from distilserve.models.io import checkpoint
-from distilserve.server import postprocess
 from distilserve.training import handwritten, synthetic
 from distilserve.training.loop import optimise
 
@@ -127,14 +127,14 @@ def accuracy(model, tokenizer, data: list[tuple[str, int]], labels: list[str]) -
 
 def entity_scores(model, tokenizer, data: list[tuple[str, list]], labels: list[str]) -> dict:
     """Entity precision, recall and F1 over (text, [(start, end, type)]), the entities
-    found as the service finds them (distilserve/server/postprocess.py, "simple" grouping)."""
+    found as the service finds them (distilserve/models/entities.py, "simple" grouping)."""
     logits, encodings = _predict(model, tokenizer, [t for t, _ in data])
-    word_aware = postprocess.TokenInfo.marks_words(tokenizer.backend_tokenizer)
+    word_aware = entities.TokenInfo.marks_words(tokenizer.backend_tokenizer)
     found = gold = correct = 0
     for (text, spans), row, encoding in zip(data, logits, encodings):
-        info = postprocess.TokenInfo.of(encoding, tokenizer.unk_token_id, word_aware)
+        info = entities.TokenInfo.of(encoding, tokenizer.unk_token_id, word_aware)
         got = {(e["start"], e["end"], e["entity_group"])
-               for e in postprocess.entities(text, info, row, labels, "simple")}
+               for e in entities.entities(text, info, row, labels, "simple")}
         want = {tuple(s) for s in spans}
         found, gold, correct = found + len(got), gold + len(want), correct + len(got & want)
     precision, recall = correct / max(found, 1), correct / max(gold, 1)

@@ -14,7 +14,7 @@ import torch
 
 from distilserve.models import export
 from distilserve.models.io.manifest import Manifest
-from distilserve.models.runtime import base, matrix_units, open_backend, torch_device
+from distilserve.models.runtime import base, matrix_units, open_backend, selection, torch_device
 from distilserve.models.runtime.base import BackendError, check_device, choose_dtype
 from distilserve.models.runtime.onnx import has_cuda_provider
 from distilserve.models.runtime.torchscript import TorchScriptBackend
@@ -181,7 +181,7 @@ def test_auto_keeps_onnx_on_the_cpu_when_the_checkpoint_cannot_run_on_the_gpu(
     shutil.copytree(exported["onnx"], folder)
     (folder / "checkpoint" / "model.safetensors").unlink()
     # a GPU as far as the choice can tell; the checkpoint's backend is placed on the CPU
-    monkeypatch.setattr(base, "GPU_DEVICE_FILES", (str(tmp_path),))  # a driver's, there
+    monkeypatch.setattr(selection, "GPU_DEVICE_FILES", (str(tmp_path),))  # a driver's, there
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch_device, "resolve_device", lambda device: torch.device("cpu"))
     with caplog.at_level(logging.WARNING, logger="distilserve"):
@@ -202,10 +202,10 @@ def test_auto_asks_torch_for_a_gpu_only_where_a_gpu_driver_is(exported, tmp_path
     """Without a driver's device files there is no GPU for torch to find, and torch (a
     second or more to import, ~150 MB) is not asked: an ONNX model on auto stays on the CPU
     without its checkpoint being tried."""
-    monkeypatch.setattr(base, "GPU_DEVICE_FILES", (str(tmp_path / "nvidiactl"),))
+    monkeypatch.setattr(selection, "GPU_DEVICE_FILES", (str(tmp_path / "nvidiactl"),))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # would be asked: a GPU
     tried = []
-    monkeypatch.setattr(base, "_checkpoint_instead",
+    monkeypatch.setattr(selection, "_checkpoint_instead",
                         lambda *args: tried.append(args) or (None, "not run"))
     backend = open_backend("onnx", exported["onnx"], "model.onnx", device="auto",
                            checkpoint_instead=True)

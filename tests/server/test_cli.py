@@ -261,7 +261,7 @@ def test_a_student_that_cannot_learn_from_the_teacher_is_one_line(capsys, tmp_pa
 def test_a_host_other_than_loopback_without_a_key_is_warned_of(host, loopback):
     """``serve`` warns at start that every route is open where the host is reachable
     from elsewhere (0.0.0.0, the image's) and no DISTILSERVE_API_KEY is set."""
-    from distilserve.server.cli import _loopback
+    from distilserve.server.cli.serve import _loopback
 
     assert _loopback(host) is loopback
 

@@ -246,14 +246,14 @@ def test_an_onnx_model_runs_its_checkpoint_where_onnxruntime_cannot_use_the_gpu(
         tiny_checkpoints, tmp_path, monkeypatch, caplog):
     """The service opts in (models/runtime's checkpoint_instead): here the 'GPU' is the CPU,
     made visible to the choice and given to the torch backend in its place."""
-    from distilserve.models.runtime import base, torch_device
+    from distilserve.models.runtime import selection, torch_device
 
     folder = tmp_path / "onnx"
     export.export(tiny_checkpoints["bert", "embed"], folder, "onnx")
     texts = ["The cat sat on the mat.", "A longer sentence about something else entirely."]
     onnx = load_engine("m", folder, Settings(), Metrics())
     assert onnx.describe()["backend"] == "onnx"
-    monkeypatch.setattr(base, "GPU_DEVICE_FILES", (str(tmp_path),))  # a driver's, there
+    monkeypatch.setattr(selection, "GPU_DEVICE_FILES", (str(tmp_path),))  # a driver's, there
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch_device, "resolve_device", lambda device: torch.device("cpu"))
     with caplog.at_level(logging.INFO, logger="distilserve"):

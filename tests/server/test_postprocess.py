@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from transformers import TokenClassificationPipeline
 
+from distilserve.models import entities
+from distilserve.models.entities import TokenInfo
 from distilserve.server import postprocess
-from distilserve.server.postprocess import TokenInfo
 
 LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC"]
 
@@ -157,16 +158,16 @@ INFO = TokenInfo(ids=[101, 1, 2, 3, 4, 5, 102],
 
 def test_simple_groups_b_and_i_and_uses_the_text_as_sent():
     logits = _logits(["O", "B-PER", "I-PER", "O", "O", "B-LOC", "O"])
-    ents = postprocess.entities(TEXT, INFO, logits, LABELS, "simple")
+    ents = entities.entities(TEXT, INFO, logits, LABELS, "simple")
     assert [(e["entity_group"], e["word"], e["start"], e["end"]) for e in ents] == [
         ("PER", "Merkel", 0, 6), ("LOC", "Paris", 15, 20)]
 
 
 def test_first_uses_the_first_subword_and_none_keeps_tokens():
     logits = _logits(["O", "B-PER", "B-LOC", "O", "O", "O", "O"])
-    first = postprocess.entities(TEXT, INFO, logits, LABELS, "first")
+    first = entities.entities(TEXT, INFO, logits, LABELS, "first")
     assert [(e["entity_group"], e["word"]) for e in first] == [("PER", "Merkel")]
-    none = postprocess.entities(TEXT, INFO, logits, LABELS, "none")
+    none = entities.entities(TEXT, INFO, logits, LABELS, "none")
     assert [(e["entity"], e["word"], e["index"]) for e in none] == [
         ("B-PER", "Mer", 1), ("B-LOC", "kel", 2)]
 
@@ -175,23 +176,23 @@ def test_overlapping_windows_entities_merge_as_the_pipeline_merges_them():
     """The longer of two overlapping entities kept, of two as long the higher score; equal
     to the pipeline's aggregate_overlapping_entities on random ones."""
     entity = lambda start, end, score: {"start": start, "end": end, "score": score}  # noqa: E731
-    merged = postprocess.overlapping([entity(10, 14, 0.9), entity(0, 5, 0.5),
+    merged = entities.overlapping([entity(10, 14, 0.9), entity(0, 5, 0.5),
                                       entity(3, 8, 0.7), entity(10, 16, 0.2),
                                       entity(20, 24, 0.3), entity(20, 24, 0.4)])
     assert merged == [entity(3, 8, 0.7), entity(10, 16, 0.2), entity(20, 24, 0.4)]
-    assert postprocess.overlapping([]) == []
+    assert entities.overlapping([]) == []
     rng = np.random.default_rng(0)
     for _ in range(200):
         starts = rng.integers(0, 30, size=rng.integers(1, 12))
         found = [entity(int(s), int(s + rng.integers(1, 6)), float(rng.integers(0, 3)))
                  for s in starts]
-        assert postprocess.overlapping(found) == \
+        assert entities.overlapping(found) == \
             TokenClassificationPipeline.aggregate_overlapping_entities(None, found)
 
 
 def test_unknown_strategy_is_refused():
     with pytest.raises(ValueError):
-        postprocess.entities(TEXT, INFO, _logits(["O"] * 7), LABELS, "best")
+        entities.entities(TEXT, INFO, _logits(["O"] * 7), LABELS, "best")
 
 
 def test_sentence_embeddings_pool_token_vectors_as_the_graphs_do():

@@ -1,5 +1,5 @@
-"""distilserve/server/ray_serve.py without a Ray instance: what a replica's failures become, and the
-deployment options a Scaling gives."""
+"""distilserve/server/ray_serve.py and ray_deployments.py without a Ray instance: what a
+replica's failures become, and the deployment options a Scaling gives."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
 
 ray_serve = pytest.importorskip("distilserve.server.ray_serve")
+ray_deployments = pytest.importorskip("distilserve.server.ray_deployments")
 exceptions = pytest.importorskip("ray.exceptions")
 
 
@@ -38,7 +39,7 @@ def folder(tiny_checkpoints, tmp_path_factory):
 
 
 def remote(folder, error):
-    return ray_serve.RemoteEngine(folder, Settings(), Metrics(), FakeHandle(error),
+    return ray_deployments.RemoteEngine(folder, Settings(), Metrics(), FakeHandle(error),
                                   {"id": "embed"})
 
 
@@ -117,7 +118,7 @@ def test_question_answering_makes_its_windows_on_the_replica(tmp_path):
     export.export(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
                   squad, "onnx")
     replica = load_engine("squad", squad, Settings(), Metrics())
-    engine = ray_serve.RemoteEngine(squad, Settings(), Metrics(), LocalHandle(replica),
+    engine = ray_deployments.RemoteEngine(squad, Settings(), Metrics(), LocalHandle(replica),
                                     replica.describe())
     pairs = [("Where?", "word " * 60)]
 

@@ -37,12 +37,13 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from distilserve.models import bert, families
-from distilserve.models.export.artifacts import example_inputs, to_onnx, to_torchscript, trace
+from distilserve.models.export.artifacts import to_onnx, to_torchscript
 from distilserve.models.export.parity import TOLERANCE, agreement, compare, dtype_parity, parity_inputs
 from distilserve.models.export.quantize import quantize_int8
 from distilserve.models.io import checkpoint
 from distilserve.models.io.manifest import DECODER, Manifest, TokenizerFacts
 from distilserve.models.runtime import open_backend
+from distilserve.models.runtime.tracing import example_inputs, trace
 from distilserve.models.tasks import PER_TOKEN, least_max_length
 
 __all__ = ["ARTIFACT", "FORMATS", "ExportError", "example_inputs", "export", "replace",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import onnx
 
-from distilserve.models.export.artifacts import leaving_out
+from distilserve.models.runtime.tracing import leaving_out
 
 
 def _nodes(graph: onnx.GraphProto):

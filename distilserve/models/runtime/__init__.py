@@ -4,6 +4,7 @@ They live under models/ rather than server/ because ``distilserve export`` check
 artifact it writes with the very code that will serve it.
 """
 
-from distilserve.models.runtime.base import Backend, open_backend
+from distilserve.models.runtime.base import Backend
+from distilserve.models.runtime.selection import open_backend
 
 __all__ = ["Backend", "open_backend"]

@@ -45,12 +45,12 @@ class TorchScriptBackend(TorchRuntime):
     def _trace(self, folder: Path):
         """The checkpoint in ``folder`` traced on the device, in the dtype (scripted with
         ``keep_loop``)."""
-        from distilserve.models import export
         from distilserve.models.io import checkpoint
+        from distilserve.models.runtime.tracing import trace
 
         model = checkpoint.load(folder, self.task, token_embeddings=self.token_embeddings).model
         model = model.to(self.place.device, self.place.dtype).eval()
         if self.keep_loop:
             return torch.jit.script(model)
         with torch.no_grad():
-            return export.trace(model, self.place.device)
+            return trace(model, self.place.device)

@@ -10,7 +10,8 @@ import asyncio
 import numpy as np
 from fastapi import APIRouter, Request
 
-from distilserve.server import errors, postprocess
+from distilserve.models import entities as spans
+from distilserve.server import errors
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
 from distilserve.server.routes.common import check_limits, choose, infer, reply
@@ -61,8 +62,8 @@ def entities(engine: Engine, text: str, output, strategy: str,
     if isinstance(output, list):
         found = [e for window in output for e in entities(engine, text, window, strategy,
                                                           ignore)]
-        return postprocess.overlapping(found) if len(output) > 1 else found
+        return spans.overlapping(found) if len(output) > 1 else found
     logits, encoding = output
-    info = postprocess.TokenInfo.of(encoding, engine.unk_id, engine.word_aware)
-    return postprocess.entities(text, info, np.asarray(logits), engine.labels, strategy,
+    info = spans.TokenInfo.of(encoding, engine.unk_id, engine.word_aware)
+    return spans.entities(text, info, np.asarray(logits), engine.labels, strategy,
                                 ignore)

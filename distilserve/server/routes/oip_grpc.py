@@ -34,7 +34,7 @@ from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
 from distilserve.server.routes import health, oip
 from distilserve.server.routes.common import service, timing
-from distilserve.server.routes.grpc_server import Rpcs, unary
+from distilserve.server.routes.grpc_calls import Rpcs, unary
 
 SERVICE = "inference.GRPCInferenceService"
 

@@ -41,7 +41,7 @@ from distilserve.server.errors import ApiError
 from distilserve.server.metrics import STARTED
 from distilserve.server.routes import tei
 from distilserve.server.routes.common import check_limits, choose_root, timing
-from distilserve.server.routes.grpc_server import Rpcs, refuse, unary
+from distilserve.server.routes.grpc_calls import Rpcs, refuse, unary
 from distilserve.server.routes.rerank import scored
 from distilserve.server.routes.tokenize import decoded, tokenized
 from distilserve.server.schemas import (

@@ -1,0 +1,99 @@
+"""What the commands share: their refusals, argument types, status line, optional
+extras and listening sockets."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable
+
+
+@contextlib.contextmanager
+def status(label: str):
+    """A live status line on stderr; yields a progress(step) function that also logs."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with console.status(label) as line:
+        def progress(step: str) -> None:
+            line.update(step)
+            console.log(step)
+
+        yield progress
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of at least ``low`` (argparse's one-line error
+    otherwise)."""
+    def whole(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is less than {low}")
+        return value
+    return whole
+
+
+def positive(text: str) -> float:
+    """An argparse type: a finite number over 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number over 0")
+    return value
+
+
+class Refused(Exception):
+    """What a command was given and cannot run: main() prints ``distilserve COMMAND:
+    message``, one line, and exits 2."""
+
+    @classmethod
+    def invalid(cls, error) -> Refused:
+        """A setting that does not validate (pydantic's ValidationError): its first error."""
+        first = error.errors()[0]
+        where = f"{first['loc'][0]}: " if first["loc"] else ""
+        said = first["ctx"]["error"] if first["type"] == "value_error" else first["msg"]
+        return cls(f"{where}{said}")  # (a validator's own words, without "Value error, ")
+
+
+# what each optional feature needs: (the extra that installs it, the modules it imports)
+EXTRAS = {"--grpc-port": ("grpc", ("grpc_health", "grpc_reflection", "grpc_tools",
+                                   "tritonclient.grpc")),
+          "distilserve ray": ("ray", ("ray.serve",)),
+          "DISTILSERVE_OTLP_ENDPOINT": ("otlp", ("opentelemetry.sdk.trace",
+                                                 "opentelemetry.exporter.otlp.proto.http")),
+          "DISTILSERVE_TOKEN_IDS": ("token-ids", ("bpe_openai",))}
+
+
+def require(feature: str) -> None:
+    """A one-line refusal of ``feature`` (one of EXTRAS) where its extra is not
+    installed."""
+    import importlib
+
+    extra, modules = EXTRAS[feature]
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise Refused(f"{feature} needs the {extra} extra (pip install -c constraints.txt "
+                          f"'distilserve[{extra}]'): {e}") from None
+
+
+def listening_socket(host: str, port: int):
+    """A bound socket on host:port (as uvicorn binds: SO_REUSEADDR, IPv6 for a ':' host)."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock

@@ -1,0 +1,110 @@
+"""``distilserve ray``: a model repository as a Ray Serve application."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from distilserve.server.cli.common import Refused, listening_socket, require, status
+
+
+def add(sub) -> None:
+    ray = sub.add_parser("ray", help="serve a model repository on Ray Serve",
+                         description="Deploys a model repository as a Ray Serve application "
+                         "(one deployment per model, the same HTTP API) on a new local Ray "
+                         "instance or on a cluster (--address), and removes it on Ctrl-C or "
+                         "SIGTERM. Other settings: DISTILSERVE_* variables.")
+    ray.add_argument("--model-repository", type=Path,
+                     help="folder of model folders, readable by every Ray node (default: "
+                     "the embedded default, built here on first run)")
+    ray.add_argument("--address", help="Ray cluster to join (auto, HOST:PORT or "
+                     "ray://HOST:10001; default RAY_ADDRESS, or a new local instance)")
+    ray.add_argument("--host", help="Ray Serve's HTTP host, DISTILSERVE_HOST (default "
+                     "127.0.0.1)")
+    ray.add_argument("--port", type=int, help="Ray Serve's HTTP port, DISTILSERVE_PORT "
+                     "(default 8000)")
+    ray.add_argument("--grpc-port", type=int,
+                     help="DISTILSERVE_GRPC_PORT: Ray Serve's gRPC port, serving the Open "
+                     "Inference Protocol, Text Embeddings Inference's tei.v1 and health "
+                     "checks as `distilserve serve --grpc-port` does; default: none")
+    ray.add_argument("--replicas", type=int, help="replicas per model (default 1)")
+    ray.add_argument("--min-replicas", type=int, help="autoscale each model from this many "
+                     "replicas (with --max-replicas)")
+    ray.add_argument("--max-replicas", type=int, help="autoscale up to this many replicas")
+    ray.add_argument("--target-ongoing", type=float, help="autoscaling target: requests "
+                     "ongoing (queued or running) per replica (default 64)")
+    ray.add_argument("--max-ongoing", type=int, help="requests a replica takes at once, "
+                     "sharing its batches (default 256)")
+    ray.add_argument("--replica-cpus", type=float, help="CPUs per replica (default 1)")
+    ray.add_argument("--replica-gpus", type=float, help="GPUs per replica (default 0)")
+    ray.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import os
+    import signal
+    import threading
+
+    from pydantic import ValidationError
+
+    from distilserve.server import logs
+    from distilserve.server.settings import Settings
+
+    require("distilserve ray")
+    try:
+        settings = Settings(**{k: v for k, v in (("model_repository", args.model_repository),
+                                                 ("host", args.host), ("port", args.port),
+                                                 ("grpc_port", args.grpc_port))
+                               if v is not None})
+        from distilserve.server.ray_serve import Scaling
+
+        scaling = Scaling(**{k: v for k, v in vars(args).items()
+                             if k in Scaling.model_fields and v is not None})
+    except ValidationError as e:
+        raise Refused.invalid(e) from None
+    if settings.grpc_port is not None:
+        require("--grpc-port")
+    logging.basicConfig(level=logging.INFO, format=logs.TEXT)
+    repository = settings.model_repository
+    if repository is None:  # the embedded default, built here first (on the first run)
+        from distilserve.server.embedded_default import ensure_default_repository
+
+        with status("building the embedded default") as progress:
+            repository = ensure_default_repository(settings.cache_dir, progress)
+    if not repository.is_dir():
+        raise Refused(f"model repository {repository} is not a folder")
+    import ray
+    from ray import serve
+
+    from distilserve.server.ray_serve import GRPC_SERVICERS, application, init_local
+
+    local = not (args.address or os.environ.get("RAY_ADDRESS"))
+    if local:  # its ports here: one in use is a one-line error before Ray starts
+        for port in filter(None, (settings.port, settings.grpc_port)):
+            try:
+                listening_socket(settings.host, port).close()
+            except OSError as e:
+                raise Refused(f"cannot listen on {settings.host}:{port}: "
+                              f"{e.strerror or e}") from None
+        init_local(grpc_host=settings.host)
+    else:
+        ray.init(address=args.address)
+    grpc = {} if settings.grpc_port is None else {"grpc_options": {
+        "port": settings.grpc_port, "grpc_servicer_functions": GRPC_SERVICERS}}
+    serve.start(http_options={"host": settings.host, "port": settings.port}, **grpc)
+    serve.run(application(repository, settings, scaling), name="distilserve",
+              route_prefix="/")
+    grpc_at = "" if not grpc else f" and grpc://{settings.host}:{settings.grpc_port}"
+    print(f"distilserve on Ray Serve at http://{settings.host}:{settings.port}{grpc_at} (Ctrl-C or "
+          "SIGTERM removes the application)", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    while not stop.wait(1):
+        pass
+    print("removing the application", flush=True)
+    serve.delete("distilserve")
+    if local:  # a cluster's Serve keeps running for its other applications
+        serve.shutdown()
+    return 0

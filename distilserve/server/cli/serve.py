@@ -1,0 +1,183 @@
+"""``distilserve serve``: a model repository over HTTP, in one process or several."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from pathlib import Path
+
+from distilserve.server.cli.common import Refused, listening_socket, require
+
+WORKER_READY_S = 120  # how long a new worker of --workers N may take to load (see serve_workers)
+
+
+def add(sub) -> None:
+    serve = sub.add_parser("serve", help="serve a model repository over HTTP",
+                           description="Serves every model folder of a repository over "
+                           "HTTP. Every flag has a DISTILSERVE_* environment twin; the "
+                           "documentation's settings page lists the others (limits, batching, "
+                           "API key).")
+    serve.add_argument("--model-repository", type=Path,
+                       help="folder of model folders (DISTILSERVE_MODEL_REPOSITORY); "
+                       "default: the embedded default, built on first run")
+    serve.add_argument("--host", help="DISTILSERVE_HOST (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="DISTILSERVE_PORT (default 8000)")
+    serve.add_argument("--workers", type=int,
+                       help="DISTILSERVE_WORKERS: processes serving the port, each with its "
+                       "own copy of every model (default 1)")
+    serve.add_argument("--grpc-port", type=int,
+                       help="DISTILSERVE_GRPC_PORT: also serve gRPC on this port, not "
+                       "--port's: the Open Inference Protocol (tritonclient.grpc, KServe), "
+                       "Text Embeddings Inference's tei.v1, health checks and reflection; "
+                       "default: none")
+    serve.add_argument("--device", help="DISTILSERVE_DEVICE: cpu, cuda, cuda:N or auto "
+                       "(default: a GPU when one is visible)")
+    serve.add_argument("--dtype", help="DISTILSERVE_DTYPE: auto, fp32, fp16 or bf16 "
+                       "(default auto: fp16 or bf16 on a GPU, bf16 on a CPU with bf16 "
+                       "matrix units, fp32 otherwise)")
+    serve.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from pydantic import ValidationError
+
+    from distilserve.server import logs
+    from distilserve.server.app import create_app
+    from distilserve.server.connections import Config, Server
+    from distilserve.server.settings import Settings
+
+    overrides = {k: v for k, v in (("model_repository", args.model_repository),
+                                   ("host", args.host), ("port", args.port),
+                                   ("device", args.device), ("dtype", args.dtype),
+                                   ("workers", args.workers), ("grpc_port", args.grpc_port))
+                 if v is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as e:
+        raise Refused.invalid(e) from None
+    if settings.device.startswith("cuda"):
+        from distilserve.models.runtime.base import BackendError
+        from distilserve.models.runtime.torch_device import resolve_device
+
+        try:
+            resolve_device(settings.device)
+        except BackendError as e:
+            raise Refused(f"every model: {e}") from None
+    if settings.grpc_port is not None:
+        require("--grpc-port")
+    if settings.otlp_endpoint:
+        require("DISTILSERVE_OTLP_ENDPOINT")
+    if settings.token_ids != "model":
+        require("DISTILSERVE_TOKEN_IDS")
+    repository = settings.model_repository
+    if repository is not None and not repository.is_dir():
+        raise Refused(f"model repository {repository} is not a folder")
+    if repository is not None:
+        check_names(repository, settings)
+    port = settings.port
+    try:  # the ports first: a port in use is a one-line error before anything loads
+        sock = listening_socket(settings.host, port)
+        if settings.grpc_port is not None:  # bound again by the app (each worker's)
+            port = settings.grpc_port
+            listening_socket(settings.host, port).close()
+    except OSError as e:
+        raise Refused(f"cannot listen on {settings.host}:{port}: {e.strerror or e}") from None
+    log_config = logs.configure(settings.log_format)
+    say = logging.getLogger("distilserve").info
+    if repository is None:
+        from distilserve.server import embedded_default
+
+        say("serving the embedded default%s", "" if embedded_default.is_built(settings.cache_dir)
+            else "; it is built on this first start (a few minutes; /ready says how far along)")
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
+    say("listening on http://%s:%d%s", host, settings.port, "" if settings.grpc_port is None
+        else f", gRPC on {host}:{settings.grpc_port}")
+    if not settings.bearer_key() and not _loopback(settings.host):
+        logging.getLogger("distilserve").warning(
+            "no DISTILSERVE_API_KEY: every route (inference, /metrics, model loading) is "
+            "open to whoever reaches %s; set a key, or put the service behind a proxy that "
+            "authenticates", host)
+    # the app builds the embedded default (no repository) and loads the models in the
+    # background, with the port open: /health answers at once, /ready when they are loaded
+    common = dict(settings=settings, host=settings.host, port=settings.port, log_level="info",
+                  access_log=settings.access_log, timeout_graceful_shutdown=30,
+                  log_config=log_config)
+    if settings.workers == 1:
+        Server(Config(create_app(settings, repository), **common)).run(sockets=[sock])
+        leave_an_abandoned_build()
+        return 0
+    return serve_workers(settings, overrides, sock, common)
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or localhost): reachable from this machine
+    only."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
+def leave_an_abandoned_build() -> None:
+    """Exits at once where the embedded default's build was stopped mid-step: its thread
+    (distilserve.server.engine.on_daemon_thread) may be inside PyTorch, which the interpreter's
+    finalisation would abort ("terminate called without an active exception"); the exit's
+    clean-up (the half-built folder removed: distilserve.server.embedded_default) runs first."""
+    import atexit
+    import logging
+    import os
+    import threading
+
+    from distilserve.server.engine import DAEMON_THREAD
+
+    if any(t.name == DAEMON_THREAD and t.is_alive() for t in threading.enumerate()):
+        logging.shutdown()
+        atexit._run_exitfuncs()
+        os._exit(0)
+
+
+def check_names(repository, settings) -> None:
+    """Refuses a repository where one name would be two models' (a folder's and an alias,
+    or an alias of two), or DISTILSERVE_MODEL_ALIASES names no folder; a folder whose
+    manifest cannot be read is left to its load, which says why."""
+    from distilserve.models.io.manifest import FILE, Manifest, ManifestError
+    from distilserve.server.app import aliases, model_folders
+
+    claimed = {}
+    for folder in model_folders(repository):
+        try:
+            claimed[folder.name] = Manifest.read(folder).aliases if (folder / FILE).is_file() \
+                else []
+        except ManifestError:
+            claimed[folder.name] = []
+    if wrong := aliases(settings.aliases(), claimed)[1]:
+        raise Refused("; ".join(wrong))
+
+
+def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
+    """N worker processes on one port (uvicorn's supervisor: it restarts a worker that
+    dies and, on SIGTERM, drains every worker). Each worker builds its app from the
+    DISTILSERVE_* variables set here; their metrics meet in one folder."""
+    import os
+    import shutil
+    import tempfile
+
+    from distilserve.server.connections import Config, Workers
+
+    for key, value in overrides.items():
+        os.environ[f"DISTILSERVE_{key.upper()}"] = str(value)
+    metrics = tempfile.mkdtemp(prefix="distilserve-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
+    try:
+        # a new worker loads its models before it is ready (distilserve.server.app.app_from_environment):
+        # SIGHUP's restart waits this long for each (uvicorn's 5 s, which a worker loading
+        # on a busy machine overran, aborted it); a hung worker is found as late
+        config = Config("distilserve.server.app:app_from_environment", factory=True,
+                        workers=settings.workers, timeout_worker_healthcheck=WORKER_READY_S,
+                        **common)
+        Workers(config, sockets=[sock]).run()
+    finally:
+        shutil.rmtree(metrics, ignore_errors=True)
+    return 0

@@ -1,0 +1,101 @@
+"""The deployments of distilserve's Ray Serve application (distilserve/server/ray_serve.py
+assembles them): ``ModelReplica``, one model folder's engine; ``Ingress``, the FastAPI app
+whose engines (``RemoteEngine``) send each request's inputs to a replica of its model
+(distilserve/server/ray_grpc.py adds the gRPC calls to it)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+from ray import serve
+from ray.exceptions import RayActorError, RayTaskError
+from ray.serve.exceptions import (
+    BackPressureError,
+    DeploymentUnavailableError,
+    ReplicaUnavailableError,
+)
+
+from distilserve.server.app import create_app, load_models
+from distilserve.server.engine import Engine, ModelUnavailable, open_engine, read_manifest
+from distilserve.server.metrics import Metrics
+from distilserve.server.settings import Settings
+
+log = logging.getLogger("distilserve")
+
+# the replica is gone or cannot take the request: 503, the client retries
+GONE = (RayActorError, BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError)
+
+
+class ModelReplica:
+    """A Ray Serve replica of one model folder: its engine, started and warmed."""
+
+    async def __init__(self, folder: str, settings: Settings):
+        path = Path(folder)
+        self.engine = await open_engine(path.name, path, settings, Metrics())
+
+    async def infer(self, texts: list, truncation: str | None,
+                    windows: tuple[int, int] | None = None, iterations: int | None = None):
+        return await self.engine.infer(texts, truncation, windows, iterations)
+
+    def describe(self) -> dict:
+        return self.engine.describe()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class RemoteEngine(Engine):
+    """A model whose inputs run on Ray Serve replicas: tokenizer and metadata here."""
+
+    def __init__(self, folder: Path, settings: Settings, metrics: Metrics, handle,
+                 described: dict):
+        super().__init__(folder.name, folder, read_manifest(folder), settings, metrics,
+                         local=False)
+        self.handle, self.described = handle, described
+        span = described.get("iterations")  # the replica's backend's depth (Engine.depth)
+        self.depth = span["max"] if span and span["min"] == 1 else None
+
+    def describe(self) -> dict:
+        return self.described  # the replica's (its device and dtype)
+
+    async def start(self, warmup: bool = True) -> None:
+        pass  # the replicas started and warmed themselves
+
+    async def stop(self) -> None:
+        pass
+
+    async def infer(self, texts: list, truncation: str | None,
+                    windows: tuple[int, int] | None = None, iterations: int | None = None):
+        try:
+            return await self.handle.infer.remote(texts, truncation, windows, iterations)
+        except RayTaskError as e:  # the replica raised it: InputTooLong, QueueFull, ...
+            raise e.cause from None
+        except GONE as e:
+            raise ModelUnavailable(f"its replica is gone: {type(e).__name__}") from None
+
+
+@serve.ingress()
+class Ingress:
+    """The FastAPI app of ``distilserve serve``, with the models' deployments as engines."""
+
+    def __init__(self, settings: Settings, folders: list[str], handles: dict):
+        self.settings, self.folders, self.handles = settings, folders, handles
+
+    def __serve_build_asgi_app__(self):
+        settings, handles = self.settings, self.handles
+
+        async def loader(service) -> None:
+            async def open_remote(folder: Path) -> Engine:
+                handle = handles[folder.name]
+                described = await handle.describe.remote()
+                return await asyncio.to_thread(RemoteEngine, folder, settings,
+                                               service.metrics, handle, described)
+
+            await load_models(service, [Path(f) for f in self.folders], open_remote)
+
+        # (the ASGI wrapper has its own "app"; distilserve/server/ray_grpc.py runs this one too)
+        self.fastapi_app = create_app(settings, loader=loader)
+        return self.fastapi_app
