@@ -18,9 +18,10 @@ from ray.serve.exceptions import (
     ReplicaUnavailableError,
 )
 
-from distilserve.server.app import create_app, load_models
+from distilserve.server.app import create_app
 from distilserve.server.engine import Engine, ModelUnavailable, open_engine, read_manifest
 from distilserve.server.metrics import Metrics
+from distilserve.server.service import load_models
 from distilserve.server.settings import Settings
 
 log = logging.getLogger("distilserve")

@@ -27,9 +27,9 @@ from pydantic import BaseModel, Field, model_validator
 from ray import serve
 
 from distilserve.server import ray_hooks
-from distilserve.server.app import model_folders
 from distilserve.server.engine import ModelLoadError, read_manifest
 from distilserve.server.ray_deployments import Ingress, ModelReplica
+from distilserve.server.service import model_folders
 from distilserve.server.settings import Settings
 
 log = logging.getLogger("distilserve")

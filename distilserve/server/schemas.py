@@ -64,7 +64,10 @@ Dimensions = Annotated[Count | None, Field(None, description="keep the first N "
                                            "components, re-normalised (Matryoshka-style)")]
 
 
-class _Request(BaseModel):
+class Body(BaseModel):
+    """A request body: strictly typed, naming its model (or none), its texts numbered as
+    the client sent them."""
+
     # strict: true/false are booleans (not 0, 1 or "false"), numbers are not strings
     model_config = ConfigDict(extra="ignore", protected_namespaces=(), strict=True)
     model: str | None = None
@@ -91,10 +94,10 @@ class _Request(BaseModel):
         return self
 
 
-class _Truncation(BaseModel):
+class Truncation(BaseModel):
     """How an input longer than the model's max_length tokens is cut, if at all."""
 
-    model_config = _Request.model_config
+    model_config = Body.model_config
     truncate: bool = Field(True, description="cut an input longer than the model's "
                            "max_length tokens (false: such an input is a 413)")
     # TEI's field, with its spelling ("Right", "Left") too
@@ -108,11 +111,11 @@ class _Truncation(BaseModel):
         return self.truncation_direction.lower() if self.truncate else None
 
 
-class _Truncated(_Truncation, _Request):
+class Truncated(Truncation, Body):
     """A request whose inputs may be longer than the model's max_length tokens."""
 
 
-class _Deep(BaseModel):
+class Deep(BaseModel):
     """A request that runs a model (the native, OpenAI's, TEI's and Infinity's): a
     recursive model's depth may be chosen."""
 
@@ -123,7 +126,7 @@ class _Deep(BaseModel):
                                    "its checkpoint")
 
 
-class EmbeddingsRequest(_Deep, _Request):
+class EmbeddingsRequest(Deep, Body):
     """OpenAI's /v1/embeddings."""
 
     input: (Texts | Annotated[TokenIds, Field(min_length=1)]
@@ -139,7 +142,7 @@ class EmbeddingsRequest(_Deep, _Request):
         return self.input  # OpenAI's name
 
 
-class EmbedRequest(_Deep, _Truncated):
+class EmbedRequest(Deep, Truncated):
     inputs: Texts
     normalize: bool = True
     prompt_name: str | None = Field(None, description="one of the model's prompts (GET "
@@ -153,7 +156,7 @@ class RerankDocument(BaseModel):
     text: str
 
 
-class RerankRequest(_Deep, _Truncated):
+class RerankRequest(Deep, Truncated):
     """Jina's and Cohere's /rerank (also vLLM's and Infinity's)."""
 
     query: str
@@ -181,7 +184,7 @@ CohereTypes = Annotated[list[Literal["float", "int8", "uint8", "binary", "ubinar
                         Field(min_length=1)]
 
 
-class CohereEmbedRequest(_Request):
+class CohereEmbedRequest(Body):
     """Cohere's v2 embed (``cohere.ClientV2.embed``): texts (images are not served)."""
 
     texts_: Annotated[list[str], Field(min_length=1)] = Field(alias="texts")
@@ -237,7 +240,7 @@ class CohereEmbedResponse(BaseModel):
     meta: dict
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(Body):
     """TEI's /tokenize."""
 
     inputs: Texts
@@ -254,10 +257,10 @@ FUNCTION = ("as transformers' text-classification pipeline's: softmax, sigmoid (
             "label or a multi-label model, else the softmax")
 
 
-class _Scored(BaseModel):
+class Scored(BaseModel):
     """A classifier's request: how its logits become scores."""
 
-    model_config = _Request.model_config
+    model_config = Body.model_config
     raw_scores: bool = Field(False, description="the logits, not probabilities (TEI's field)")
 
     def _function_to_apply(self) -> Function | None:
@@ -279,7 +282,7 @@ class _Scored(BaseModel):
         return self
 
 
-class ClassifyRequest(_Deep, _Scored, _Truncated):
+class ClassifyRequest(Deep, Scored, Truncated):
     inputs: str | Annotated[list[str | Pair], Field(min_length=1)] = Field(
         description="a text, a list of texts, or text pairs as two-item lists")
     top_k: Count | None = Field(None, description="return the N most likely labels "
@@ -334,12 +337,12 @@ class ClassifyRequest(_Deep, _Scored, _Truncated):
 
 
 class QaInput(BaseModel):
-    model_config = _Request.model_config
+    model_config = Body.model_config
     question: str = Field(min_length=1, description="kept whole")
     context: str = Field(min_length=1, description="where the answer is found")
 
 
-class _Questions(_Request):
+class Questions(Body):
     inputs: QaInput | Annotated[list[QaInput], Field(min_length=1)] = Field(
         description="a question and its context, or a list of them")
 
@@ -350,7 +353,7 @@ class _Questions(_Request):
         return [(i.question, i.context) for i in inputs]
 
 
-class QaRequest(_Deep, _Questions):
+class QaRequest(Deep, Questions):
     """Extractive question answering, as transformers' question-answering pipeline."""
 
     top_k: Count = Field(1, description="the N best answers of each")
@@ -378,7 +381,7 @@ class QaResponse(BaseModel):
     results: list[list[QaAnswer]] = Field(description="each input's answers, best first")
 
 
-class InfinityClassifyRequest(_Deep, _Scored, _Truncated):
+class InfinityClassifyRequest(Deep, Scored, Truncated):
     """Infinity's /classify."""
 
     input: Texts = Field(description="a text or a list of texts")
@@ -388,7 +391,7 @@ class InfinityClassifyRequest(_Deep, _Scored, _Truncated):
         return self.input  # Infinity's name
 
 
-class NerRequest(_Deep, _Truncated):
+class NerRequest(Deep, Truncated):
     inputs: Texts
     aggregation_strategy: Strategy = "simple"
     ignore_labels: list[str] = Field(["O"], description="entities of these labels left "
@@ -409,8 +412,8 @@ class NerRequest(_Deep, _Truncated):
         return stride
 
 
-class _Fill(BaseModel):
-    model_config = _Request.model_config
+class Fill(BaseModel):
+    model_config = Body.model_config
     top_k: Count = Field(5, description="the likeliest tokens of each mask (at most as many "
                          "as targets)")
     targets: str | Annotated[list[str], Field(min_length=1)] | None = Field(
@@ -422,7 +425,7 @@ class _Fill(BaseModel):
         return [self.targets] if isinstance(self.targets, str) else self.targets
 
 
-class FillMaskRequest(_Deep, _Fill, _Truncated):
+class FillMaskRequest(Deep, Fill, Truncated):
     """transformers' fill-mask pipeline: texts with the model's mask token ([MASK])."""
 
     inputs: Texts
@@ -441,115 +444,7 @@ class FillMaskResponse(BaseModel):
         description="per input, per mask token, the likeliest tokens first")
 
 
-class HfFillMaskParameters(_Fill):
-    top_k: Count | None = None  # (FillMaskRequest's default)
-
-
-class HfFillMaskRequest(_Truncated):
-    """huggingface_hub's fill_mask: /v1/fill-mask's, its options as ``parameters``."""
-
-    inputs: Texts
-    parameters: HfFillMaskParameters | None = None
-
-
-# TEI's own bodies (distilserve/server/routes/tei.py) -------------------------------------------------
-# one input of TEI's /predict: [text] or [text, text]
-Sequence = Annotated[list[str], Field(min_length=1, max_length=2)]
-
-
-class HfClassifyParameters(BaseModel):
-    model_config = _Request.model_config
-    top_k: Count | None = Field(None, description="the N most likely labels (default all)")
-    function_to_apply: Function | None = Field(None, description=FUNCTION)
-
-
-class TeiPredictRequest(_Deep, _Scored, _Truncated):
-    """TEI's /predict: a text, a pair [text, text], or a batch [[text], [text, text], ...];
-    with the Hugging Face Inference API's ``parameters`` (huggingface_hub's
-    text_classification) too."""
-
-    inputs: str | Sequence | Annotated[list[Sequence], Field(min_length=1)] = Field(
-        description="a text, a pair of texts [text, text], or a batch of [text] and "
-        "[text, text] items")
-    parameters: HfClassifyParameters | None = None
-
-    def _function_to_apply(self) -> Function | None:
-        return self.parameters and self.parameters.function_to_apply
-
-    @property
-    def batch(self) -> bool:
-        return not isinstance(self.inputs, str) and isinstance(self.inputs[0], list)
-
-    @property
-    def texts(self) -> list:
-        sequences = self.inputs if self.batch else [self.inputs]
-        return [s if isinstance(s, str) else s[0] if len(s) == 1 else (s[0], s[1])
-                for s in sequences]
-
-
-class TeiRerankRequest(_Deep, _Truncated):
-    """TEI's /rerank."""
-
-    query: str
-    texts_: Annotated[list[str], Field(min_length=1)] = Field(alias="texts")
-    raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
-                             "probability; an embedding model: the cosine")
-    return_text: bool = False
-    name_of = staticmethod(leading("the query", "document"))
-
-    @property
-    def document_texts(self) -> list[str]:
-        return self.texts_
-
-    @property
-    def texts(self) -> list:
-        return [self.query, *self.texts_]
-
-
-class TeiInputsRequest(_Truncated):
-    """TEI's /embed_all and /embed_sparse."""
-
-    inputs: Texts
-    prompt_name: str | None = Field(None, description="as /v1/embed's")
-
-
-class TeiSimilarityInputs(BaseModel):
-    model_config = _Request.model_config
-    source_sentence: str
-    sentences: Annotated[list[str], Field(min_length=1)] = Field(
-        description="the texts compared with source_sentence")
-
-
-class TeiSimilarityParameters(_Truncation):
-    prompt_name: str | None = Field(None, description="as /v1/embed's")
-
-
-class TeiSimilarityRequest(_Request):
-    """TEI's /similarity (huggingface_hub's InferenceClient.sentence_similarity posts it
-    to /)."""
-
-    inputs: TeiSimilarityInputs
-    parameters: TeiSimilarityParameters | None = None
-    name_of = staticmethod(leading("the source sentence", "sentence"))
-
-    @property
-    def texts(self) -> list:
-        return [self.inputs.source_sentence, *self.inputs.sentences]
-
-
-def _root_body(value) -> str:
-    """Which of TEI's bodies POST / was sent: /similarity's (its inputs an object) or
-    /embed's; the errors are then that body's alone."""
-    inputs = value.get("inputs") if isinstance(value, dict) else getattr(value, "inputs", None)
-    return "Similarity" if isinstance(inputs, dict | TeiSimilarityInputs) else "Embed"
-
-
-TeiRootRequest = Annotated[Annotated[EmbedRequest, Tag("Embed")]
-                           | Annotated[TeiSimilarityRequest, Tag("Similarity")],
-                           Discriminator(_root_body)]
-
-
-class DecodeRequest(_Request):
+class DecodeRequest(Body):
     """TEI's /decode: token ids back to text."""
 
     ids: TokenIds | Annotated[list[TokenIds], Field(min_length=1)] = Field(
@@ -559,52 +454,6 @@ class DecodeRequest(_Request):
     @property
     def texts(self) -> list:
         return [self.ids] if not self.ids or isinstance(self.ids[0], int) else self.ids
-
-
-def _rerank_body(value) -> str | None:
-    """Which body /rerank was sent: Cohere's (``documents``) or TEI's (``texts``)."""
-    if isinstance(value, RerankRequest) or isinstance(value, dict) and "documents" in value:
-        return "Cohere"
-    if isinstance(value, TeiRerankRequest) or isinstance(value, dict) and "texts" in value:
-        return "Tei"
-    return None  # neither: the error says what a body needs
-
-
-TeiRerankBody = Annotated[
-    Annotated[TeiRerankRequest, Tag("Tei")] | Annotated[RerankRequest, Tag("Cohere")],
-    Discriminator(_rerank_body, custom_error_type="invalid_body", custom_error_message=(
-        "a rerank body has 'texts' (TEI's) or 'documents' (Cohere's, as /v1/rerank)"))]
-
-
-class TeiInfo(BaseModel):
-    """TEI's GET /info."""
-
-    model_id: str
-    model_sha: str | None
-    model_dtype: str
-    model_type: dict = Field(description='{"embedding": {"pooling"}}, or {"classifier": '
-                             '{"id2label", "label2id"}} ("reranker" for a cross-encoder)')
-    max_concurrent_requests: int
-    max_input_length: int
-    max_batch_tokens: int
-    max_batch_requests: int | None
-    max_client_batch_size: int
-    auto_truncate: bool
-    tokenization_workers: int
-    version: str
-    sha: str | None
-    docker_label: str | None
-
-
-class TeiSparseValue(BaseModel):
-    index: int = Field(description="the vocabulary entry (a token id)")
-    value: float
-
-
-class TeiRank(BaseModel):
-    index: int
-    score: float
-    text: str | None = None
 
 
 class Usage(BaseModel):
@@ -634,81 +483,6 @@ class EmbedResponse(BaseModel):
 class Score(BaseModel):
     label: str
     score: float
-
-
-# the Hugging Face Inference API's bodies at POST / (huggingface_hub's InferenceClient) for
-# what TEI does not do there: zero-shot and token classification, question answering
-class HfZeroShotParameters(BaseModel):
-    model_config = _Request.model_config
-    candidate_labels: Annotated[list[str], Field(min_length=1)]
-    hypothesis_template: str | None = None  # (ClassifyRequest's default)
-    multi_label: bool | None = None
-
-
-class HfZeroShotRequest(_Truncated):
-    """huggingface_hub's zero_shot_classification: /v1/classify's zero-shot, its options
-    as ``parameters``."""
-
-    inputs: Texts
-    parameters: HfZeroShotParameters
-
-
-class HfZeroShotAnswer(BaseModel):
-    sequence: str
-    labels: list[str]
-    scores: list[float]
-
-
-class HfQaParameters(BaseModel):
-    model_config = _Request.model_config
-    top_k: Count | None = None  # (None: QaRequest's default)
-    max_answer_len: Count | None = None
-    handle_impossible_answer: bool | None = None
-    align_to_words: bool | None = None
-    max_question_len: int | None = Field(None, description="ignored, as the pipeline ignores "
-                                         "it with a fast tokenizer")
-    doc_stride: int | None = None
-    max_seq_len: int | None = None
-
-
-class HfQaRequest(_Questions):
-    """huggingface_hub's question_answering: /v1/qa's, its options as ``parameters``."""
-
-    parameters: HfQaParameters | None = None
-
-
-class HfTokenParameters(BaseModel):
-    model_config = _Request.model_config
-    aggregation_strategy: Strategy | None = None  # (NerRequest's default)
-    ignore_labels: list[str] | None = None  # (None: NerRequest's default)
-    stride: int | None = None
-
-
-class HfTokenRequest(_Truncated):
-    """huggingface_hub's token_classification: /v1/ner's, its options as ``parameters``."""
-
-    inputs: Texts
-    parameters: HfTokenParameters | None = None
-
-
-# what POST / answers: /embed's, /similarity's, /predict's or /rerank's answer, and the
-# Hugging Face Inference API's zero-shot and token classification and question answering
-TeiAnswer = (list[list[float]] | list[float] | list[Score] | list[list[Score]] | list[TeiRank]
-             | HfZeroShotAnswer | list[HfZeroShotAnswer] | list[dict] | list[list[dict]]
-             | QaAnswer | list[QaAnswer] | list[QaAnswer | list[QaAnswer]]
-             | list[list[list[FillMaskToken]]])
-
-
-class TeiVertexRequest(BaseModel):
-    """Vertex AI's prediction request, as TEI takes it at /vertex."""
-
-    model_config = _Request.model_config
-    instances: Annotated[list[dict], Field(min_length=1)] = Field(
-        description="each a body POST / takes")
-
-
-class TeiVertexResponse(BaseModel):
-    predictions: list[TeiAnswer] = Field(description="each instance's answer, in order")
 
 
 class ClassifyResponse(BaseModel):
@@ -747,146 +521,3 @@ class Token(BaseModel):
                               "special token")
     stop: int | None
     special: bool
-
-
-# The Open Inference Protocol's (KServe's V2, Triton's HTTP/REST API; distilserve/server/routes/oip.py)
-# a tensor's or a request's parameters: scalars by name (null: none)
-OipParameters = Annotated[dict[str, str | int | float | bool],
-                          BeforeValidator(lambda value: {} if value is None else value)]
-
-class OipTensor(BaseModel):
-    """A tensor: row-major ``data`` (nested or flat), or with Triton's binary extension
-    ``parameters.binary_data_size`` bytes after the JSON header."""
-
-    model_config = _Request.model_config
-    name: str
-    datatype: str = Field(description="BYTES for texts (each UTF-8), FP32 for numbers")
-    shape: list[int]
-    parameters: OipParameters = {}
-    data: list | None = None
-
-
-class OipRequestedOutput(BaseModel):
-    model_config = _Request.model_config
-    name: str
-    parameters: OipParameters = Field(
-        {}, description='{"binary_data": true}: this output as binary data; '
-        '{"classification": k}: a classifier\'s k best classes')
-
-
-class OipInferRequest(BaseModel):
-    model_config = _Request.model_config
-    id: str | None = None
-    parameters: OipParameters = Field(
-        {}, description="the route's options (normalize, dimensions, prompt_name, "
-        "raw_scores, aggregation_strategy, truncate, truncation_direction) and "
-        "binary_data_output: every output as binary data")
-    inputs: Annotated[list[OipTensor], Field(min_length=1)]
-    outputs: list[OipRequestedOutput] | None = Field(
-        None, description="the outputs to return (default: all of the model's)")
-
-
-class OipInferResponse(BaseModel):
-    model_name: str
-    model_version: str | None = None
-    id: str | None = None
-    parameters: dict | None = None
-    outputs: list[OipTensor]
-
-
-class OipTensorMetadata(BaseModel):
-    name: str
-    datatype: str
-    shape: list[int] = Field(description="-1: any size")
-
-
-class OipModelMetadata(BaseModel):
-    name: str
-    versions: list[str]
-    platform: str
-    inputs: list[OipTensorMetadata]
-    outputs: list[OipTensorMetadata]
-
-
-class OipServerMetadata(BaseModel):
-    name: str
-    version: str
-    extensions: list[str]
-
-
-class OipIndexRequest(BaseModel):
-    """Triton's repository index: an empty body, or ``{"ready": true}``."""
-
-    model_config = _Request.model_config
-    ready: bool = Field(False, description="the models served alone")
-
-
-class OipControlRequest(BaseModel):
-    """Triton's load and unload: an empty body, or its ``parameters`` (a load's config and
-    files are refused; an unload's unload_dependents is taken: a model has none)."""
-
-    model_config = _Request.model_config
-    parameters: OipParameters = {}
-
-
-class OipRepositoryModel(BaseModel):
-    name: str
-    state: Literal["READY", "UNAVAILABLE"]
-    reason: str | None = None
-
-
-class OipDuration(BaseModel):
-    count: int
-    ns: int
-
-
-class OipInferenceStats(BaseModel):
-    success: OipDuration
-    fail: OipDuration
-    queue: OipDuration
-    compute_input: OipDuration
-    compute_infer: OipDuration
-    compute_output: OipDuration
-    cache_hit: OipDuration
-    cache_miss: OipDuration
-
-
-class OipBatchStats(BaseModel):
-    batch_size: int
-    compute_infer: OipDuration
-
-
-class OipModelStats(BaseModel):
-    name: str
-    version: str
-    last_inference: int = Field(description="when a request was last answered, "
-                                "milliseconds since the epoch (0: never)")
-    inference_count: int = Field(description="inputs run")
-    execution_count: int = Field(description="batches run")
-    inference_stats: OipInferenceStats
-    batch_stats: list[OipBatchStats]
-
-
-class OipStatistics(BaseModel):
-    model_stats: list[OipModelStats]
-
-
-class OipConfigTensor(BaseModel):
-    name: str
-    data_type: str
-    dims: list[int]
-    reshape: dict | None = None
-
-
-class OipModelConfig(BaseModel):
-    """Triton's model configuration (config.pbtxt's fields, as Triton's JSON gives them)."""
-
-    name: str
-    platform: str
-    backend: str
-    max_batch_size: int
-    input: list[OipConfigTensor]
-    output: list[OipConfigTensor]
-    dynamic_batching: dict
-    instance_group: list[dict]
-    parameters: dict[str, dict[str, str]]

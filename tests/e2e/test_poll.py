@@ -1,5 +1,5 @@
 """End to end: with DISTILSERVE_POLL_SECONDS the service keeps serving its repository as it
-changes (distilserve/server/app.py, sync_repository): a folder added is loaded, one exported again
+changes (distilserve/server/service.py, sync_repository): a folder added is loaded, one exported again
 takes the place of the one before while requests to it go on (each answered, 200 or a 503
 to retry), one that fails to load leaves the one before served, one removed is unloaded."""
 
@@ -85,8 +85,8 @@ def test_a_folder_is_tried_again_when_any_of_its_files_changes(repo, tiny_checkp
     the rest arrives; an artefact copied under an unchanged manifest is loaded too."""
     import asyncio
 
-    from distilserve.server.app import Service, load_repository, sync_repository
     from distilserve.server.metrics import Metrics
+    from distilserve.server.service import Service, load_repository, sync_repository
     from distilserve.server.settings import Settings
 
     made = tmp_path / "made"
@@ -116,14 +116,14 @@ def test_a_folder_is_tried_again_when_any_of_its_files_changes(repo, tiny_checkp
 
 
 def test_a_model_replaced_or_removed_is_freed(repo, tiny_checkpoints):
-    """Frozen with the rest of what loaded at start (distilserve/server/app.py: freeze_long_lived), a
+    """Frozen with the rest of what loaded at start (distilserve/server/service.py: freeze_long_lived), a
     model unloaded would never be collected: polling thaws first."""
     import asyncio
     import gc
     import weakref
 
-    from distilserve.server.app import Service, freeze_long_lived, load_repository, sync_repository
     from distilserve.server.metrics import Metrics
+    from distilserve.server.service import Service, freeze_long_lived, load_repository, sync_repository
     from distilserve.server.settings import Settings
 
     async def replace_then_remove():

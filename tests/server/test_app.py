@@ -7,8 +7,9 @@ import asyncio
 import gc
 import threading
 
-from distilserve.server.app import Service, build_and_load, create_app
+from distilserve.server.app import create_app
 from distilserve.server.metrics import Metrics
+from distilserve.server.service import Service, build_and_load
 from distilserve.server.settings import Settings
 
 

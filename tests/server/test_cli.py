@@ -286,7 +286,7 @@ def test_the_preset_names_read_from_the_files_are_the_presets():
 
 
 def test_aliases_are_read_from_the_setting_and_the_manifests_and_clashes_said():
-    from distilserve.server.app import aliases
+    from distilserve.server.service import aliases
 
     table, wrong = aliases({"ada": "embed", "gone": "nowhere"},
                            {"embed": ["text-embedding-3-small"], "other": ["cls"]})

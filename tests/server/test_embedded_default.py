@@ -72,7 +72,7 @@ def test_a_build_stopped_or_failed_leaves_nothing_in_the_cache(tmp_path, monkeyp
     import pytest
 
     from distilserve.server import embedded_default
-    from distilserve.server.app import BuildCancelled
+    from distilserve.server.service import BuildCancelled
 
     def build(models, progress):  # a model written, then stopped
         (models / "all-minilm-l6-v2").mkdir(parents=True)

@@ -6,12 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from distilserve.server.errors import invalid
-from distilserve.server.schemas import (
-    EmbeddingsRequest,
-    RerankRequest,
-    TeiRerankRequest,
-    TeiSimilarityRequest,
-)
+from distilserve.server.routes.tei_schemas import TeiRerankRequest, TeiSimilarityRequest
+from distilserve.server.schemas import EmbeddingsRequest, RerankRequest
 
 
 def message(model, body: dict) -> str:

@@ -143,7 +143,7 @@ def check_names(repository, settings) -> None:
     or an alias of two), or DISTILSERVE_MODEL_ALIASES names no folder; a folder whose
     manifest cannot be read is left to its load, which says why."""
     from distilserve.models.io.manifest import FILE, Manifest, ManifestError
-    from distilserve.server.app import aliases, model_folders
+    from distilserve.server.service import aliases, model_folders
 
     claimed = {}
     for folder in model_folders(repository):

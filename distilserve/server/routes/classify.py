@@ -9,12 +9,12 @@ from fastapi import APIRouter, Request
 from distilserve.server import errors, postprocess
 from distilserve.server.engine import Engine, Result
 from distilserve.server.routes.common import check_limits, choose, choose_entailing, infer, reply, usage
+from distilserve.server.routes.tei_schemas import TeiPredictRequest
 from distilserve.server.schemas import (
     ClassifyRequest,
     ClassifyResponse,
     InfinityClassifyRequest,
     InfinityClassifyResponse,
-    TeiPredictRequest,
 )
 
 router = APIRouter(tags=["classification"])

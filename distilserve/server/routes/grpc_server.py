@@ -27,7 +27,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import grpc
 from fastapi import FastAPI
@@ -39,10 +38,8 @@ from distilserve.server.middleware import ApiKey
 from distilserve.server.routes import health
 from distilserve.server.routes.common import service
 from distilserve.server.routes.grpc_calls import http_request, refuse
+from distilserve.server.service import Service
 from distilserve.server.settings import Settings
-
-if TYPE_CHECKING:  # (a type only: the app imports this module)
-    from distilserve.server.app import Service
 
 log = logging.getLogger("distilserve")
 WATCH_SECONDS = 1.0  # how often a health Watch looks at the service's state

@@ -51,12 +51,7 @@ from distilserve.server.routes import classify, health
 from distilserve.server.routes.common import embedded, reply, served, service, timing
 from distilserve.server.routes.fill_mask import filled
 from distilserve.server.routes.ner import recognised
-from distilserve.server.routes.qa import answered
-from distilserve.server.schemas import (
-    ClassifyRequest,
-    EmbedRequest,
-    FillMaskRequest,
-    NerRequest,
+from distilserve.server.routes.oip_schemas import (
     OipControlRequest,
     OipIndexRequest,
     OipInferRequest,
@@ -66,6 +61,13 @@ from distilserve.server.schemas import (
     OipRepositoryModel,
     OipServerMetadata,
     OipStatistics,
+)
+from distilserve.server.routes.qa import answered
+from distilserve.server.schemas import (
+    ClassifyRequest,
+    EmbedRequest,
+    FillMaskRequest,
+    NerRequest,
     QaRequest,
 )
 

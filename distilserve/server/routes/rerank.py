@@ -18,7 +18,8 @@ from distilserve.server.routes.common import (
     usage,
     with_prompt,
 )
-from distilserve.server.schemas import RerankRequest, RerankResponse, TeiRerankRequest
+from distilserve.server.routes.tei_schemas import TeiRerankRequest
+from distilserve.server.schemas import RerankRequest, RerankResponse
 
 router = APIRouter(tags=["rerank"])
 

@@ -42,19 +42,11 @@ from distilserve.server.routes.common import (
 from distilserve.server.routes.fill_mask import filled
 from distilserve.server.routes.ner import recognised
 from distilserve.server.routes.qa import answered
-from distilserve.server.schemas import (
-    ClassifyRequest,
-    EmbedRequest,
-    FillMaskRequest,
+from distilserve.server.routes.tei_schemas import (
     HfFillMaskRequest,
     HfQaRequest,
     HfTokenRequest,
     HfZeroShotRequest,
-    NerRequest,
-    QaRequest,
-    RerankRequest,
-    RerankResponse,
-    Score,
     TeiAnswer,
     TeiInfo,
     TeiInputsRequest,
@@ -68,6 +60,16 @@ from distilserve.server.schemas import (
     TeiSparseValue,
     TeiVertexRequest,
     TeiVertexResponse,
+)
+from distilserve.server.schemas import (
+    ClassifyRequest,
+    EmbedRequest,
+    FillMaskRequest,
+    NerRequest,
+    QaRequest,
+    RerankRequest,
+    RerankResponse,
+    Score,
 )
 
 router = APIRouter(tags=["Text Embeddings Inference"])

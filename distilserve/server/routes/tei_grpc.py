@@ -43,15 +43,13 @@ from distilserve.server.routes import tei
 from distilserve.server.routes.common import check_limits, choose_root, timing
 from distilserve.server.routes.grpc_calls import Rpcs, refuse, unary
 from distilserve.server.routes.rerank import scored
-from distilserve.server.routes.tokenize import decoded, tokenized
-from distilserve.server.schemas import (
-    DecodeRequest,
-    EmbedRequest,
+from distilserve.server.routes.tei_schemas import (
     TeiInputsRequest,
     TeiPredictRequest,
     TeiRerankRequest,
-    TokenizeRequest,
 )
+from distilserve.server.routes.tokenize import decoded, tokenized
+from distilserve.server.schemas import DecodeRequest, EmbedRequest, TokenizeRequest
 
 
 def _compiled():

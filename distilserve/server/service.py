@@ -1,0 +1,337 @@
+"""The service, whatever the transport: its settings, metrics and engines, and its model
+repository, built (the embedded default), loaded, kept in step with its folders
+(DISTILSERVE_POLL_SECONDS) and loaded or unloaded by request (Triton's explicit model
+control). The app (distilserve/server/app.py) owns one for its lifespan."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from stat import S_ISDIR
+
+from distilserve.models.io.manifest import FILE as MANIFEST
+from distilserve.server import errors
+from distilserve.server.engine import Engine, ModelLoadError, on_daemon_thread, open_engine
+from distilserve.server.metrics import Metrics
+from distilserve.server.settings import Settings
+
+log = logging.getLogger("distilserve")
+
+
+@dataclass
+class Service:
+    """Everything the routes need, owned by the app's lifespan."""
+
+    settings: Settings
+    metrics: Metrics
+    engines: dict[str, Engine] = field(default_factory=dict)
+    # the thread the PyTorch models run on when on the CPU, in turn (distilserve/server/engine.py)
+    cpu_thread: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="torch-cpu"))
+    failures: dict[str, str] = field(default_factory=dict)  # why, as clients read it: said
+    # each model folder's version when it was loaded (or failed): folder_version
+    versions: dict[str, tuple] = field(default_factory=dict)
+    ready: bool = False
+    draining: bool = False
+    status: str = "starting"  # what is being built or loaded, for /ready
+    repository: Path | None = None  # the one served, once known (the default once built)
+    # loads and unloads by request (DISTILSERVE_MODEL_CONTROL=explicit), one at a time
+    controlling: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def unloaded(self) -> list[str]:
+        """The repository's model folders neither served nor failed: added since the
+        repository was read, or unloaded by request."""
+        if self.repository is None or not self.repository.is_dir():
+            return []
+        return [folder.name for folder in model_folders(self.repository)
+                if folder.name not in self.engines and folder.name not in self.failures]
+
+    def nothing_to_serve(self) -> str | None:
+        """Why a repository that has been read serves no model (None where it serves one,
+        or where models are loaded by request): for /ready's 503 and the start's log."""
+        if self.engines or self.settings.model_control == "explicit":
+            return None
+        why = "no model folder in the model repository" if not self.failures else (
+            "no model in the model repository loaded (failed: "
+            + ", ".join(sorted(self.failures)) + ")")
+        if self.repository is not None and (self.repository / MANIFEST).is_file():
+            why += ("; the repository is itself a model folder (it has a manifest.json): "
+                    "serve the folder that holds it, a folder per model")
+        return why
+
+    def _controlled(self, name: str) -> Path:
+        """The folder of the model ``name`` of the repository, to load or unload by
+        request: a 400 unless DISTILSERVE_MODEL_CONTROL is explicit, a 503 while the
+        repository is read, a 404 for a name that is not one of its folders (nothing
+        outside it is ever read)."""
+        if self.settings.model_control != "explicit":
+            raise errors.ApiError(400, "invalid_request", "loading and unloading models by "
+                                  "request needs DISTILSERVE_MODEL_CONTROL=explicit (the "
+                                  "service serves its repository as it is, or as "
+                                  "DISTILSERVE_POLL_SECONDS finds it)")
+        if self.draining or not self.ready:
+            raise errors.ApiError(503, "unavailable", "the service is shutting down" if
+                                  self.draining else "the model repository is still being "
+                                  "read; retry shortly", {"Retry-After": "2"})
+        folders = {folder.name: folder for folder in model_folders(self.repository)}
+        if name not in folders:
+            raise errors.ApiError(404, "model_not_found", f"no model folder {name!r} in the "
+                                  f"repository; folders: {', '.join(folders) or 'none'}")
+        return folders[name]
+
+    async def load(self, name: str) -> None:
+        """Triton's explicit model control: the repository's folder ``name`` loaded and
+        served, in place of the one served before (which finishes what was queued for it).
+        One that fails to load is a 400 with the reason, listed UNAVAILABLE unless the
+        one before is still served."""
+        folder = self._controlled(name)
+        async with self.controlling:
+            try:
+                engine = await _open(self, folder)
+            except Exception as e:
+                log.error("model %s not loaded by request: %s", name, failure(e))
+                if name not in self.engines:
+                    self.failures[name] = self.said(failure(e))
+                raise errors.ApiError(400, "invalid_request", f"model {name!r} failed to "
+                                      f"load: {self.said(failure(e))}") from None
+            await put_in_place(self, engine)
+            freeze_long_lived(thaw=True)
+
+    def names(self) -> tuple[dict[str, str], list[str]]:
+        """(alias -> the served model it names, what is wrong with the names: aliases), of
+        the models served now."""
+        return aliases(self.settings.aliases(), {name: engine.manifest.aliases
+                                                 for name, engine in self.engines.items()})
+
+    def aliases(self) -> dict[str, str]:
+        return self.names()[0]
+
+    def said(self, why: str) -> str:
+        """``why`` as clients may read it: without the repository's path (the model's
+        folder named within it, as the log does not)."""
+        if self.repository is None:
+            return why
+        for root in {str(self.repository), str(self.repository.resolve())}:
+            why = why.replace(root + os.sep, "")
+        return why
+
+    async def unload(self, name: str) -> None:
+        """Triton's explicit model control: the model ``name`` no longer served (what was
+        queued for it answered first); one not served is a 404."""
+        self._controlled(name)
+        async with self.controlling:
+            gone = self.engines.pop(name, None)
+            if gone is None:
+                raise errors.ApiError(404, "model_not_found", f"model {name!r} is not served")
+            log.info("model %s unloaded by request", name)
+            await gone.stop()
+            freeze_long_lived(thaw=True)
+
+
+class BuildCancelled(Exception):
+    """Raised into the default's build (through its progress) when the service stops."""
+
+
+async def build_and_load(service: Service, repository: Path | None) -> None:
+    """Builds the embedded default when no repository is named, then loads it."""
+    if repository is None:
+        from distilserve.server.embedded_default import ensure_default_repository, is_built
+
+        if not is_built(service.settings.cache_dir):  # said before the port opens
+            service.status = "building the embedded default"  # the build then says where
+
+        def hear(text: str) -> None:
+            if service.draining:  # shutting down: stop building (the next start resumes)
+                raise BuildCancelled("the service is shutting down")
+            service.status = f"building the embedded default: {text}"
+
+        try:
+            repository = await on_daemon_thread(  # it trains two models
+                ensure_default_repository, service.settings.cache_dir, hear)
+        except BuildCancelled:
+            return
+        except Exception as e:
+            service.status = f"building the embedded default failed: {type(e).__name__}: {e}"
+            log.exception("building the embedded default failed: serving nothing, never ready")
+            return
+    await load_repository(service, repository)
+    if service.settings.poll_seconds:  # a repository of the user's: kept in step
+        await poll_repository(service, repository, service.settings.poll_seconds)
+
+
+def aliases(setting: dict[str, str], claimed: dict[str, list[str]]
+            ) -> tuple[dict[str, str], list[str]]:
+    """(alias -> model, what is wrong): the names models answer to besides their own, from
+    DISTILSERVE_MODEL_ALIASES (``setting``, alias -> model) and the models' manifests
+    (``claimed``, model -> its aliases). A name that is a model's own, or that two models
+    claim, names no model by alias, and is said to be wrong with the models claiming it;
+    so is an alias in the setting for a model that is not there."""
+    by_name: dict[str, set[str]] = {}
+    for model, names in claimed.items():
+        for name in names:
+            by_name.setdefault(name, set()).add(model)
+    wrong = [f"DISTILSERVE_MODEL_ALIASES: {alias!r} names {model!r}, which is not a model "
+             f"folder of the repository" for alias, model in setting.items()
+             if model not in claimed]
+    for alias, model in setting.items():
+        if model in claimed:
+            by_name.setdefault(alias, set()).add(model)
+    table = {}
+    for name, models in sorted(by_name.items()):
+        if name in claimed and models != {name}:
+            wrong.append(f"the name {name!r} is the model {name!r} and an alias of "
+                         f"{', '.join(sorted(models - {name}))}")
+        elif len(models) > 1:
+            wrong.append(f"the name {name!r} is an alias of {' and '.join(sorted(models))}")
+        elif name not in claimed:
+            table[name] = next(iter(models))
+    return table, wrong
+
+
+def model_folders(repository: Path) -> list[Path]:
+    """The model folders of a repository, by name (hidden folders left out)."""
+    return sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+async def load_repository(service: Service, repository: Path) -> None:
+    """Loads and warms every model folder here."""
+    if not repository.is_dir():
+        log.error("model repository %s is not a folder: serving nothing, never ready",
+                  repository)
+        return
+
+    service.repository = repository
+    folders = model_folders(repository)
+    service.versions = {folder.name: folder_version(folder) for folder in folders}
+    await load_models(service, folders, lambda folder: _open(service, folder))
+
+
+def _open(service: Service, folder: Path):
+    return open_engine(folder.name, folder, service.settings, service.metrics,
+                       service.cpu_thread)
+
+
+def folder_version(folder: Path) -> tuple:
+    """What changes when any file a model folder serves changes (a new export put in its
+    place whole, an artefact copied under an unchanged manifest, the rest of a folder
+    copied after its manifest): each file's path, inode, size and modification time."""
+    version = []
+    for path in sorted(folder.rglob("*")):
+        try:
+            stat = path.stat()
+        except OSError:  # removed while listed: the next poll sees the folder without it
+            continue
+        if not S_ISDIR(stat.st_mode):
+            version.append((str(path.relative_to(folder)), stat.st_ino, stat.st_size,
+                            stat.st_mtime_ns))
+    return tuple(version)
+
+
+async def poll_repository(service: Service, repository: Path, every: float) -> None:
+    """Triton's poll mode: every ``every`` seconds, the repository's folders as they are now
+    are served (sync_repository)."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            changed = await sync_repository(service, repository)
+        except Exception:  # e.g. the repository unmounted for a moment: try again later
+            log.exception("polling the model repository %s failed", repository)
+            continue
+        if changed:  # the models unloaded can be freed, the ones loaded frozen with the rest
+            freeze_long_lived(thaw=True)
+
+
+async def sync_repository(service: Service, repository: Path) -> bool:
+    """Serves the repository's folders as they are now: a folder removed is unloaded (its
+    queued inputs answered first); one added, or exported again, is loaded and then takes
+    the place of the one before (which finishes what was queued for it). A folder that fails
+    to load leaves the one before it served, if any, and is tried again once any of its
+    files changes. True where a model was unloaded or replaced, or a new one loaded."""
+    folders = {folder.name: folder for folder in model_folders(repository)}
+    changed = False
+    for name in sorted(set(service.versions) - set(folders)):
+        del service.versions[name]
+        service.failures.pop(name, None)
+        if (gone := service.engines.pop(name, None)) is not None:
+            log.info("model %s left the repository: unloaded", name)
+            await gone.stop()
+            changed = True
+    for name, folder in folders.items():
+        version = folder_version(folder)
+        if name in service.versions and service.versions[name] == version:
+            continue
+        service.versions[name] = version
+        try:
+            engine = await _open(service, folder)
+        except Exception as e:
+            if name in service.engines:
+                log.error("model %s not reloaded, the one loaded before still served: %s",
+                          name, failure(e))
+            else:
+                log.error("model %s not served: %s", name, failure(e))
+                service.failures[name] = service.said(failure(e))
+            continue
+        await put_in_place(service, engine)
+        changed = True
+    return changed
+
+
+async def put_in_place(service: Service, engine: Engine) -> None:
+    """``engine`` served under its name, in place of the one served before, which
+    finishes what was queued for it (a reload: by polling or by request)."""
+    before = service.engines.get(engine.name)
+    service.engines[engine.name] = engine
+    service.failures.pop(engine.name, None)
+    announce(engine, "reloaded" if before else "serving")
+    if before is not None:
+        await before.stop()
+
+
+def failure(error: Exception) -> str:
+    """Why a model folder is not served, in a line."""
+    return str(error) if isinstance(error, ModelLoadError) else f"{type(error).__name__}: {error}"
+
+
+def freeze_long_lived(thaw: bool = False) -> None:
+    """The libraries and models loaded so far are millions of long-lived objects: a full
+    garbage collection walking them all stalls every request in flight; frozen, it skips
+    them. ``thaw``: unfreeze first, so that models unloaded since can be collected (frozen,
+    they never would be)."""
+    if thaw:
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+def announce(engine: Engine, how: str) -> None:
+    """Logs that ``engine`` is served now (``how``: serving, reloaded)."""
+    info = engine.describe()
+    log.info("%s %s (%s, %s, %s on %s in %s: %s)", how, engine.name, engine.task, engine.family,
+             info["backend"], info["device"], info["dtype"], info["dtype_reason"])
+
+
+async def load_models(service: Service, folders: list[Path], open_folder) -> None:
+    """Opens every folder's engine (``await open_folder(folder)``, loaded and warmed); a
+    folder that fails is logged and left out. Then the service is ready."""
+    for n, folder in enumerate(folders, 1):
+        service.status = f"loading {folder.name} ({n} of {len(folders)})"
+        try:
+            engine = await open_folder(folder)
+        except Exception as e:  # a broken folder, or a model that loads but cannot run
+            log.error("model %s not served: %s", folder.name, failure(e))
+            service.failures[folder.name] = service.said(failure(e))
+            continue
+        service.engines[folder.name] = engine
+        announce(engine, "serving")
+    if (nothing := service.nothing_to_serve()) is not None:
+        log.error("serving nothing, not ready: %s (%s)", nothing, service.repository)
+    for wrong in service.names()[1]:
+        log.error("%s: that name answers for no model", wrong)
+    freeze_long_lived()
+    service.status = "ready"
+    service.ready = True
