@@ -1,6 +1,7 @@
 """MkDocs hooks: the results pages that live beside what they measure (bench/, loadtests/)
-join the site as they are, and the settings and command-line references are generated
-from the code (the settings class, the argument parser), so that they cannot drift."""
+join the site as they are, and the settings and command-line references and the OpenAPI
+document are generated from the code (the settings class, the argument parser, the app),
+so that they cannot drift."""
 
 from __future__ import annotations
 
@@ -18,7 +19,17 @@ def on_files(files, config):
         for path in sorted(ROOT.glob(pattern)):
             files.append(File(str(path.relative_to(ROOT)), str(ROOT), config["site_dir"],
                               config["use_directory_urls"]))
+    files.append(File.generated(config, "reference/openapi.json", content=openapi()))
     return files
+
+
+def openapi() -> str:
+    """The service's OpenAPI document, as /openapi.json serves it (without an API key)."""
+    import json
+
+    from distilserve.server.app import create_app
+
+    return json.dumps(create_app().openapi(), indent=1)
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:

@@ -4,6 +4,7 @@ against a real service and prints what the page says it prints."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -36,6 +37,8 @@ def test_the_site_builds_strictly(tmp_path):
     assert "DISTILSERVE_MAX_BATCH_TOKENS" in settings and "DISTILSERVE_TOKEN_IDS" in settings
     cli = (site / "reference" / "cli" / "index.html").read_text()
     assert "--relevant-label" in cli and "--any-depth" in cli
+    document = json.loads((site / "reference" / "openapi.json").read_text())
+    assert {"/v1/embeddings", "/v2/models/{model_name}/infer", "/rerank"} <= set(document["paths"])
 
 
 @pytest.mark.parametrize("path", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
