@@ -35,7 +35,6 @@ from distilserve.server.settings import Settings
 log = logging.getLogger("distilserve")
 
 
-
 class Scaling(BaseModel):
     """How each model's deployment scales (``distilserve ray`` flags; the builder's args)."""
 

@@ -84,13 +84,20 @@ class Services:
                                    env={**self.env, "DISTILSERVE_PORT": str(http)},
                                    stdout=log, stderr=subprocess.STDOUT)
         self.processes.append(process)
-        wait_until_ready(f"http://127.0.0.1:{http}", lambda: process.poll() is None, line)
+        try:
+            wait_until_ready(f"http://127.0.0.1:{http}", lambda: process.poll() is None, line)
+        except RuntimeError as e:  # with what the service said
+            raise AssertionError(f"{e}:\n{Path(log.name).read_text()[-3000:]}") from None
 
     def stop(self) -> None:
         for process in self.processes:
             process.send_signal(signal.SIGTERM)
         for process in self.processes:
-            process.wait(60)
+            try:
+                process.wait(120)  # its drain
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,6 @@ DTYPES = ("fp32", "fp16", "bf16")
 DEVICES_HELP = "cpu, cuda, cuda:N or auto"
 
 
-
 class BackendError(Exception):
     """A device or dtype that this backend cannot give; the message says why."""
 

@@ -24,7 +24,6 @@ classification and NER over HTTP, on the CPU or a GPU.
 'distilserve COMMAND --help' describes each command."""
 
 
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="distilserve", description=DESCRIPTION,
