@@ -31,6 +31,8 @@ from distilserve.server.routes import (
     health,
     ner,
     oip,
+    oip_errors,
+    oip_repository,
     qa,
     rerank,
     tei,
@@ -105,7 +107,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     key = settings.bearer_key()
     document(app, keyed=bool(key))
     routers = (embed.router, classify.router, ner.router, qa.router, fill_mask.router,
-               rerank.router, tokenize.router, tei.router, oip.router, cohere.router,
+               rerank.router, tokenize.router, tei.router, oip.router, oip_repository.router, cohere.router,
                models_route.router,
                health.router)
     routes = [r for router in routers for r in router.routes]
@@ -120,7 +122,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     app.add_middleware(Decompress, limit=settings.max_body_bytes)
     app.add_middleware(ApiKey, key=key)
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(oip.OipErrors)  # the protocol's error shape, for its routes' errors
+    app.add_middleware(oip_errors.OipErrors)  # the protocol's error shape, for its routes' errors
     if origins := settings.cors_origins():  # outside the API key: a preflight carries none
         app.add_middleware(CORSMiddleware, allow_origins=origins,
                            allow_methods=["GET", "POST"],
@@ -139,7 +141,7 @@ def document(app: FastAPI, keyed: bool) -> None:
     """The OpenAPI document names the bodies POST / and /invocations take (those of the
     routes they stand for, which no route of their own declares), gives each operation an
     id of its own, says the Open Inference Protocol's routes' errors as that protocol
-    writes them (oip.OipErrors), and, with an API key, says which operations need it (all
+    writes them (oip_errors.OipErrors), and, with an API key, says which operations need it (all
     but the probes), so that /docs' Authorize button and generated clients send it."""
     plain = app.openapi
 
@@ -161,9 +163,9 @@ def document(app: FastAPI, keyed: bool) -> None:
                         operation["operationId"] = operation["operationId"].removesuffix(
                             "_get") + f"_{method}"
                     seen.add(operation["operationId"])
-            schemas["OipError"] = oip.ERROR_SCHEMA  # the errors of the protocol's routes
+            schemas["OipError"] = oip_errors.ERROR_SCHEMA  # the errors of the protocol's routes
             for path, operations in schema["paths"].items():
-                for operation in operations.values() if oip.protocols(path) else ():
+                for operation in operations.values() if oip_errors.protocols(path) else ():
                     for status, response in operation.get("responses", {}).items():
                         if status[0] in "45":
                             response["content"] = {"application/json": {"schema": {

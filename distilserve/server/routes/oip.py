@@ -22,24 +22,20 @@ doc_stride; top_k, targets; truncate, truncation_direction); the models, queue, 
 errors and timing headers are those of the /v1 routes (their functions run them). Tensors
 come and go as JSON or as Triton's binary tensor data (distilserve/server/tensors.py); a classifier's
 scores also as Triton's classification extension gives them (an output's
-``classification``: its k best classes). Triton's repository index lists every model
-folder and its state, and with
-DISTILSERVE_MODEL_CONTROL=explicit its models are loaded and unloaded by request; its
+``classification``: its k best classes). Triton's repository index and model control are
+distilserve/server/routes/oip_repository.py's; its
 statistics are the /metrics series of each model (distilserve/server/metrics.py), and its model
 configuration says what a model takes and gives and how the service batches it. One
 version of each model is served, version 1: a model's routes answer at its /versions/1
 paths too. Not served: Triton's shared-memory extensions (shared memory is refused). The
 same protocol over gRPC runs these functions: distilserve/server/routes/oip_grpc.py. An error is the
-service's, in the protocol's shape, ``{"error": "message"}`` (OipErrors)."""
+service's, in the protocol's shape, ``{"error": "message"}`` (distilserve/server/routes/oip_errors.py)."""
 
 from __future__ import annotations
-
-import gzip
 
 import numpy as np
 import orjson
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
@@ -52,15 +48,13 @@ from distilserve.server.routes.common import embedded, reply, served, service, t
 from distilserve.server.routes.fill_mask import filled
 from distilserve.server.routes.ner import recognised
 from distilserve.server.routes.oip_schemas import (
-    OipControlRequest,
-    OipIndexRequest,
     OipInferRequest,
     OipInferResponse,
     OipModelConfig,
     OipModelMetadata,
-    OipRepositoryModel,
     OipServerMetadata,
     OipStatistics,
+    inlined,
 )
 from distilserve.server.routes.qa import answered
 from distilserve.server.schemas import (
@@ -74,62 +68,6 @@ from distilserve.server.schemas import (
 router = APIRouter(tags=["open inference protocol"])
 
 
-class OipErrors:
-    """ASGI middleware: the errors of the protocol's routes (``protocols``), wherever they
-    were made (the routes, the API key, the body limit), as the protocol writes them:
-    ``{"error": "message"}`` where the service writes ``{"error": {"type", "message"}}``."""
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or not protocols(scope["path"]):
-            return await self.app(scope, receive, send)
-        held: dict | None = None  # an error's start, sent with its reshaped body
-        chunks: list[bytes] = []
-
-        async def reshaping(message):
-            nonlocal held
-            if message["type"] == "http.response.start" and message["status"] >= 400:
-                held = message
-                return
-            if held is None:
-                return await send(message)
-            chunks.append(message.get("body", b""))
-            if message.get("more_body"):
-                return
-            headers = [(k, v) for k, v in held["headers"]
-                       if k.lower() not in (b"content-length", b"content-encoding")]
-            encoded = dict(held["headers"]).get(b"content-encoding") == b"gzip"
-            whole = b"".join(chunks)
-            body = reshaped(gzip.decompress(whole) if encoded else whole)
-            await send({**held, "headers": [*headers, (b"content-length",
-                                                       str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
-
-        await self.app(scope, receive, reshaping)
-
-
-def protocols(path: str) -> bool:
-    """Whether ``path`` is one of the protocol's (/v2, its health, models and repository)."""
-    return path == "/v2" or path.startswith(("/v2/health/", "/v2/models", "/v2/repository/"))
-
-
-# the protocol's error, as the OpenAPI document says it (distilserve/server/app.py: document)
-ERROR_SCHEMA = {"type": "object", "properties": {"error": {"type": "string"}},
-                "required": ["error"], "title": "OipError"}
-
-
-def reshaped(body: bytes) -> bytes:
-    """A service error's body in the protocol's shape (another body as it is)."""
-    try:
-        sent = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body
-    error = sent.get("error") if isinstance(sent, dict) else None
-    if not isinstance(error, dict) or "message" not in error:
-        return body
-    return orjson.dumps({**sent, "error": error["message"]})
 TEXT, PAIR = "text", "text_pair"
 # a task's inputs: a classifier's second is optional (a text alone, or pairs)
 INPUTS = {"embed": [TEXT], "classify": [TEXT, PAIR], "ner": [TEXT],
@@ -142,21 +80,6 @@ BINARY = "application/octet-stream"
 # default (Triton's documented curl commands send it)
 TRITONS_TYPES = (BINARY, "application/x-www-form-urlencoded")
 HEADER_LENGTH = "inference-header-content-length"
-
-
-def _inlined(schema: dict) -> dict:
-    """A model's JSON schema with its $defs in place of their references (the OpenAPI
-    document holds only the models of the bodies FastAPI reads itself)."""
-    defs = schema.pop("$defs", {})
-
-    def resolve(node):
-        if isinstance(node, dict):
-            if "$ref" in node:
-                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
-            return {key: resolve(value) for key, value in node.items()}
-        return [resolve(item) for item in node] if isinstance(node, list) else node
-
-    return resolve(schema)
 
 
 @router.get("/v2", response_model=OipServerMetadata, responses=errors.responses(401))
@@ -180,85 +103,6 @@ async def ready(request: Request):
     """200 once every model is loaded and warmed (as /ready, whose 503 it answers)."""
     answer = await health.ready(request)
     return {"ready": True} if isinstance(answer, dict) else answer
-
-
-@router.post("/v2/repository/index", response_model=list[OipRepositoryModel],
-             responses=errors.responses(401, 422), openapi_extra={"requestBody": {
-                 "required": False, "content": {"application/json": {
-                     "schema": _inlined(OipIndexRequest.model_json_schema())}}}})
-async def repository_index(request: Request):
-    """Triton's repository extension: every model folder and its state, READY (served) or
-    UNAVAILABLE with the reason; with ``{"ready": true}``, the served ones alone. (Models
-    are loaded and unloaded by the service itself, DISTILSERVE_POLL_SECONDS: there is no
-    load or unload here.)"""
-    body = await request.body()
-    try:
-        ready = OipIndexRequest.model_validate_json(body or b"{}").ready
-    except ValidationError as e:
-        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
-    return index(service(request), ready)
-
-
-def index(svc, ready: bool) -> list[dict]:
-    """The repository index: the served models, READY, and (unless ``ready``) the other
-    folders, UNAVAILABLE with the reason: why they failed, or "unloaded" (unloaded by
-    request, or added since the repository was read); by name."""
-    models = [{"name": name, "state": "READY"} for name in svc.engines]
-    if not ready:
-        models += [{"name": name, "state": "UNAVAILABLE", "reason": why}
-                   for name, why in svc.failures.items() if name not in svc.engines]
-        models += [{"name": name, "state": "UNAVAILABLE", "reason": UNLOADED}
-                   for name in svc.unloaded()]
-    return sorted(models, key=lambda m: m["name"])
-
-
-UNLOADED = "unloaded"
-CONTROLLED = errors.responses(400, 401, 404, 422, 503)
-
-
-@router.post("/v2/repository/models/{model_name}/load", response_model=OipRepositoryModel,
-             responses=CONTROLLED)
-async def load(model_name: str, request: Request):
-    """Triton's model control (DISTILSERVE_MODEL_CONTROL=explicit): the repository's
-    folder of that name loaded and served (again: it takes the place of the one served);
-    a config or files sent in the body (Triton's overrides) are refused."""
-    state = await loaded(service(request), model_name, (await _control_body(request)).parameters)
-    return JSONResponse(state)  # (a Response: the fast path takes every POST of a model)
-
-
-@router.post("/v2/repository/models/{model_name}/unload", response_model=OipRepositoryModel,
-             responses=CONTROLLED)
-async def unload(model_name: str, request: Request):
-    """Triton's model control (DISTILSERVE_MODEL_CONTROL=explicit): that model no longer
-    served, what was queued for it answered first (``unload_dependents``: it has none)."""
-    await _control_body(request)
-    return JSONResponse(await unloaded(service(request), model_name))
-
-
-async def loaded(svc, name: str, parameters: dict) -> dict:
-    """The load of the model ``name`` (``parameters``: the request's, which would override
-    the folder's files: refused), and its state after it (also gRPC's
-    RepositoryModelLoad)."""
-    if parameters:
-        raise ApiError(422, "invalid_request", f"parameters {', '.join(parameters)}: a "
-                       "model's configuration or files by request are not served; the "
-                       "repository's folder is loaded as it is")
-    await svc.load(name)
-    return {"name": name, "state": "READY"}
-
-
-async def unloaded(svc, name: str) -> dict:
-    """The unload of the model ``name``, and its state after it (also gRPC's
-    RepositoryModelUnload)."""
-    await svc.unload(name)
-    return {"name": name, "state": "UNAVAILABLE", "reason": UNLOADED}
-
-
-async def _control_body(request: Request) -> OipControlRequest:
-    try:
-        return OipControlRequest.model_validate_json(await request.body() or b"{}")
-    except ValidationError as e:
-        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
 
 
 @router.get("/v2/models/stats", response_model=OipStatistics,
@@ -352,7 +196,7 @@ async def model_config(model_name: str, request: Request):
 # the body, as JSON (a body with Triton's binary tensor data is this JSON, then the bytes),
 # read by the route itself
 INFER_BODY = {"requestBody": {"required": True, "content": {"application/json": {
-    "schema": _inlined(OipInferRequest.model_json_schema())}}}}
+    "schema": inlined(OipInferRequest.model_json_schema())}}}}
 
 
 @router.post("/v2/models/{model_name}/infer", openapi_extra=INFER_BODY, responses={

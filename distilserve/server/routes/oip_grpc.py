@@ -32,7 +32,7 @@ from distilserve.server import tensors
 from distilserve.server.engine import Engine
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
-from distilserve.server.routes import health, oip
+from distilserve.server.routes import health, oip, oip_repository
 from distilserve.server.routes.common import service, timing
 from distilserve.server.routes.grpc_calls import Rpcs, unary
 
@@ -91,18 +91,18 @@ class Inference(Rpcs, service_pb2_grpc.GRPCInferenceServiceServicer):
 
     @unary
     async def RepositoryIndex(self, message, request, context):
-        return ParseDict({"models": oip.index(service(request), message.ready)},
+        return ParseDict({"models": oip_repository.index(service(request), message.ready)},
                          service_pb2.RepositoryIndexResponse())
 
     @unary
     async def RepositoryModelLoad(self, message, request, context):
-        await oip.loaded(service(request), message.model_name,
+        await oip_repository.loaded(service(request), message.model_name,
                          _parameters(message.parameters))
         return service_pb2.RepositoryModelLoadResponse()
 
     @unary
     async def RepositoryModelUnload(self, message, request, context):
-        await oip.unloaded(service(request), message.model_name)
+        await oip_repository.unloaded(service(request), message.model_name)
         return service_pb2.RepositoryModelUnloadResponse()
 
     @unary

@@ -150,3 +150,18 @@ class OipModelConfig(BaseModel):
     dynamic_batching: dict
     instance_group: list[dict]
     parameters: dict[str, dict[str, str]]
+
+
+def inlined(schema: dict) -> dict:
+    """A model's JSON schema with its $defs in place of their references (the OpenAPI
+    document holds only the models of the bodies FastAPI reads itself)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node):
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: resolve(value) for key, value in node.items()}
+        return [resolve(item) for item in node] if isinstance(node, list) else node
+
+    return resolve(schema)
