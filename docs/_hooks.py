@@ -32,9 +32,15 @@ def openapi() -> str:
     return json.dumps(create_app().openapi(), indent=1)
 
 
+GENERATED = {"<!-- generated: settings -->": lambda: settings_table(),
+             "<!-- generated: cli -->": lambda: cli_reference()}
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    return (markdown.replace("<!-- generated: settings -->", settings_table())
-            .replace("<!-- generated: cli -->", cli_reference()))
+    for marker, make in GENERATED.items():
+        if marker in markdown:  # (made for the page that asks, not for every page)
+            markdown = markdown.replace(marker, make())
+    return markdown
 
 
 def _cell(text) -> str:

@@ -38,12 +38,17 @@ class Page:
 
     @property
     def starts_a_server(self) -> bool:
-        return any(SERVE.match(line.strip()) for b in self.runnable for line in
-                   b.code.splitlines() if b.language == "sh")
+        return any(SERVE.match(line.strip()) for b in self.runnable if b.language == "sh"
+                   for line in shell_lines(b.code))
 
     @property
     def runnable(self) -> list[Block]:
         return [b for b in self.blocks if b.not_run is None]
+
+
+def shell_lines(code: str) -> list[str]:
+    """A shell block's commands, a line each: continuation lines joined."""
+    return code.replace("\\\n", " ").splitlines()
 
 
 def read(path: Path) -> Page:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import unallocated_port, wait_until_ready
-from tests.docs.examples import SERVE, Page, matches, read, with_ports
+from tests.docs.examples import SERVE, Page, matches, read, shell_lines, with_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = sorted((ROOT / "docs").rglob("*.md")) + [ROOT / "README.md"]
@@ -124,7 +124,7 @@ def shell_steps(code: str) -> list[tuple[str, str]]:
     """('serve', line) for a line starting the service, ('run', script) for what is
     between, continuation lines joined."""
     steps, script = [], []
-    for line in code.replace("\\\n", " ").splitlines():
+    for line in shell_lines(code):
         if SERVE.match(line.strip()):
             steps += [("run", "\n".join(script))] if script else []
             steps.append(("serve", line.strip()))
