@@ -68,6 +68,11 @@ TRAINING_ROWS = [
     *[Row(f"LR-ALBERT {n} reuses", "falbert", "albert-base", _reuses(n)) for n in (4, 2)],
     *_paper("F-ALBERT", "MiniALBERT-768", "DistilBERT", "BERT-base", "TinyBERT-4L",
             "MobileBERT", "Bidi. CMOW/CBOW-Hybrid"),
+    # the large size: ALBERT-large's 24 reuses, half of them, a quarter, and F-ALBERT's FFN
+    Row("ALBERT-large", "falbert", "albert-large"),
+    Row("LR-ALBERT-large", "falbert", "lr-albert-large"),
+    Row("LR-ALBERT-large 6 reuses", "falbert", "albert-large", _reuses(6)),
+    Row("F-ALBERT-large", "falbert", "falbert-large"),
 ]
 QUICK_TRAINING_ROWS = [
     *[Row(f"falbert tiny {n} reuses", "falbert", "tiny", _reuses(n)) for n in (4, 2)],
@@ -422,8 +427,10 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
                 f.write(json.dumps(record) + "\n")
     results = list(done.values())  # in the order measured, earlier (resumed) runs included
     rescore(results, references, opts.device, opts.dtype)
+    versions = _versions(opts.device)
     (opts.output / "results.json").write_text(json.dumps(
         {"machine": {"cores": available_cores(), "device": opts.device, "dtype": opts.dtype,
+                     "versions": versions,
                      "gemm_gflop_per_s": {d: v / 1e9 for d, v in references.items()},
                      "gemm_gflop_per_s_by_library": {k: v / 1e9 for k, v in rates.items()}},
          "settings": {"batch_size": opts.batch_size, "length": opts.length,
@@ -431,5 +438,5 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
          "results": results}, indent=2) + "\n")
     from distilserve.bench import report
 
-    report.write(opts.output, results, references, rates, _versions(opts.device))
+    report.write(opts.output, results, references, rates, versions)
     return results

@@ -21,6 +21,14 @@ CLAIMS = [
     ("LR-ALBERT vs ALBERT-base", "LR-ALBERT", "ALBERT-base", "memory", 0.5, "F-ALBERT paper"),
     ("F-ALBERT vs LR-ALBERT", "F-ALBERT", "LR-ALBERT", "speed", 1.2, "F-ALBERT paper"),
     ("F-ALBERT vs LR-ALBERT", "F-ALBERT", "LR-ALBERT", "memory", 0.85, "F-ALBERT paper"),
+    ("LR-ALBERT-large vs ALBERT-large", "LR-ALBERT-large", "ALBERT-large", "speed", 2.0,
+     "F-ALBERT paper"),
+    ("LR-ALBERT-large vs ALBERT-large", "LR-ALBERT-large", "ALBERT-large", "memory", 0.5,
+     "F-ALBERT paper"),
+    ("F-ALBERT-large vs LR-ALBERT-large", "F-ALBERT-large", "LR-ALBERT-large", "speed", 1.4,
+     "F-ALBERT paper"),
+    ("F-ALBERT-large vs LR-ALBERT-large", "F-ALBERT-large", "LR-ALBERT-large", "memory", 0.85,
+     "F-ALBERT paper"),
     ("MiniALBERT-768 vs DistilBERT", "MiniALBERT-768", "DistilBERT", "speed", 1.0,
      "MiniALBERT paper (same latency as a 6x768 model)"),
     ("MiniALBERT-768 vs DistilBERT", "MiniALBERT-768", "DistilBERT", "memory", 1.0,
@@ -54,6 +62,8 @@ def _machine(results: list[dict], references: dict[str, float], rates: dict | No
     measured = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (rates or {}).items())
     on_gpu = {r["dtype"]: r["gemm_gflop_per_s"] for r in results
               if r.get("device", "cpu") != "cpu" and "gemm_gflop_per_s" in r}
+    if not on_gpu and "gpu" in versions:  # fine-tuning rows only: this run's rate
+        on_gpu = {d: v / 1e9 for d, v in references.items()}
     if on_gpu:  # the rows of each dtype against the GEMM rate of their own run
         where = (f"{versions.get('gpu', 'a GPU')} (CUDA {versions.get('cuda')}), GEMM at the "
                  "compute dtype " + ", ".join(f"{d} {g / 1e3:.0f}" for d, g in on_gpu.items())
@@ -91,7 +101,10 @@ def write(folder: Path, results: list[dict], references: dict[str, float],
         lines += ["![throughput](throughput.png)", "", "## The papers' claims, measured", "",
                   "| claim | paper | " + " | ".join(backends) + " | source |",
                   "|---|---|" + "---|" * len(backends) + "---|"]
+    measured = {r["model"] for r in results}
     for what, num, den, qty, paper, source in CLAIMS if papers else ():
+        if not {num, den} <= measured:  # e.g. the large ALBERTs, measured by --training
+            continue
         cells = []
         for b in backends:
             a, d = _get(results, num, b), _get(results, den, b)
@@ -142,27 +155,38 @@ def write(folder: Path, results: list[dict], references: dict[str, float],
 
 def training_table(rows: list[dict]) -> list[str]:
     """Fine-tuning steps (distilserve/bench/training.py): every row, and the papers' memory
-    and speed claims as training measures them, each with what its memory is made of."""
+    and speed claims as training measures them, each with what its memory is made of; a
+    section per device and dtype measured."""
     first = rows[0]
     lines = ["## Fine-tuning", "",
              f"One fine-tuning step as the papers fine-tune (forward, a classification "
              f"head's cross-entropy, backward, AdamW) on {first['batch_size']} x "
-             f"{first['length']} random token ids, {first.get('dtype', 'fp32')} on "
-             f"{first.get('device', 'cpu')}, each model in its own process, the median of the "
-             "timed steps after a first. Memory: the step's peak "
+             f"{first['length']} random token ids, each model in its own process, the median "
+             "of the timed steps after a first. fp16 and bf16 are mixed precision "
+             "(torch.autocast; the weights, gradients and AdamW state stay fp32, fp16 with a "
+             "gradient scaler). Memory: the step's peak "
              f"({first.get('memory', 'peak memory')}); the activations kept for the backward "
              "pass (the tensors saved for it, parameters left out); the parameters' own bytes "
-             "(gradients take as many, AdamW's state twice as many).", "",
-             "| claim | paper | step memory | activations | fine-tuning speed | why it differs |",
-             "|---|---|---|---|---|---|"]
-    claimed = len(lines)
+             "(gradients take as many, AdamW's state twice as many).", ""]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r.get("device", "cpu"), r.get("dtype", "fp32")), []).append(r)
+    for (device, dtype), group in groups.items():
+        if len(groups) > 1:
+            lines += [f"### {dtype} on {device}", ""]
+        lines += _training_group(group)
+    return lines + ["![fine-tuning by reuses](training.png)", ""]
+
+
+def _training_group(rows: list[dict]) -> list[str]:
+    claims = []
     for what, num, den, qty, paper, _ in CLAIMS:
         a, d = _get(rows, num, "training"), _get(rows, den, "training")
         if qty != "memory" or not (a and d):
             continue
         speed = next((p for w, _, _, q, p, _ in CLAIMS if w == what and q == "speed"), None)
         fixed = 3 * a["parameter_mb"]  # gradients and AdamW's two moments
-        lines.append(
+        claims.append(
             f"| {what} | memory {paper:.2f}" + (f", speed {speed:.2f}" if speed else "")
             + f" | {a['step_memory_mb'] / d['step_memory_mb']:.2f} | "
             f"{a['activations_mb'] / d['activations_mb']:.2f} | "
@@ -170,9 +194,9 @@ def training_table(rows: list[dict]) -> list[str]:
             f"activations {a['activations_mb']:.0f} against {d['activations_mb']:.0f} MB; "
             f"gradients and AdamW state (3x the parameters) {fixed:.0f} against "
             f"{3 * d['parameter_mb']:.0f} MB |")
-    if len(lines) == claimed:  # no claim's two rows measured
-        del lines[claimed - 2:]
-    lines += ["", "| model | reuses | params (M) | parameters MB | activations MB | step "
+    lines = ["| claim | paper | step memory | activations | fine-tuning speed | why it differs |",
+             "|---|---|---|---|---|---|", *claims, ""] if claims else []
+    lines += ["| model | reuses | params (M) | parameters MB | activations MB | step "
               "memory MB | step ms | sentences/s |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
@@ -182,7 +206,7 @@ def training_table(rows: list[dict]) -> list[str]:
                      f"| {r['parameter_mb']:.0f} | {r['activations_mb']:.0f} | "
                      f"{r['step_memory_mb']:.0f} | {r['step_ms']:.0f} | "
                      f"{r['sentences_per_s']:.1f} |")
-    return lines + ["", "![fine-tuning by reuses](training.png)", ""]
+    return lines + [""]
 
 
 def depth_table(rows: list[dict]) -> list[str]:
@@ -329,23 +353,33 @@ def depth_chart(folder: Path, rows: list[dict], plt) -> None:
 
 
 def training_chart(folder: Path, rows: list[dict], plt) -> None:
-    """training.png: an ALBERT's fine-tuning memory and speed against its reuses."""
-    rows = sorted(rows, key=lambda r: r["reuses"])
-    reuses = [r["reuses"] for r in rows]
-    fig, (memory, speed) = plt.subplots(1, 2, figsize=(12, 4.5))
-    memory.plot(reuses, [r["step_memory_mb"] for r in rows], marker="o", label="step peak")
-    memory.plot(reuses, [r["activations_mb"] for r in rows], marker="o",
-                label="activations kept for backward")
-    memory.set_xlabel("layer reuses")
-    memory.set_ylabel("MB")
-    memory.set_title("fine-tuning memory")
-    memory.legend(fontsize=8)
-    speed.plot(reuses, [r["sentences_per_s"] for r in rows], marker="o")
-    speed.set_xlabel("layer reuses")
-    speed.set_ylabel("sentences/s")
-    speed.set_title("fine-tuning speed")
+    """training.png: the ALBERTs' fine-tuning memory and speed against their reuses, a line
+    per size and dtype (every reuse with the whole FFN); F-ALBERT's shrinking FFN as stars."""
+    series: dict[tuple, list[dict]] = {}
     for r in rows:
-        speed.annotate(r["model"], (r["reuses"], r["sentences_per_s"]), fontsize=7)
+        size = next((s for s in ("large", "tiny") if s in r["preset"]), "base")
+        shrinking = r["preset"].startswith("falbert") and r["preset"] != "tiny"
+        series.setdefault((size, r.get("dtype", "fp32"), shrinking), []).append(r)
+    fig, (memory, speed) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for (size, dtype, shrinking), group in sorted(series.items()):
+        group.sort(key=lambda r: r["reuses"])
+        label = f"{'F-ALBERT' if shrinking else 'ALBERT'} {size} {dtype}"
+        style = dict(marker="*", markersize=11, linestyle="none") if shrinking else \
+            dict(marker="o")
+        reuses = [r["reuses"] for r in group]
+        line, = memory.plot(reuses, [r["step_memory_mb"] for r in group],
+                            label=f"{label}: step peak", **style)
+        kept = {**style, "marker": "x"} if shrinking else dict(marker="x", linestyle="--")
+        memory.plot(reuses, [r["activations_mb"] for r in group], color=line.get_color(),
+                    label=f"{label}: activations", **kept)
+        speed.plot(reuses, [r["sentences_per_s"] for r in group], label=label,
+                   color=line.get_color(), **style)
+    for axis, title, unit in ((memory, "fine-tuning memory", "MB"),
+                              (speed, "fine-tuning speed", "sentences/s")):
+        axis.set_xlabel("layer reuses")
+        axis.set_ylabel(unit)
+        axis.set_title(title)
+        axis.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "training.png", dpi=100)
     plt.close(fig)

@@ -1,7 +1,10 @@
 """One model's fine-tuning step measured, as the papers fine-tune: forward, a
 classification head's cross-entropy, backward, an AdamW step, on random token ids and
 labels at a fixed batch and length. Run by ``distilserve.bench.worker`` in a process of
-its own (``"mode": "training"``).
+its own (``"mode": "training"``). fp16 and bf16 are mixed precision, as fine-tuning runs
+them (Hugging Face's Trainer with ``fp16``/``bf16``): the forward pass under
+``torch.autocast``, the weights, gradients and AdamW state in fp32, and fp16's loss scaled
+by a ``GradScaler``.
 
 Memory is told apart: the parameters' own bytes (gradients take as many, AdamW's state
 twice as many), the activations the backward pass keeps (the bytes of the tensors saved
@@ -13,6 +16,7 @@ held once the model was loaded (the kernel's peak reset there, ``/proc/self/clea
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 
@@ -34,7 +38,8 @@ def _reset_peak_rss() -> bool:
         return False
 
 
-def saved_for_backward_bytes(model, inputs: tuple, labels: torch.Tensor) -> int:
+def saved_for_backward_bytes(model, inputs: tuple, labels: torch.Tensor,
+                             autocast=None) -> int:
     """The bytes of the tensors one forward pass keeps for its backward pass (each storage
     once; the parameters, which are kept whatever the depth, left out)."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
@@ -46,7 +51,8 @@ def saved_for_backward_bytes(model, inputs: tuple, labels: torch.Tensor) -> int:
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), \
+            autocast or contextlib.nullcontext():
         loss = F.cross_entropy(model(*inputs), labels)
     loss.backward()
     model.zero_grad(set_to_none=True)
@@ -61,9 +67,9 @@ def measure(spec: dict) -> dict:
     dtype = TORCH_DTYPES[spec.get("dtype", "fp32")]
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
-    model = checkpoint.new(spec["family"], spec["preset"], "classify", LABELS,
-                           overrides=spec.get("overrides") or {}).model
-    model = model.to(device, dtype).train()
+    model, _, _ = checkpoint.fresh_model(spec["family"], spec["preset"], "classify", LABELS,
+                                         overrides=spec.get("overrides") or {})
+    model = model.to(device).train()
     parameters = sum(p.numel() for p in model.parameters())
     parameter_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
@@ -73,10 +79,19 @@ def measure(spec: dict) -> dict:
     inputs = (ids, torch.ones_like(ids), torch.zeros_like(ids))
     labels = torch.randint(0, len(LABELS), (size,), generator=g).to(device)
 
+    mixed = dtype != torch.float32
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+
+    def autocast():
+        return torch.autocast(device.type, dtype=dtype, enabled=mixed)
+
     def step() -> None:
         optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(model(*inputs), labels).backward()
-        optimizer.step()
+        with autocast():
+            loss = F.cross_entropy(model(*inputs), labels)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
@@ -98,14 +113,14 @@ def measure(spec: dict) -> dict:
         peak_mb = torch.cuda.max_memory_allocated(device) / 2**20
     else:
         peak_mb = peak_rss_mb() if reset else float("nan")
-    activations_mb = saved_for_backward_bytes(model, inputs, labels) / 2**20
+    activations_mb = saved_for_backward_bytes(model, inputs, labels, autocast()) / 2**20
     seconds = statistics.median(times)
     return {"mode": "training", "sentences_per_s": size / seconds,
             "sentences_per_s_min": size / max(times), "sentences_per_s_max": size / min(times),
             "step_ms": seconds * 1000, "parameters": parameters,
             "reuses": getattr(model, "num_iterations", None),
             "parameter_mb": parameter_mb, "activations_mb": activations_mb,
-            "loaded_mb": loaded_mb, "peak_memory_mb": peak_mb,
+            "loaded_mb": loaded_mb, "peak_memory_mb": peak_mb, "mixed_precision": mixed,
             "step_memory_mb": peak_mb - loaded_mb,
             "memory": ("torch.cuda.max_memory_allocated over the loaded model" if gpu else
                        "peak RSS growth over the loaded model"),

@@ -59,10 +59,18 @@ class FAlbertConfig:
         return [c * k for c in self.connection_schedule]
 
 
+_LARGE = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
+              intermediate_size=4096)
 PRESETS = {
     "albert-base": dict(),
     "lr-albert": dict(num_hidden_layers=6),
     "falbert": dict(num_hidden_layers=6, connection_schedule=[4, 4, 3, 3, 2, 2]),
+    # ALBERT-large (1024 wide, 24 reuses), its half-reuse student, and that student with
+    # the base schedule's three steps (all parts, one fewer, two fewer) stretched to 12
+    "albert-large": dict(_LARGE),
+    "lr-albert-large": dict(_LARGE, num_hidden_layers=12),
+    "falbert-large": dict(_LARGE, num_hidden_layers=12,
+                          connection_schedule=[4] * 4 + [3] * 4 + [2] * 4),
     # 384 wide with 12 heads, so that each reuse aligns with a MiniLM layer (distill)
     "student-384": dict(hidden_size=384, intermediate_size=1536, num_hidden_layers=6,
                         connection_schedule=[4, 4, 3, 3, 2, 2]),

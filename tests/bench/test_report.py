@@ -57,3 +57,32 @@ def test_students_alone_get_their_chart_and_no_empty_ones(tmp_path):
     assert [c for c in CHARTS if (tmp_path / c).exists()] == ["fidelity.png"]
     written = (tmp_path / "REPORT.md").read_text()  # no image that is not drawn
     assert "fidelity.png" in written and not any(c in written for c in CHARTS[:3])
+
+
+def _gpu_training() -> list[dict]:
+    """The committed GPU fine-tuning run's rows: fp32 and fp16 in one folder."""
+    folder = Path(__file__).parents[2] / "bench" / "gpu" / "training"
+    return json.loads((folder / "results.json").read_text())["results"]
+
+
+def test_fine_tuning_rows_get_a_section_per_dtype_and_the_large_claims(tmp_path):
+    rows = _gpu_training()
+    assert {r["dtype"] for r in rows} == {"fp32", "fp16"}
+    report.write(tmp_path, rows, {"fp16": 700e12}, {}, {"gpu": "NVIDIA H200", "cuda": "13.0"})
+    written = (tmp_path / "REPORT.md").read_text()
+    assert "NVIDIA H200 (CUDA 13.0)" in written and "max_memory_allocated" in written
+    assert "peak RSS" not in written.split("## Fine-tuning")[0]
+    fp32, fp16 = written.split("### fp32 on cuda")[1].split("### fp16 on cuda")
+    for section in (fp32, fp16):
+        assert "| LR-ALBERT-large vs ALBERT-large | memory 0.50, speed 2.00 |" in section
+        assert "| F-ALBERT-large vs LR-ALBERT-large | memory 0.85, speed 1.40 |" in section
+        assert "| ALBERT-large | 24 |" in section and "| LR-ALBERT-large | 12 |" in section
+    assert "## The papers' claims" not in written  # no inference rows: no inference table
+    assert (tmp_path / "training.png").read_bytes()[:8] == PNG
+
+
+def test_the_inference_claims_leave_out_models_not_measured(tmp_path):
+    report.write(tmp_path, _committed(), {"fp32": 100e9}, {}, {"torch": "2.13.0"})
+    written = (tmp_path / "REPORT.md").read_text()
+    assert "| LR-ALBERT vs ALBERT-base (speed) | 2.00 |" in written
+    assert "ALBERT-large" not in written  # measured by --training only

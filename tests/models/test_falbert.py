@@ -67,3 +67,14 @@ def test_albert_checkpoint_loads_as_lr_albert(tmp_path):
         ref = hf(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
         got = _hidden(as_is.model, ids, mask, types)
     assert (ref - got)[mask.bool()].abs().max() <= 1e-5
+
+
+def test_the_large_presets_are_albert_large_and_its_half_reuse_students():
+    large = FAlbertConfig(**PRESETS["albert-large"])
+    assert (large.hidden_size, large.num_attention_heads, large.intermediate_size,
+            large.num_hidden_layers) == (1024, 16, 4096, 24)
+    lr, f = FAlbertConfig(**PRESETS["lr-albert-large"]), FAlbertConfig(**PRESETS["falbert-large"])
+    assert lr.num_hidden_layers == f.num_hidden_layers == 12
+    assert lr.ffn_widths == [4096] * 12
+    # the base schedule's three steps (all parts, one fewer, two fewer), each a third
+    assert f.ffn_widths == [4096] * 4 + [3072] * 4 + [2048] * 4

@@ -17,6 +17,7 @@ def test_new_list_prints_every_family_and_preset(capsys):
     for preset in ["bert-base", "tinybert-4l", "minilm-l6", "mobilebert", "distilbert",
                    "minialbert-128", "minialbert-312", "minialbert-768",
                    "minialbert-768-noadapter", "albert-base", "lr-albert", "falbert",
+                   "albert-large", "lr-albert-large", "falbert-large",
                    "cmow-hybrid-bidi", "tiny"]:
         assert preset in out
 

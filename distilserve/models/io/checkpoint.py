@@ -134,6 +134,15 @@ def new(family: str, preset: str = "tiny", task: str = "embed",
         labels: list[str] | None = None, seed: int = 0, overrides: dict | None = None) -> Checkpoint:
     """A checkpoint with fresh weights at a named preset (``overrides`` change config
     fields, e.g. ``{"use_adapter": False}``)."""
+    model, labels, config = fresh_model(family, preset, task, labels, seed, overrides)
+    return Checkpoint(model, family, task, labels, config, default_tokenizer_dir())
+
+
+def fresh_model(family: str, preset: str = "tiny", task: str = "embed",
+                labels: list[str] | None = None, seed: int = 0,
+                overrides: dict | None = None) -> tuple[nn.Module, list[str], dict]:
+    """``new``'s model (eval mode), its labels and its config, without the tokenizer files
+    a checkpoint carries."""
     if labels is not None:
         if task not in LABELLED:
             raise CheckpointError(f"labels are for classify and ner models, not {task}")
@@ -142,8 +151,7 @@ def new(family: str, preset: str = "tiny", task: str = "embed",
     labels = list(labels) if labels else heads.default_labels(task)
     config = {**_config_dict(family, preset), **(overrides or {})}
     torch.manual_seed(seed)
-    model = _build(family, config, task, labels).eval()
-    return Checkpoint(model, family, task, labels, config, default_tokenizer_dir())
+    return _build(family, config, task, labels).eval(), labels, config
 
 
 def save(ckpt: Checkpoint, output: str | Path) -> Path:
