@@ -98,3 +98,22 @@ def test_the_graph_is_read():  # the tests above would pass on an empty graph
     edges = graph()
     assert "distilserve.models.runtime.base" in edges["distilserve.models.runtime.onnx"]
     assert "distilserve.training.finetune" in edges["distilserve.server.embedded_default"]
+
+
+TRANSPORTS = ("fastapi", "starlette", "grpc", "ray", "uvicorn")
+
+
+def test_the_core_imports_no_transport():
+    """distilserve.server.core: plain values in and out; only the package's core and models."""
+    core = {name: path for name, path in modules().items()
+            if name.startswith("distilserve.server.core")}
+    assert "distilserve.server.core.registry" in core
+    wrong = []
+    for name, path in core.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            wrong += [f"{name} imports {n}" for n in names if n.split(".")[0] in TRANSPORTS
+                      or (n.startswith("distilserve.") and not n.startswith(
+                          ("distilserve.server.core", "distilserve.models")))]
+    assert wrong == []

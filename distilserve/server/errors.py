@@ -14,13 +14,30 @@ from pydantic_core.core_schema import ErrorType
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from distilserve.server.core.refusals import Refusal
 
-class ApiError(Exception):
-    """An error a client can act on. ``kind`` is the error type in the body."""
+# the core's refusals in HTTP's words: reason -> (status, the error type in the body)
+HTTP = {"not_found": (404, "model_not_found"), "wrong_task": (400, "wrong_task"),
+        "ambiguous": (400, "invalid_request"), "unavailable": (503, "unavailable")}
+
+
+class ApiError(Refusal):
+    """An error a client can act on, in HTTP's words. ``kind`` is the error type in the
+    body."""
 
     def __init__(self, status: int, kind: str, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.kind, self.message, self.headers = status, kind, message, headers
+        super().__init__(kind, message)
+        self.status, self.kind, self.headers = status, kind, headers
+
+    @classmethod
+    def of(cls, refusal: Refusal) -> ApiError:
+        """A core's refusal as HTTP says it (an ApiError as it is)."""
+        if isinstance(refusal, ApiError):
+            return refusal
+        status, kind = HTTP[refusal.reason]
+        headers = None if refusal.retry_after is None else {
+            "Retry-After": str(refusal.retry_after)}
+        return cls(status, kind, refusal.message, headers)
 
 
 def client_closed() -> ApiError:
@@ -126,7 +143,8 @@ def not_json(content_type: str) -> str:
             "-H 'Content-Type: application/json')")
 
 
-def api_error(exc: ApiError) -> JSONResponse:
+def api_error(exc: Refusal) -> JSONResponse:
+    exc = ApiError.of(exc)
     return JSONResponse(body(exc.kind, exc.message), exc.status, headers=exc.headers)
 
 
@@ -172,8 +190,8 @@ def _allowed(routes, scope) -> list[str]:
 
 
 def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def on_api_error(request: Request, exc: ApiError):
+    @app.exception_handler(Refusal)
+    async def on_refusal(request: Request, exc: Refusal):
         return api_error(exc)
 
     @app.exception_handler(RequestValidationError)

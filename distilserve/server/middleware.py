@@ -16,6 +16,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from starlette.routing import Match
 
 from distilserve.server import errors, logs
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.metrics import STARTED, Metrics
 from distilserve.server.routes.fast_path import replay
 from distilserve.server.tracing import SPAN, Tracing
@@ -143,7 +144,7 @@ class Decompress:
             body = decompress(b"".join(sent), encoding, self.limit)
         except HTTPException as e:  # over the limit as it was read (BodyLimit)
             return await errors.http_error(e)(scope, receive, send)
-        except errors.ApiError as e:
+        except Refusal as e:
             return await errors.api_error(e)(scope, receive, send)
         kept = [(k, v) for k, v in scope["headers"]
                 if k not in (b"content-encoding", b"content-length")]

@@ -7,8 +7,9 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors, postprocess
+from distilserve.server.core import registry
 from distilserve.server.engine import Engine, Result
-from distilserve.server.routes.common import check_limits, choose, choose_entailing, infer, reply, usage
+from distilserve.server.routes.common import check_limits, infer, reply, service, usage
 from distilserve.server.routes.tei_schemas import TeiPredictRequest
 from distilserve.server.schemas import (
     ClassifyRequest,
@@ -52,7 +53,7 @@ async def run(body: ClassifyRequest | TeiPredictRequest | InfinityClassifyReques
               request: Request) -> tuple[Engine, Result]:
     """The classification model and its run on the body's inputs (each output the input's
     logits; also the Open Inference Protocol's infer, which answers them in label order)."""
-    engine = choose(request, body.model, "classify")
+    engine = registry.pick(service(request), "classify", body.model)
     check_limits(request, body.texts)
     return engine, await infer(request, engine, body.texts, body.truncation,
                                iterations=body.iterations)
@@ -64,7 +65,7 @@ async def zero_shot(body: ClassifyRequest, request: Request
     best ``top_k``), and the run: transformers' zero-shot-classification pipeline, the
     model run on every (text, a label's hypothesis) pair (the pairs are the request's
     inputs for its limits)."""
-    engine = choose_entailing(request, body.model)
+    engine = registry.pick(service(request), "zero-shot", body.model)
     labels, hypotheses = body.candidate_labels, body.hypotheses()
     pairs = [(text, hypothesis) for text in body.texts for hypothesis in hypotheses]
 

@@ -9,8 +9,9 @@ import uuid
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors, postprocess
+from distilserve.server.core import registry
 from distilserve.server.routes import rerank as v1_rerank
-from distilserve.server.routes.common import choose, embedded, reply, usage
+from distilserve.server.routes.common import embedded, reply, service, usage
 from distilserve.server.schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
@@ -33,7 +34,7 @@ def _meta(tokens: int, version: str) -> dict:
 
 async def _embedded(body: CohereEmbedRequest, request: Request):
     """The texts' embeddings [N, D], behind the model's prompt for their input_type."""
-    engine = choose(request, body.model, "embed")
+    engine = registry.pick(service(request), "embed", body.model)
     prompt = next((name for name in PROMPTS.get(body.input_type, ()) if name in engine.prompts),
                   None)
     _, vectors, result = await embedded(request, engine.name, body.texts,

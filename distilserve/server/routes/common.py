@@ -1,6 +1,6 @@
-"""What the routes share: choosing the model, limits, and running a request on an engine
-until it finishes or its client goes away. (The API key is checked before any route, by
-distilserve.server.middleware.ApiKey.)"""
+"""What the routes share: limits, and running a request on an engine until it finishes or
+its client goes away. The model is picked by distilserve/server/core/registry.py; the API
+key is checked before any route, by distilserve.server.middleware.ApiKey."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from fastapi import Request, Response
 
 from distilserve.server import postprocess, tracing
 from distilserve.server.connections import DISCONNECT
+from distilserve.server.core import registry
 from distilserve.server.engine import (
     Engine,
     InputTooLong,
@@ -30,159 +31,6 @@ from distilserve.server.schemas import numbered
 
 def service(request: Request):
     return request.app.state.service
-
-
-def _serving(request: Request):
-    """The service, when it takes requests (503 while loading or shutting down)."""
-    svc = service(request)
-    if svc.draining:
-        raise ApiError(503, "unavailable", "the service is shutting down", {"Retry-After": "5"})
-    if not svc.ready:
-        raise ApiError(503, "unavailable", "models are still loading; retry shortly "
-                       "(GET /ready says when)", {"Retry-After": "2"})
-    return svc
-
-
-def named(svc, name: str) -> Engine:
-    """The served model of that name, or 404 saying why it is not served (it failed to
-    load, or is not loaded) or naming the ones served."""
-    engine = svc.engines.get(name)
-    if engine is None and (alias := svc.aliases().get(name)) is not None:
-        engine = svc.engines.get(alias)
-    if engine is None:
-        served = ", ".join(sorted(svc.engines)) or "none"
-        if name in svc.failures:
-            why = f"model {name!r} is not served: it failed to load ({svc.failures[name]})"
-        elif name in svc.unloaded():
-            why = f"model {name!r} is not loaded " + (
-                f"(load it: POST /v2/repository/models/{name}/load)"
-                if svc.settings.model_control == "explicit" else "yet; retry shortly"
-                if svc.settings.poll_seconds else "(its folder came after the repository "
-                "was read: restart the service, or set DISTILSERVE_POLL_SECONDS)")
-        else:
-            why = f"unknown model {name!r}"
-        raise ApiError(404, "model_not_found", f"{why}; served: {served}")
-    return engine
-
-
-def _the_one(able: list[Engine], does: str, do: str) -> Engine:
-    """The only engine of ``able``, the served models that do something: a 404 saying
-    that no served model ``does`` it ("does embed"), or a 400 that several ``do``."""
-    if len(able) == 1:
-        return able[0]
-    if not able:
-        raise ApiError(404, "model_not_found", f"no served model {does}")
-    raise ApiError(400, "invalid_request", f"several models {do} "
-                   f"({', '.join(e.name for e in able)}): name one in 'model'")
-
-
-def choose(request: Request, name: str | None, task: str) -> Engine:
-    svc = _serving(request)
-    if name is None:
-        return _the_one([e for e in svc.engines.values() if e.task == task], f"does {task}",
-                        f"do {task}")
-    engine = named(svc, name)
-    if engine.task != task:
-        raise ApiError(400, "wrong_task", f"model {name!r} does {engine.task}, not {task}")
-    return engine
-
-
-# what some embedding models give beside their embeddings: which do, how to have one, and
-# why a named model does not
-GIVES = {
-    "token embeddings": (lambda e: e.pools is not None, "distilserve export --token-embeddings",
-                         "pools its token vectors inside its exported graph, so they never "
-                         "leave it: export it with distilserve export --token-embeddings for "
-                         "them"),
-    "sparse embeddings": (lambda e: e.sparse, "SPLADE's: distilserve export --pooling splade",
-                          "is not a SPLADE model (a masked-language model exported with "
-                          "distilserve export --pooling splade)"),
-}
-
-
-def choose_giving(request: Request, name: str | None, what: str) -> Engine:
-    """An embedding model that gives ``what`` (one of GIVES); unnamed: the one such model."""
-    gives, how, why_not = GIVES[what]
-    if name is None:
-        return _the_one([e for e in _serving(request).engines.values() if gives(e)],
-                        f"gives {what} ({how})", f"give {what}")
-    engine = choose(request, name, "embed")
-    if not gives(engine):
-        raise ApiError(400, "wrong_task", f"model {name!r} {why_not}")
-    return engine
-
-
-def choose_entailing(request: Request, name: str | None) -> Engine:
-    """An NLI model (a classifier with an entailment label), for zero-shot classification;
-    unnamed: the one such model."""
-    if name is None:
-        return _the_one([e for e in _serving(request).engines.values()
-                         if e.entailment is not None],
-                        "classifies zero-shot (an NLI model, with an entailment label)",
-                        "classify zero-shot")
-    engine = choose(request, name, "classify")
-    if engine.entailment is None:
-        raise ApiError(400, "wrong_task", f"model {name!r} has the labels "
-                       f"{', '.join(engine.labels)} and none is entailment: zero-shot "
-                       "classification takes an NLI model (entailment, neutral, "
-                       "contradiction)")
-    return engine
-
-
-def choose_root(request: Request, name: str | None) -> Engine:
-    """The model of TEI's root (POST /), where TEI serves its one model: the one named,
-    else the only one served, else the one embedding model."""
-    svc = _serving(request)
-    if name is not None:
-        return named(svc, name)
-    if len(svc.engines) == 1:
-        return next(iter(svc.engines.values()))
-    return choose(request, None, "embed")
-
-
-def choose_reranker(request: Request, name: str | None) -> Engine:
-    """A cross-encoder (a classification model with a relevant label) or an embedding
-    model. Unnamed: the one cross-encoder, else the one embedding model."""
-    svc = _serving(request)
-    if name is not None:
-        engine = named(svc, name)
-        if engine.task not in ("embed", "classify"):
-            raise ApiError(400, "wrong_task", f"model {name!r} does {engine.task}; rerank "
-                           "needs an embedding model or a classification model (a "
-                           "cross-encoder)")
-        if engine.task == "classify" and engine.relevant is None:
-            raise ApiError(400, "wrong_task", f"model {name!r} has labels {engine.labels} "
-                           "and none is named relevant (distilserve export "
-                           "--relevant-label), so it cannot score relevance")
-        return engine
-    for kind, able in (("cross-encoder", [e for e in svc.engines.values()
-                                          if e.task == "classify" and e.relevant is not None
-                                          and e.manifest.relevant_label]),
-                       ("embedding", [e for e in svc.engines.values() if e.task == "embed"])):
-        if len(able) == 1:
-            return able[0]
-        if able:
-            raise ApiError(400, "invalid_request", f"several {kind} models can rerank "
-                           f"({', '.join(e.name for e in able)}): name one in 'model'")
-    raise ApiError(404, "model_not_found", "no served model can rerank")
-
-
-def served(request: Request, name: str) -> Engine:
-    """The served model of that name, whatever its task."""
-    return named(_serving(request), name)
-
-
-def choose_tokenizer(request: Request, name: str | None) -> Engine:
-    """Any model; unnamed: any one, when every served model tokenises alike."""
-    if name is not None:
-        return served(request, name)
-    engines = list(_serving(request).engines.values())
-    if not engines:
-        raise ApiError(404, "model_not_found", "no model is served")
-    if len({e.tokenizer_digest for e in engines}) > 1:
-        raise ApiError(400, "invalid_request", "the served models tokenise differently "
-                       f"({', '.join(e.name for e in engines)}): name one in 'model'")
-    return engines[0]
 
 
 # the most numbers one answer may hold (128 MiB of float32, some 400 MB of JSON): a SPLADE
@@ -416,7 +264,7 @@ async def embedded(request: Request, model: str | None, texts: list,
     ids, behind the prompt ``prompt_name`` (None: the model's default prompt); ``named``:
     as infer's; ``foreign_ids``: token ids in the vocabulary the model reads them in
     (DISTILSERVE_TOKEN_IDS), else its own; ``iterations``: as infer's."""
-    engine = choose(request, model, "embed")
+    engine = registry.pick(service(request), "embed", model)
     if foreign_ids:
         texts = read_foreign(engine, texts)
     check_limits(request, texts, named=named)

@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Match
 
 from distilserve.server import errors
+from distilserve.server.core.refusals import Refusal
 
 
 def replay(body: bytes, receive):
@@ -110,9 +111,9 @@ class FastPath:
 
     @staticmethod
     async def _answer(answering, scope, receive, send) -> None:
-        """Sends the route's response, or the one FastAPI's handler gives its ApiError."""
+        """Sends the route's response, or the one FastAPI's handler gives its Refusal."""
         try:
             response = await answering
-        except errors.ApiError as e:
+        except Refusal as e:
             response = errors.api_error(e)
         await response(scope, receive, send)

@@ -13,9 +13,10 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors, postprocess
+from distilserve.server.core import registry
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
-from distilserve.server.routes.common import check_answer_size, check_limits, choose, infer, reply
+from distilserve.server.routes.common import check_answer_size, check_limits, infer, reply, service
 from distilserve.server.schemas import FillMaskRequest, FillMaskResponse
 
 router = APIRouter(tags=["fill-mask"])
@@ -32,7 +33,7 @@ async def filled(body: FillMaskRequest, request: Request
     """The fill-mask model, per input and per mask token its likeliest tokens, and the run
     (also POST /'s, the Hugging Face Inference API's body, and the Open Inference
     Protocol's)."""
-    engine = choose(request, body.model, "fill-mask")
+    engine = registry.pick(service(request), "fill-mask", body.model)
     texts = body.texts
     check_limits(request, texts)
     for i, text in enumerate(texts):

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 
 from distilserve.server import logs
 from distilserve.server.connections import DISCONNECT, ClientWatch
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import STARTED
 from distilserve.server.middleware import ApiKey
@@ -39,9 +40,10 @@ def http_request(app: FastAPI, path: str) -> Request:
                     "extensions": {DISCONNECT: ClientWatch()}})
 
 
-async def refuse(context: grpc.aio.ServicerContext, error: ApiError):
-    """Ends the call with ``error``'s gRPC status and message (its headers as trailing
+async def refuse(context: grpc.aio.ServicerContext, refusal: Refusal):
+    """Ends the call with ``refusal``'s gRPC status and message (its headers as trailing
     metadata)."""
+    error = ApiError.of(refusal)
     await context.abort(CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message,
                         tuple((k.lower(), v) for k, v in (error.headers or {}).items()))
 
@@ -60,7 +62,7 @@ class Rpcs:
         """``await run(request)``, ``request`` a Request of the app (http_request: with the
         same X-Request-Id rule), once the API key is checked; counted in the metrics under
         the method's path with the HTTP status it would have had, and a span where traced
-        (DISTILSERVE_OTLP_ENDPOINT). Anything but an ApiError is logged and raised as a
+        (DISTILSERVE_OTLP_ENDPOINT). Anything but a Refusal is logged and raised as a
         500's."""
         route = f"/{self.SERVICE}/{method}"
         sent = dict(context.invocation_metadata() or ())
@@ -77,8 +79,8 @@ class Rpcs:
             answer = await run(request)
             status = 200
             return answer
-        except ApiError as e:
-            status = e.status
+        except Refusal as e:
+            status = ApiError.of(e).status
             raise
         except asyncio.CancelledError:  # the client went (or its deadline passed)
             status = 499
@@ -101,13 +103,13 @@ class Rpcs:
 
 def unary(method):
     """A servicer's method ``method(self, message, request, context)`` as the RPC of its
-    name (Rpcs.answer's), an ApiError answered as its gRPC status."""
+    name (Rpcs.answer's), a Refusal answered as its gRPC status."""
     @functools.wraps(method)
     async def rpc(self: Rpcs, message, context: grpc.aio.ServicerContext):
         try:
             return await self.answer(method.__name__, context, functools.partial(
                 method, self, message, context=context))
-        except ApiError as e:
+        except Refusal as e:
             await refuse(context, e)
 
     return rpc

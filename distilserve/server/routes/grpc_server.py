@@ -33,6 +33,7 @@ from fastapi import FastAPI
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.errors import ApiError
 from distilserve.server.middleware import ApiKey
 from distilserve.server.routes import health
@@ -166,9 +167,9 @@ class Guard(grpc.aio.ServerInterceptor):
     def _count(self, method: str, status: int) -> None:
         self.app.state.service.metrics.observe_request(method, status, 0.0)
 
-    def _refusing(self, handler, method: str, error: ApiError):
+    def _refusing(self, handler, method: str, error: Refusal):
         async def refused(_, context):
-            self._count(method, error.status)
+            self._count(method, ApiError.of(error).status)
             await refuse(context, error)
 
         if handler.response_streaming:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors
-from distilserve.server.routes.common import named, service
+from distilserve.server.core.registry import named
+from distilserve.server.routes.common import service
 
 router = APIRouter(tags=["models"])
 

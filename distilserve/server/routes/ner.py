@@ -12,9 +12,10 @@ from fastapi import APIRouter, Request
 
 from distilserve.models import entities as spans
 from distilserve.server import errors
+from distilserve.server.core import registry
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
-from distilserve.server.routes.common import check_limits, choose, infer, reply
+from distilserve.server.routes.common import check_limits, infer, reply, service
 from distilserve.server.schemas import NerRequest, NerResponse
 
 router = APIRouter(tags=["ner"])
@@ -30,7 +31,7 @@ async def recognised(body: NerRequest, request: Request
                      ) -> tuple[Engine, list[list[dict]], Result]:
     """The NER model, each input's entities and the run (also POST /'s, the Hugging Face
     Inference API's body, and the Open Inference Protocol's)."""
-    engine = choose(request, body.model, "ner")
+    engine = registry.pick(service(request), "ner", body.model)
     check_limits(request, body.texts)
     texts, ignore = body.texts, tuple(body.ignore_labels)
     if body.stride is None:

@@ -40,11 +40,12 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from distilserve.server import errors, postprocess, tensors
+from distilserve.server.core import registry
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
 from distilserve.server.routes import classify, health
-from distilserve.server.routes.common import embedded, reply, served, service, timing
+from distilserve.server.routes.common import embedded, reply, service, timing
 from distilserve.server.routes.fill_mask import filled
 from distilserve.server.routes.ner import recognised
 from distilserve.server.routes.oip_schemas import (
@@ -119,7 +120,7 @@ async def statistics(request: Request):
             responses=errors.responses(401, 404, 422, 503))
 async def model_statistics(model_name: str, request: Request):
     """Triton's statistics of that model."""
-    engine = served(request, model_name)
+    engine = registry.pick_any(service(request), model_name)
     return {"model_stats": service(request).metrics.statistics([engine.name])}
 
 
@@ -127,7 +128,7 @@ async def model_statistics(model_name: str, request: Request):
 async def model_ready(model_name: str, request: Request):
     """200 when that model is served and the service ready (404: not served, 503: not
     ready yet)."""
-    served(request, model_name)
+    registry.pick_any(service(request), model_name)
     return {"name": model_name, "ready": True}
 
 
@@ -147,7 +148,7 @@ OUTPUTS = {  # a task's outputs, described
             responses=errors.responses(401, 404, 422, 503))
 async def model_metadata(model_name: str, request: Request):
     """The model's inputs and outputs: names, datatypes and shapes (-1: any size)."""
-    engine = served(request, model_name)
+    engine = registry.pick_any(service(request), model_name)
     inputs = [{"name": name, "datatype": tensors.BYTES, "shape": [-1]}
               for name in INPUTS[engine.task]]
     backend = engine.describe()["backend"]
@@ -163,7 +164,7 @@ async def model_config(model_name: str, request: Request):
     tensors as config.pbtxt says them, and how the service batches the model. A text is
     one string per input, dims [1] (whole tensors [N, 1]), which the model takes as
     [N] (``reshape``: a tensor of [N] is taken too)."""
-    engine = served(request, model_name)
+    engine = registry.pick_any(service(request), model_name)
     settings = service(request).settings
     described = engine.describe()
     device, backend = described["device"], described["backend"]
@@ -208,7 +209,7 @@ async def model_infer(model_name: str, request: Request):
     """Runs the model on its input tensors; answers its output tensors (all, or those
     ``outputs`` names), as JSON or as binary data (``binary_data_output``, or an output's
     ``binary_data``)."""
-    engine = served(request, model_name)
+    engine = registry.pick_any(service(request), model_name)
     kind = request.headers.get("content-type", "")
     if not (errors.json_content_type(request.headers) or kind.lower().startswith(TRITONS_TYPES)):
         raise ApiError(422, "invalid_request", errors.not_json(kind))
@@ -388,7 +389,7 @@ def _versioned(route: APIRoute):
 def served_version(request: Request, name: str, version: str) -> Engine:
     """The served model ``name`` at ``version`` (only VERSION is served): an unknown model's
     404, else another version's."""
-    engine = served(request, name)
+    engine = registry.pick_any(service(request), name)
     if version != VERSION:
         raise ApiError(404, "model_not_found", f"model {name!r} has one version, {VERSION}, "
                        f"not {version!r}")

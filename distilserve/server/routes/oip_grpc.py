@@ -29,6 +29,7 @@ from google.protobuf.json_format import ParseDict
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from distilserve.server import tensors
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
@@ -62,7 +63,7 @@ class Inference(Rpcs, service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(self, message, request, context):
         try:
             _model(request, message.name, message.version)
-        except ApiError:  # not served (or not yet), or another version
+        except Refusal:  # not served (or not yet), or another version
             return service_pb2.ModelReadyResponse(ready=False)
         return service_pb2.ModelReadyResponse(ready=True)
 
@@ -122,7 +123,7 @@ class Inference(Rpcs, service_pb2_grpc.GRPCInferenceServiceServicer):
                 answer, _ = await self.answer("ModelStreamInfer", context, functools.partial(
                     _inferred, message))
                 answers.put_nowait(service_pb2.ModelStreamInferResponse(infer_response=answer))
-            except ApiError as e:
+            except Refusal as e:
                 answers.put_nowait(service_pb2.ModelStreamInferResponse(
                     error_message=e.message, infer_response=service_pb2.ModelInferResponse(
                         model_name=message.model_name, id=message.id)))

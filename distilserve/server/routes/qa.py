@@ -11,9 +11,10 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors, postprocess
+from distilserve.server.core import registry
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
-from distilserve.server.routes.common import check_answer_size, check_limits, choose, infer, reply
+from distilserve.server.routes.common import check_answer_size, check_limits, infer, reply, service
 from distilserve.server.schemas import QaRequest, QaResponse
 
 router = APIRouter(tags=["question answering"])
@@ -30,7 +31,7 @@ async def answered(body: QaRequest, request: Request
                    ) -> tuple[Engine, list[list[dict]], Result]:
     """The question-answering model, each input's answers (best first) and the run (also
     POST /'s, the Hugging Face Inference API's body, and the Open Inference Protocol's)."""
-    engine = choose(request, body.model, "qa")
+    engine = registry.pick(service(request), "qa", body.model)
     pairs = body.texts
     check_limits(request, pairs)
     size = body.max_seq_len or min(engine.max_length, WINDOW)

@@ -9,12 +9,13 @@ import numpy as np
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors, postprocess
+from distilserve.server.core import registry
 from distilserve.server.engine import Engine, Result
 from distilserve.server.routes.common import (
     check_limits,
-    choose_reranker,
     infer,
     reply,
+    service,
     usage,
     with_prompt,
 )
@@ -36,7 +37,7 @@ async def rerank(body: RerankRequest, request: Request):
 async def scored(body: RerankRequest | TeiRerankRequest, request: Request
                  ) -> tuple[Engine, np.ndarray, Result]:
     """The reranking model, each document's score [N], and the run (also TEI's /rerank)."""
-    engine = choose_reranker(request, body.model)
+    engine = registry.pick(service(request), "rerank", body.model)
     documents = body.document_texts
     check_limits(request, body.texts, len(documents), "documents",  # the query: not counted
                  body.name_of)

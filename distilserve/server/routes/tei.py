@@ -23,19 +23,17 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from distilserve.server import errors, postprocess
+from distilserve.server.core import registry
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
 from distilserve.server.routes import rerank as v1
 from distilserve.server.routes.classify import classified, zero_shot
 from distilserve.server.routes.common import (
     check_answer_size,
     check_limits,
-    choose_entailing,
-    choose_giving,
-    choose_root,
     embedded,
     infer,
     reply,
-    served,
     service,
     with_prompt,
 )
@@ -87,7 +85,7 @@ async def embedding(body: EmbedRequest, request: Request) -> tuple[np.ndarray, R
 async def token_vectors(body: TeiInputsRequest, request: Request
                         ) -> tuple[list[np.ndarray], Result]:
     """/embed_all's answer: each input's token vectors [T_i, D]."""
-    engine = choose_giving(request, body.model, "token embeddings")
+    engine = registry.pick(service(request), "token embeddings", body.model)
     check_limits(request, body.texts)
     check_answer_size(engine, len(body.texts), engine.max_length * engine.dimensions,
                       f"numbers: {engine.max_length} tokens of {engine.dimensions}")
@@ -99,7 +97,7 @@ async def token_vectors(body: TeiInputsRequest, request: Request
 async def sparse_vectors(body: TeiInputsRequest, request: Request
                          ) -> tuple[list[list[dict]], Result]:
     """/embed_sparse's answer: each input's non-zero entries, {index, value}."""
-    engine = choose_giving(request, body.model, "sparse embeddings")
+    engine = registry.pick(service(request), "sparse embeddings", body.model)
     check_limits(request, body.texts)
     check_answer_size(engine, len(body.texts), 2 * engine.dimensions)  # index and value
     result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
@@ -252,9 +250,9 @@ def parse_root(body: dict, request: Request):
     name = name if isinstance(name, str) else None
     parameters = body.get("parameters")
     if isinstance(parameters, dict) and "candidate_labels" in parameters:
-        engine, kind = choose_entailing(request, name), "zero_shot"
+        engine, kind = registry.pick(service(request), "zero-shot", name), "zero_shot"
     else:
-        engine = choose_root(request, name)
+        engine = registry.pick_root(service(request), name)
         kind = _kind(engine, body)
         _check_parameters(request, engine, kind, body)
     return _parsed(kind, {"model": engine.name, **body})
@@ -350,7 +348,7 @@ async def inference_api(model_name: str, request: Request):
     body and answer of the task it does (feature extraction or sentence similarity, text
     classification, token classification, fill-mask, question answering; zero-shot
     classification for an NLI model), text classification's a list of labels per input."""
-    engine = served(request, model_name)
+    engine = registry.pick_any(service(request), model_name)
     try:
         body = json.loads(await request.body())
     except (ValueError, RecursionError) as e:
@@ -361,7 +359,7 @@ async def inference_api(model_name: str, request: Request):
     parameters = body.get("parameters")
     if isinstance(parameters, dict) and "candidate_labels" in parameters:
         kind = "zero_shot"
-        choose_entailing(request, engine.name)  # an NLI model, or a 400 saying so
+        registry.pick(service(request), "zero-shot", engine.name)  # an NLI model, or a 400 saying so
     else:
         kind = _kind(engine, body)
         _check_parameters(request, engine, kind, body)
@@ -383,13 +381,13 @@ async def vertex(body: TeiVertexRequest, request: Request):
     for i, instance in enumerate(body.instances):
         try:
             parsed.append(parse_root(instance, request))
-        except errors.ApiError as e:
+        except Refusal as e:
             raise _instance(i, e) from None
 
     async def run(i: int, instance):
         try:
             return await ANSWERS[type(instance)](instance, request)
-        except errors.ApiError as e:
+        except Refusal as e:
             raise _instance(i, e) from None
 
     try:
@@ -402,7 +400,8 @@ async def vertex(body: TeiVertexRequest, request: Request):
                  together([result for _, result in answers]))
 
 
-def _instance(i: int, error: errors.ApiError) -> errors.ApiError:
+def _instance(i: int, refusal: Refusal) -> errors.ApiError:
+    error = errors.ApiError.of(refusal)
     return errors.ApiError(error.status, error.kind, f"instances.{i}: {error.message}",
                            error.headers)
 
@@ -420,7 +419,7 @@ def together(results: list[Result]) -> Result:
             responses=errors.responses(400, 401, 404, 422, 503))
 async def info(request: Request, model: str | None = None):
     """The model named in ``model``, else the one POST / serves, described as TEI does."""
-    return described(request, choose_root(request, model))
+    return described(request, registry.pick_root(service(request), model))
 
 
 def described(request: Request, engine) -> dict:
@@ -434,9 +433,8 @@ def described(request: Request, engine) -> dict:
     batch_size, batch_tokens = settings.batch_limits(described["device"])
     if engine.task == "embed":
         kind = {"embedding": {"pooling": described.get("pooling")}}
-    else:  # a cross-encoder: one logit, or exported with --relevant-label
-        reranker = len(engine.labels) == 1 or engine.manifest.relevant_label is not None
-        kind = {"reranker" if reranker else "classifier": {
+    else:
+        kind = {"reranker" if registry.cross_encoder(engine) else "classifier": {
             "id2label": {str(i): label for i, label in enumerate(engine.labels)},
             "label2id": {label: i for i, label in enumerate(engine.labels)}}}
     return {"model_id": engine.name, "model_sha": None,

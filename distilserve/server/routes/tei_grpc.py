@@ -37,10 +37,12 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel, ValidationError
 
 from distilserve.server import errors
+from distilserve.server.core import registry
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import STARTED
 from distilserve.server.routes import tei
-from distilserve.server.routes.common import check_limits, choose_root, timing
+from distilserve.server.routes.common import check_limits, service, timing
 from distilserve.server.routes.grpc_calls import Rpcs, refuse, unary
 from distilserve.server.routes.rerank import scored
 from distilserve.server.routes.tei_schemas import (
@@ -70,16 +72,11 @@ MODEL_TYPES = {"embedding": pb.MODEL_TYPE_EMBEDDING, "classifier": pb.MODEL_TYPE
 STREAM_PARALLEL = 1024  # a stream's messages running at once (TEI's default too)
 
 
-def _reranks(engine) -> bool:
-    """An embedding model, or a cross-encoder (a classifier with a relevant label)."""
-    return engine.task == "embed" or (engine.task == "classify" and engine.relevant is not None)
-
-
 # the health of TEI's services (grpc_server.Health): a model doing what the service does
 SERVING = {
     "tei.v1.Embed": lambda svc: any(e.task == "embed" for e in svc.engines.values()),
     "tei.v1.Predict": lambda svc: any(e.task == "classify" for e in svc.engines.values()),
-    "tei.v1.Rerank": lambda svc: any(map(_reranks, svc.engines.values()))}
+    "tei.v1.Rerank": lambda svc: any(map(registry.reranks, svc.engines.values()))}
 
 
 # the messages as the HTTP routes' bodies, and their answers as messages -----------------
@@ -234,7 +231,7 @@ class _Tei(Rpcs):
                 answer, _ = await task
                 yield answer
             await reading  # the stream's own failure, if any
-        except ApiError as e:
+        except Refusal as e:
             await refuse(context, e)
         finally:
             reading.cancel()
@@ -248,7 +245,7 @@ class Info(_Tei, pb_grpc.InfoServicer):
 
     @unary
     async def Info(self, message, request, context):
-        described = tei.described(request, choose_root(request, _model(context)))
+        described = tei.described(request, registry.pick_root(service(request), _model(context)))
         kind = MODEL_TYPES[next(iter(described.pop("model_type")))]  # its only key
         fields = pb.InfoResponse.DESCRIPTOR.fields_by_name
         return pb.InfoResponse(

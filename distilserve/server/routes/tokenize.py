@@ -9,7 +9,8 @@ import orjson
 from fastapi import APIRouter, Request, Response
 
 from distilserve.server import errors
-from distilserve.server.routes.common import check_limits, check_token_ids, choose_tokenizer, with_prompt
+from distilserve.server.core import registry
+from distilserve.server.routes.common import check_limits, check_token_ids, service, with_prompt
 from distilserve.server.schemas import DecodeRequest, Token, TokenizeRequest
 
 router = APIRouter(tags=["tokenize"])
@@ -33,7 +34,7 @@ async def decode(body: DecodeRequest, request: Request):
 
 async def tokenized(request: Request, body: TokenizeRequest) -> list[list[dict]]:
     """Each input's tokens (behind the prompt named, if any)."""
-    engine = choose_tokenizer(request, body.model)
+    engine = registry.pick_tokenizer(service(request), body.model)
     check_limits(request, body.texts)
     texts = (body.texts if body.prompt_name is None
              else with_prompt(engine, body.texts, body.prompt_name))
@@ -42,7 +43,7 @@ async def tokenized(request: Request, body: TokenizeRequest) -> list[list[dict]]
 
 async def decoded(request: Request, body: DecodeRequest) -> list[str]:
     """Each input's text."""
-    engine = choose_tokenizer(request, body.model)
+    engine = registry.pick_tokenizer(service(request), body.model)
     ids = body.texts
     check_limits(request, ids)
     check_token_ids(engine, ids)
