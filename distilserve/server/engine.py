@@ -330,7 +330,8 @@ class Engine:
         # fill-mask: the language-model head's decoder, which its batches run (see decoding)
         self.decoder = (open_decoder(self.folder, self.backend) if self.task == "fill-mask"
                         else None)
-        batch_size, batch_tokens = settings.batch_limits(self.backend.device)
+        # the batch limits, decided here and read from here wherever they are reported
+        self.batch_limits = batch_size, batch_tokens = settings.batch_limits(self.backend.device)
         self.shapes = warmup_shapes(batch_size, batch_tokens, self.max_length)
         tokens = settings.cuda_graph_tokens
         used = bool(tokens) and self.backend.use_graphs(self.shapes, tokens)

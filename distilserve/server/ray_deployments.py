@@ -44,6 +44,9 @@ class ModelReplica:
     def describe(self) -> dict:
         return self.engine.describe()
 
+    def batch_limits(self) -> tuple[int, int]:
+        return self.engine.batch_limits
+
     def pid(self) -> int:
         return os.getpid()
 
@@ -52,10 +55,11 @@ class RemoteEngine(Engine):
     """A model whose inputs run on Ray Serve replicas: tokenizer and metadata here."""
 
     def __init__(self, folder: Path, settings: Settings, metrics: Metrics, handle,
-                 described: dict):
+                 described: dict, batch_limits: tuple[int, int]):
         super().__init__(folder.name, folder, read_manifest(folder), settings, metrics,
                          local=False)
         self.handle, self.described = handle, described
+        self.batch_limits = tuple(batch_limits)  # the replicas', which batch
         span = described.get("iterations")  # the replica's backend's depth (Engine.depth)
         self.depth = span["max"] if span and span["min"] == 1 else None
 
@@ -92,8 +96,9 @@ class Ingress:
             async def open_remote(folder: Path) -> Engine:
                 handle = handles[folder.name]
                 described = await handle.describe.remote()
+                limits = await handle.batch_limits.remote()
                 return await asyncio.to_thread(RemoteEngine, folder, settings,
-                                               service.metrics, handle, described)
+                                               service.metrics, handle, described, limits)
 
             await load_models(service, [Path(f) for f in self.folders], open_remote)
 

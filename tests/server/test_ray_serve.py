@@ -40,7 +40,7 @@ def folder(tiny_checkpoints, tmp_path_factory):
 
 def remote(folder, error):
     return ray_deployments.RemoteEngine(folder, Settings(), Metrics(), FakeHandle(error),
-                                  {"id": "embed"})
+                                        {"id": "embed"}, (32, 512))
 
 
 @pytest.mark.parametrize("cause", [QueueFull("3 inputs queued, limit 2"),
@@ -117,9 +117,14 @@ def test_question_answering_makes_its_windows_on_the_replica(tmp_path):
     squad = tmp_path / "squad"
     export.export(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
                   squad, "onnx")
-    replica = load_engine("squad", squad, Settings(), Metrics())
-    engine = ray_deployments.RemoteEngine(squad, Settings(), Metrics(), LocalHandle(replica),
-                                    replica.describe())
+    replica = load_engine("squad", squad, Settings(threads=1), Metrics())
+    engine = ray_deployments.RemoteEngine(squad, Settings(threads=4), Metrics(),
+                                          LocalHandle(replica), replica.describe(),
+                                          replica.batch_limits)
+    # the ingress reports (TEI's /info, Triton's config) the limits the replica batches at,
+    # not its own settings'
+    assert engine.batch_limits == replica.batch_limits == (32, 512)
+    assert Settings(threads=4).batch_limits("cpu") == (32, 2048)
     pairs = [("Where?", "word " * 60)]
 
     async def go():

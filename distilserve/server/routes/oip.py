@@ -168,7 +168,7 @@ async def model_config(model_name: str, request: Request):
     settings = service(request).settings
     described = engine.describe()
     device, backend = described["device"], described["backend"]
-    batch_size, batch_tokens = settings.batch_limits(device)
+    batch_size, batch_tokens = engine.batch_limits
 
     def config(tensor: dict) -> dict:
         dims = tensor["shape"][1:]  # [-1, ...] without the batch's

@@ -430,7 +430,7 @@ def described(request: Request, engine) -> dict:
                               f"{engine.task}, which TEI's /info does not describe: GET "
                               f"/v1/models/{engine.name}")
     described, settings = engine.describe(), service(request).settings
-    batch_size, batch_tokens = settings.batch_limits(described["device"])
+    batch_size, batch_tokens = engine.batch_limits
     if engine.task == "embed":
         kind = {"embedding": {"pooling": described.get("pooling")}}
     else:
