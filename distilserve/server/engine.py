@@ -5,35 +5,33 @@ encoding, and for token embeddings), and where a model's postprocessing does not
 depend on the request, each output postprocessed too, with its batch (batch_postprocess).
 The routes postprocess the rest (distilserve/server/postprocess.py).
 
-Nothing here knows about HTTP: errors are ``ApiError``-free exceptions that the routes
-translate (``InputTooLong``, ``NotFinite``, ``QueueFull``, ``OverQueue``,
-``ModelUnavailable``).
+Tokenisation is distilserve/server/core/tokenisation.py's (``Engine.text``). Nothing here
+knows about HTTP: errors are ``ApiError``-free exceptions that the routes translate
+(``InputTooLong``, ``NotFinite``, ``QueueFull``, ``OverQueue``, ``ModelUnavailable``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from safetensors.numpy import load_file
-from tokenizers import Tokenizer
 
-from distilserve.models import entities, families
-from distilserve.models.io.manifest import DECODER, Manifest, ManifestError, TokenizerFacts
+from distilserve.models import families
+from distilserve.models.io.manifest import DECODER, Manifest, ManifestError
 from distilserve.models.io.manifest import FILE as manifest_file
 from distilserve.models.runtime import open_backend
 from distilserve.models.runtime.base import Backend, BackendError
-from distilserve.models.tasks import PAIRED, PER_TOKEN, least_max_length
+from distilserve.models.tasks import PAIRED, PER_TOKEN
 from distilserve.server import postprocess
 from distilserve.server.batching import (
     CPU_PADDING,
@@ -48,37 +46,22 @@ from distilserve.server.batching import (
     time_spent,
     warmup_shapes,
 )
+from distilserve.server.core.refusals import ModelLoadError
+from distilserve.server.core.tokenisation import TokenIds, Tokenisation
 from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
 from distilserve.server.vocabularies import Foreign
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
+    pass
 
 __all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "NotFinite",
            "OverQueue", "QueueFull", "load_engine", "on_own_thread", "open_engine"]
 
 log = logging.getLogger("distilserve")
-# how an input longer than max_length is cut: at its end, at its start, or not (refused)
-TRUNCATIONS = ("right", "left", None)
-
-
-class ModelLoadError(Exception):
-    """A model folder that cannot be served; the message says why."""
-
-
 class ModelUnavailable(Exception):
     """The model's runner is gone for now (a Ray Serve replica that died, or a model
     unloaded or replaced while the request was on its way): retry shortly."""
-
-
-@dataclass
-class TokenIds:
-    """A token-id input as the batcher sees an encoding."""
-
-    ids: list[int]
-    type_ids: list[int]
-    overflowing: list[int] = field(default_factory=list)  # the ids cut off (max_length)
 
 
 @dataclass
@@ -134,35 +117,6 @@ def open_decoder(folder: Path, backend: Backend) -> Callable[[np.ndarray], np.nd
 
             return linear(weight, bias, backend.device, backend.dtype)
     return lambda vectors: vectors @ weight.T + bias
-
-
-def load_tokenizer(folder: Path, manifest: Manifest,
-                   ) -> tuple[Tokenizer, TokenizerFacts, PreTrainedTokenizerFast | None]:
-    """A model folder's Rust tokenizer, its special tokens, and transformers' tokenizer
-    where fill-mask needs its decode (a class that decodes its own way; else None). Read
-    from checkpoint/tokenizer.json alone where the export found that to be transformers'
-    tokenizer (the manifest's ``tokenizer``): then neither transformers nor torch is
-    imported; else loaded with transformers. A ModelLoadError naming the tokenizer.json
-    that does not read, or the folder where transformers does not load it."""
-    checkpoint, facts = folder / "checkpoint", manifest.tokenizer
-    file = checkpoint / "tokenizer.json"  # (gone: transformers makes it from vocab.txt)
-    if facts is not None and file.is_file() and facts.suffice(manifest.task):
-        try:
-            return Tokenizer.from_file(str(file)), facts, None
-        except Exception as e:
-            raise ModelLoadError(f"{file}: {type(e).__name__}: {e}") from None
-    try:
-        from transformers import AutoTokenizer  # a second or two, and torch with it
-
-        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    except Exception as e:
-        raise ModelLoadError(f"{folder}: {type(e).__name__}: {e}") from None
-    if not tokenizer.is_fast:
-        raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
-                             "tokenizer); re-export it with distilserve export")
-    facts = TokenizerFacts.of(tokenizer)
-    hf = None if facts.suffice(manifest.task) else tokenizer
-    return tokenizer.backend_tokenizer, facts, hf
 
 
 def read_decoder(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -249,53 +203,14 @@ class Engine:
         # a recursive model's trained depth where a request may ask for fewer iterations
         # (its backend runs the loop kept, or its checkpoint); None: its depth is fixed
         self.depth = self.backend.depth if local else None
-        # the Rust tokenizer itself, set up once per truncation below (transformers' wrapper
-        # re-configures it on every call); the model's thread encodes in batches
-        rust, facts, self.hf_tokenizer = load_tokenizer(folder, manifest)
-        self.clean_up_spaces = facts.clean_up_tokenization_spaces  # fill-mask's texts
-        self.unk_id = facts.unk_token_id
-        self.cls_id = facts.cls_token_id  # QA: the token that may answer "no answer"
-        self.mask_token = self.mask_id = None  # fill-mask: the token it fills
-        if self.task == "fill-mask":
-            if facts.mask_token_id is None:
-                raise ModelLoadError(f"{folder}: its tokenizer has no mask token to fill")
-            self.mask_token, self.mask_id = facts.mask_token, facts.mask_token_id
-        spec = rust.to_str()  # its JSON, serialised once for the digest and the copies
-        self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
-        # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
-        self.tokenizer_digest = hashlib.sha256(spec.encode()).hexdigest()
-        self.word_aware = entities.TokenInfo.marks_words(rust)
-        self._spec, self._windowing = spec, {}  # windows()'s tokenizers
-        self.tokenizers = {}
-        for truncation in TRUNCATIONS:
-            t = Tokenizer.from_str(spec)
-            t.no_padding()
-            if truncation:  # transformers' default: longest_first for pairs; a question
-                # is kept whole, its context cut (transformers' question-answering pipeline)
-                t.enable_truncation(self.max_length, direction=truncation, strategy=(
-                    "only_second" if self.task == "qa" else "longest_first"))
-            else:
-                t.no_truncation()
-            self.tokenizers[truncation] = t
-        # the special tokens around one input ("[CLS] $A [SEP]"), for token-id inputs
-        probe = self.tokenizers[None].encode("a")
-        at = probe.special_tokens_mask.index(0)
-        self.specials = (probe.ids[:at], probe.ids[at + 1:])
-        least = least_max_length(self.tokenizers[None], self.task)
-        if self.max_length < least:
-            raise ModelLoadError(f"{self.folder}: its max_length, {self.max_length}, leaves no "
-                                 "token of text beside the special tokens of an input: "
-                                 f"re-export it with --max-length {least} or more")
-        # the tokens of text an input may have: max_length less its special tokens
-        self.room = max(0, self.max_length - len(self.specials[0]) - len(self.specials[1]))
-        self.filler = probe.ids[at]  # a token of text, for warm-up batches
+        self.text = Tokenisation(folder, manifest, self.task, self.max_length)
         if local:
             self._check_outputs()  # before any CUDA graph: the warm-up captures them in order
             self._queue(settings, cpu_thread)
 
     def _filled(self, b: int, t: int) -> dict[str, np.ndarray]:
         """A batch of ``b`` inputs of ``t`` tokens of text (no padding), [B, T] each."""
-        return pad([TokenIds([self.filler] * t, [0] * t)] * b)
+        return pad([TokenIds([self.text.filler] * t, [0] * t)] * b)
 
     def _check_outputs(self) -> None:
         """One input of max_length tokens, straight to the backend, must run and give what
@@ -352,7 +267,7 @@ class Engine:
         if self.batch_postprocess is not None:
             run, collect = postprocessing(run, collect, self.batch_postprocess)
         self.batcher = Batcher(
-            self.tokenize, run,
+            self.text.tokenize, run,
             self.max_length, batch_size,
             batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
             on_depth=self.series.queue_depth.set,  # (on_batch once warmed up: start)
@@ -385,8 +300,8 @@ class Engine:
             info["quantization"] = "int8"
         if self.task in ("classify", "ner"):
             info["labels"] = self.labels
-        if self.mask_token is not None:
-            info["mask_token"] = self.mask_token
+        if self.text.mask_token is not None:
+            info["mask_token"] = self.text.mask_token
         if self.multi_label:
             info["multi_label"] = True
         if self.entailment is not None:  # an NLI model: /v1/classify's candidate_labels
@@ -442,86 +357,6 @@ class Engine:
         """An embedding model's width."""
         return self.manifest.dimensions
 
-    # tokenise (on the inference thread, a batch's new texts at once) -------------------
-    def tokenize(self, texts: list, truncation: str | None) -> list:
-        """Texts (or pairs) -> the Rust tokenizer's encodings, in order, cut to max_length
-        at the end ("right") or the start ("left") or not at all (None); token-id inputs
-        (lists of ints) get the special tokens a text would get, and are cut the same way."""
-        if not any(isinstance(t, list) for t in texts):
-            return self.tokenizers[truncation].encode_batch(texts)
-        strings = [t for t in texts if not isinstance(t, list)]
-        encoded = iter(self.tokenizers[truncation].encode_batch(strings) if strings else [])
-        return [self._from_ids(t, truncation) if isinstance(t, list) else next(encoded)
-                for t in texts]
-
-    def windows(self, texts: list, size: int, stride: int) -> list[list]:
-        """Each input's encodings in windows of ``size`` tokens in all, each sharing
-        ``stride`` tokens of its text with the one before, as transformers' pipelines make
-        them: a text whole in its windows (token classification's stride), or a (question,
-        context) pair's question whole in each and its context in windows (question
-        answering). stride must be less than the room the special tokens (and a question)
-        leave."""
-        strategy = "only_second" if isinstance(texts[0], tuple) else "longest_first"
-        tokenizer = self._windowing.get((size, stride, strategy))
-        if tokenizer is None:
-            if len(self._windowing) >= 8:  # sizes a client asked for: a few kept
-                self._windowing.clear()
-            tokenizer = Tokenizer.from_str(self._spec)
-            tokenizer.no_padding()
-            tokenizer.enable_truncation(size, stride=stride, strategy=strategy)
-            self._windowing[size, stride, strategy] = tokenizer
-        return [[encoding, *encoding.overflowing] for encoding in tokenizer.encode_batch(texts)]
-
-    def _from_ids(self, ids: list[int], truncation: str | None) -> TokenIds:
-        before, after = self.specials
-        kept, overflowing = ids, []
-        if truncation == "right":
-            kept, overflowing = ids[:self.room], ids[self.room:]
-        elif truncation == "left":
-            cut = max(0, len(ids) - self.room)
-            kept, overflowing = ids[cut:], ids[:cut]
-        ids = [*before, *kept, *after]
-        return TokenIds(ids, [0] * len(ids), overflowing)
-
-    def tokens(self, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
-        """TEI's /tokenize: per text its tokens (id, text, character offsets, special),
-        untruncated."""
-        out = []
-        for text, enc in zip(texts, self.tokenizers[None].encode_batch(
-                texts, add_special_tokens=add_special_tokens)):
-            out.append([{"id": i, "special": bool(sp),
-                         "text": token if sp else text[start:stop],
-                         "start": None if sp else start, "stop": None if sp else stop}
-                        for i, token, (start, stop), sp in zip(
-                            enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)])
-        return out
-
-    def target_ids(self, targets: list[str]) -> list[int]:
-        """fill-mask's targets as token ids, as the pipeline finds them: the vocabulary's
-        token, else the first token of the target's text (none: left out); each once."""
-        tokenizer, ids = self.tokenizers[None], []
-        for target in targets:
-            if (found := tokenizer.token_to_id(target)) is None:
-                tokens = tokenizer.encode(target, add_special_tokens=False).ids
-                if not tokens:
-                    continue
-                found = tokens[0]
-            ids.append(found)
-        return list(dict.fromkeys(ids))
-
-    def decode(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
-        """TEI's /decode: each list of token ids as text."""
-        return self.tokenizers[None].decode_batch(ids, skip_special_tokens=skip_special_tokens)
-
-    def text_of(self, ids: list[int], skip_special_tokens: bool) -> str:
-        """Token ids as transformers' tokenizer decodes them (fill-mask's texts, as the
-        pipeline's): the Rust tokenizer's text, its spaces before punctuation cleaned up
-        where the tokenizer says; or transformers' own decode, for a class with its own."""
-        if self.hf_tokenizer is not None:
-            return self.hf_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
-        text = self.tokenizers[None].decode(ids, skip_special_tokens=skip_special_tokens)
-        return postprocess.clean_up_tokenization(text) if self.clean_up_spaces else text
-
     # run ----------------------------------------------------------------------------
     async def infer(self, texts: list, truncation: str | None,
                     windows: tuple[int, int] | None = None,
@@ -535,7 +370,7 @@ class Engine:
         encodings, tokenizing, groups, owners = None, 0.0, None, None
         if windows is not None:
             began = time.perf_counter()
-            groups = await asyncio.to_thread(self.windows, texts, *windows)
+            groups = await asyncio.to_thread(self.text.windows, texts, *windows)
             tokenizing = time.perf_counter() - began
             encodings = [window for group in groups for window in group]
             owners = [i for i, group in enumerate(groups) for _ in group]  # each window's input
@@ -546,7 +381,7 @@ class Engine:
         elif truncation is None:
             began = time.perf_counter()
             try:
-                encodings = await asyncio.to_thread(self.tokenize, texts, None)
+                encodings = await asyncio.to_thread(self.text.tokenize, texts, None)
             except Exception:  # the model's thread encodes them one by one and fails the bad
                 encodings = []
             tokenizing = time.perf_counter() - began
@@ -599,7 +434,7 @@ def decoding(engine: Engine, run, collect) -> tuple:
     on the model's thread; with ``collect``, the batch's token ids go with what ``run``
     started."""
     def decode(ids: np.ndarray, vectors: np.ndarray) -> list[np.ndarray]:
-        return postprocess.decode_masks(ids, vectors, engine.mask_id, engine.decoder)
+        return postprocess.decode_masks(ids, vectors, engine.text.mask_id, engine.decoder)
 
     if collect is None:
         return (lambda arrays: decode(arrays["input_ids"], run(arrays))), None

@@ -195,19 +195,6 @@ def decode_masks(ids: np.ndarray, vectors: np.ndarray, mask_id: int,
     return np.split(logits, np.cumsum(np.bincount(rows, minlength=len(ids)))[:-1])
 
 
-# transformers' clean-up of a decoded text (PreTrainedTokenizerBase.clean_up_tokenization):
-# the spaces a WordPiece decode leaves before punctuation and English contractions
-CLEAN_UPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
-
-
-def clean_up_tokenization(text: str) -> str:
-    """A decoded text as transformers cleans it up, replacement by replacement in its order."""
-    for spaced, joined in CLEAN_UPS:
-        text = text.replace(spaced, joined)
-    return text
-
-
 def fill_mask(logits: np.ndarray, ids: list[int], mask_id: int, top_k: int,
               targets: list[int] | None, decode: Callable[[list[int], bool], str]
               ) -> list[list[dict]]:

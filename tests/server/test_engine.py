@@ -100,7 +100,7 @@ def test_an_input_whose_outputs_are_not_finite_fails_alone(onnx_model, monkeypat
     assert str(failed).startswith("input 1: the model's outputs for its 10 tokens are not "
                                   "finite")
 
-    zebra = engine.tokenizers[None].token_to_id("zebra")
+    zebra = engine.text.tokenizers[None].token_to_id("zebra")
 
     def zebra_overflows(self, arrays):
         out = real(self, arrays)
@@ -178,12 +178,12 @@ def test_a_broken_tokenizer_json_is_named_and_a_missing_one_made_by_transformers
     shutil.copytree(onnx_model, folder)
     assert Manifest.read(folder).tokenizer is not None
     file = folder / "checkpoint" / "tokenizer.json"
-    whole = load_engine("m", folder, Settings(), Metrics()).tokens(["Hello, world"], True)
+    whole = load_engine("m", folder, Settings(), Metrics()).text.tokens(["Hello, world"], True)
     file.write_text('{"version": "1.0", "trunc')
     with pytest.raises(ModelLoadError, match=f"^{file}: "):
         load_engine("m", folder, Settings(), Metrics())
     file.unlink()
-    assert load_engine("m", folder, Settings(), Metrics()).tokens(["Hello, world"], True) == whole
+    assert load_engine("m", folder, Settings(), Metrics()).text.tokens(["Hello, world"], True) == whole
 
 
 def test_an_int8_model_says_so(tiny_checkpoints, tmp_path):
@@ -203,11 +203,11 @@ def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(tmp_path):
     assert manifest.task == "fill-mask" and DECODER in manifest.files
     engine = load_engine("m", folder, Settings(), Metrics())
     weight, bias = read_decoder(folder)
-    assert weight.shape == (engine.vocab_size, 32) and bias.shape == (engine.vocab_size,)
+    assert weight.shape == (engine.text.vocab_size, 32) and bias.shape == (engine.text.vocab_size,)
     vectors = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
     np.testing.assert_allclose(engine.decoder(vectors), vectors @ weight.T + bias, rtol=1e-6)
     assert engine.describe()["mask_token"] == "[MASK]"
-    assert engine.target_ids(["paris", "paris", "[MASK]"]) == [3000, engine.mask_id]
+    assert engine.text.target_ids(["paris", "paris", "[MASK]"]) == [3000, engine.text.mask_id]
     (folder / DECODER).write_bytes(b"not safetensors")
     with pytest.raises(ModelLoadError, match=r"decoder\.safetensors: .*a fill-mask model's"):
         load_engine("m", folder, Settings(), Metrics())
@@ -413,7 +413,7 @@ def test_question_answering_runs_each_pair_as_its_windows(tiny_checkpoints, tmp_
 
     result = asyncio.run(go())
     long, short = result.outputs  # each pair's windows: (logits [T, 2], encoding)
-    expected = engine.windows(pairs[:1], 24, 4)[0]
+    expected = engine.text.windows(pairs[:1], 24, 4)[0]
     assert len(long) == len(expected) > 3 and len(short) == 1
     for (logits, encoding), window in zip(long, expected):
         assert encoding.ids == window.ids and logits.shape == (len(window.ids), 2)
@@ -450,22 +450,22 @@ def test_a_long_input_is_cut_at_its_end_or_its_start_as_asked(torch_model):
     engine = load_engine("m", torch_model, Settings(), Metrics())
     n = engine.max_length
     words = [f"w{i}" for i in range(n + 20)]
-    plain = engine.tokenize([" ".join(words)], None)[0].ids  # [CLS] ... [SEP], untruncated
+    plain = engine.text.tokenize([" ".join(words)], None)[0].ids  # [CLS] ... [SEP], untruncated
     assert len(plain) > n
-    right, left = (engine.tokenize([" ".join(words)], t)[0] for t in ("right", "left"))
+    right, left = (engine.text.tokenize([" ".join(words)], t)[0] for t in ("right", "left"))
     assert right.ids == plain[: n - 1] + plain[-1:]  # the start kept
     assert left.ids == plain[:1] + plain[len(plain) - n + 1:]  # the end kept
     # the offsets are still the text's own: the last word is where it was
     assert left.offsets[-2][1] == len(" ".join(words))
     # token ids are cut alike, around the same special tokens
     ids = plain[1:-1]
-    assert [engine.tokenize([ids], t)[0].ids for t in ("right", "left")] == [right.ids,
+    assert [engine.text.tokenize([ids], t)[0].ids for t in ("right", "left")] == [right.ids,
                                                                              left.ids]
-    cut = [engine.tokenize([ids], t)[0].overflowing for t in ("right", "left")]
+    cut = [engine.text.tokenize([ids], t)[0].overflowing for t in ("right", "left")]
     assert cut == [ids[n - 2:], ids[:len(ids) - n + 2]]  # what each side cut off
-    assert engine.tokenize([ids], None)[0].ids == plain
+    assert engine.text.tokenize([ids], None)[0].ids == plain
     # a pair: the longer text is cut, from the side asked
-    pair = engine.tokenize([("first text", " ".join(words))], "left")[0]
+    pair = engine.text.tokenize([("first text", " ".join(words))], "left")[0]
     assert len(pair.ids) == n and pair.offsets[-2][1] == len(" ".join(words))
 
 
@@ -538,11 +538,11 @@ def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collecte
     texts = [f"word {i} [MASK] " + "[MASK] " * (i % 3) + "end" * (i % 2) for i in range(40)]
     engine = load_engine("m", folder, Settings(), Metrics())
     weight, bias = read_decoder(folder)
-    vectors = engine.backend.run(pad(engine.tokenize(texts[:1], "right")))[0]  # [T, E]
+    vectors = engine.backend.run(pad(engine.text.tokenize(texts[:1], "right")))[0]  # [T, E]
     ran = _run(engine, texts)  # outputs: (logits, encoding) each
     assert [logits.shape[0] for logits, _ in ran.outputs] == [1 + i % 3 for i in range(40)]
     # the first input's mask, as the decoder gives it on that input's vectors alone
-    mask = ran.outputs[0][1].ids.index(engine.mask_id)
+    mask = ran.outputs[0][1].ids.index(engine.text.mask_id)
     np.testing.assert_allclose(ran.outputs[0][0][0], vectors[mask] @ weight.T + bias,
                                rtol=1e-4, atol=1e-4)
 
@@ -566,7 +566,7 @@ def test_a_batch_is_postprocessed_once_whether_run_or_collected(
     NER model has none (its postprocessing is per request)."""
     texts = [f"sentence {i} " + "word " * (i % 7) for i in range(40)]  # batches of 32 and 8
     engine = load_engine("m", onnx_model, Settings(), Metrics())
-    alone = engine.backend.run(pad(engine.tokenize(texts[:1], "right")))[0]  # [D]
+    alone = engine.backend.run(pad(engine.text.tokenize(texts[:1], "right")))[0]  # [D]
     ran = _run(engine, texts)
     assert ran.outputs[0].shape == alone.shape == (engine.dimensions,)
     np.testing.assert_allclose(ran.outputs[0], alone, rtol=1e-5, atol=1e-6)

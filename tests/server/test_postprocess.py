@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from distilserve.server import postprocess
+from distilserve.server.core import tokenisation
 
 
 def classification(logits, labels, top_k, multi_label=False, function=None):
@@ -208,7 +209,7 @@ def test_largest_gives_what_a_stable_sort_gives(k):
 def test_clean_up_tokenization_is_transformers(text):
     from transformers import PreTrainedTokenizerFast
 
-    assert postprocess.clean_up_tokenization(text) == \
+    assert tokenisation.clean_up_tokenization(text) == \
         PreTrainedTokenizerFast.clean_up_tokenization(text)
 
 

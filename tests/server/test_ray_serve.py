@@ -59,7 +59,7 @@ def test_a_dead_replica_is_model_unavailable(folder):
 
 def test_the_remote_engine_validates_as_a_local_one_does(folder):
     engine = remote(folder, RuntimeError("never called"))
-    assert engine.task == "embed" and engine.vocab_size > 1000
+    assert engine.task == "embed" and engine.text.vocab_size > 1000
     assert engine.describe() == {"id": "embed"}
     assert not hasattr(engine, "batcher")  # no backend here: the replicas have it
 
@@ -135,4 +135,4 @@ def test_question_answering_makes_its_windows_on_the_replica(tmp_path):
             await replica.stop()
 
     (windows,) = asyncio.run(go()).outputs
-    assert [e.ids for _, e in windows] == [w.ids for w in engine.windows(pairs, 24, 4)[0]]
+    assert [e.ids for _, e in windows] == [w.ids for w in engine.text.windows(pairs, 24, 4)[0]]

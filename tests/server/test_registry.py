@@ -21,7 +21,7 @@ def engine(name: str, task: str, labels=(), relevant_label=None, **extra):
         relevant=relevant_index(manifest, labels),
         entailment=next((i for i, x in enumerate(labels) if x.startswith("entail")), None),
         pools=extra.get("pools"), sparse=extra.get("sparse", False),
-        tokenizer_digest=extra.get("digest", "wordpiece"))
+        text=SimpleNamespace(digest=extra.get("digest", "wordpiece")))
 
 
 def service(*engines, ready=True, draining=False):

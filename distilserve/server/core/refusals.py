@@ -18,3 +18,7 @@ class Refusal(Exception):
     def __init__(self, reason: str, message: str, retry_after: int | None = None):
         super().__init__(message)
         self.reason, self.message, self.retry_after = reason, message, retry_after
+
+
+class ModelLoadError(Exception):
+    """A model folder that cannot be served; the message says why."""

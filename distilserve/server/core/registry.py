@@ -172,7 +172,7 @@ def pick_tokenizer(svc, name: str | None = None):
     engines = list(serving(svc).engines.values())
     if not engines:
         raise Refusal("not_found", "no model is served")
-    if len({e.tokenizer_digest for e in engines}) > 1:
+    if len({e.text.digest for e in engines}) > 1:
         raise Refusal("ambiguous", "the served models tokenise differently "
                       f"({', '.join(e.name for e in engines)}): name one in 'model'")
     return engines[0]

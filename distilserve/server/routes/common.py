@@ -63,11 +63,11 @@ def check_token_ids(engine: Engine, texts: list) -> None:
     are token ids)."""
     for i, text in enumerate(texts):
         if isinstance(text, list):
-            bad = next((t for t in text if not 0 <= t < engine.vocab_size), None)
+            bad = next((t for t in text if not 0 <= t < engine.text.vocab_size), None)
             if bad is not None:
                 raise ApiError(422, "invalid_request", f"input {i}: token id {bad} is not "
                                f"in model {engine.name!r}'s vocabulary (0 to "
-                               f"{engine.vocab_size - 1})")
+                               f"{engine.text.vocab_size - 1})")
 
 
 def check_iterations(engine: Engine, iterations: int | None) -> None:

@@ -37,29 +37,29 @@ async def filled(body: FillMaskRequest, request: Request
     texts = body.texts
     check_limits(request, texts)
     for i, text in enumerate(texts):
-        if engine.mask_token not in text:
-            raise ApiError(422, "invalid_request", f"input {i} has no {engine.mask_token}: "
+        if engine.text.mask_token not in text:
+            raise ApiError(422, "invalid_request", f"input {i} has no {engine.text.mask_token}: "
                            f"the mask token of model {engine.name!r}, which fill-mask fills")
     targets = None
     if body.target_list is not None:
-        targets = engine.target_ids(body.target_list)
+        targets = engine.text.target_ids(body.target_list)
         if not targets:
             raise ApiError(422, "invalid_request", "targets: none has a token in model "
                            f"{engine.name!r}'s vocabulary")
     # each answer holds its input's tokens (the sequence with the mask filled)
-    masks = sum(min(text.count(engine.mask_token), engine.max_length) for text in texts)
-    k = min(body.top_k, engine.vocab_size if targets is None else len(targets))
+    masks = sum(min(text.count(engine.text.mask_token), engine.max_length) for text in texts)
+    k = min(body.top_k, engine.text.vocab_size if targets is None else len(targets))
     check_answer_size(engine, masks * k, engine.max_length, "tokens",
                       f"answers ({masks} masks x top_k {k})")
     result = await infer(request, engine, texts, body.truncation, iterations=body.iterations)
 
     def each(i: int, logits, encoding) -> list[list[dict]]:
-        if engine.mask_id not in encoding.ids:
-            raise ApiError(422, "invalid_request", f"input {i}: its {engine.mask_token} was "
+        if engine.text.mask_id not in encoding.ids:
+            raise ApiError(422, "invalid_request", f"input {i}: its {engine.text.mask_token} was "
                            f"cut, past model {engine.name!r}'s max_length "
                            f"({engine.max_length} tokens)")
-        return postprocess.fill_mask(logits, encoding.ids, engine.mask_id, body.top_k, targets,
-                                     engine.text_of)
+        return postprocess.fill_mask(logits, encoding.ids, engine.text.mask_id, body.top_k, targets,
+                                     engine.text.text_of)
 
     return engine, await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [each(i, logits, encoding)

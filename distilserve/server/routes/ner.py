@@ -49,9 +49,9 @@ async def recognised(body: NerRequest, request: Request
 def _windows(engine: Engine, stride: int) -> tuple[int, int]:
     """Windows of the model's max_length tokens, each ``stride`` over the one before (a 422
     unless that leaves each window something new)."""
-    if stride >= engine.room:
+    if stride >= engine.text.room:
         raise ApiError(422, "invalid_request", f"stride {stride}: model {engine.name!r} "
-                       f"reads windows of {engine.room} tokens of text (its max_length, "
+                       f"reads windows of {engine.text.room} tokens of text (its max_length, "
                        f"{engine.max_length}, less its special tokens); stride must be less")
     return engine.max_length, stride
 
@@ -65,6 +65,6 @@ def entities(engine: Engine, text: str, output, strategy: str,
                                                           ignore)]
         return spans.overlapping(found) if len(output) > 1 else found
     logits, encoding = output
-    info = spans.TokenInfo.of(encoding, engine.unk_id, engine.word_aware)
+    info = spans.TokenInfo.of(encoding, engine.text.unk_id, engine.text.word_aware)
     return spans.entities(text, info, np.asarray(logits), engine.labels, strategy,
                                 ignore)

@@ -47,7 +47,7 @@ async def answered(body: QaRequest, request: Request
     return engine, await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [postprocess.answers([(np.asarray(logits), encoding)
                                       for logits, encoding in windows], context,
-                                     engine.cls_id, body.top_k, body.max_answer_len,
+                                     engine.text.cls_id, body.top_k, body.max_answer_len,
                                      body.handle_impossible_answer, body.align_to_words)
                  for windows, (_, context) in zip(result.outputs, pairs)]), result
 
@@ -56,7 +56,7 @@ def _check_questions(engine: Engine, pairs: list[tuple[str, str]], size: int,
                      stride: int) -> None:
     """A 413 for a question that leaves its context no room past the windows' overlap: a
     question is never cut."""
-    for i, encoding in enumerate(engine.tokenize([q for q, _ in pairs], None)):
+    for i, encoding in enumerate(engine.text.tokenize([q for q, _ in pairs], None)):
         room = size - len(encoding.ids) - 1  # [CLS] question [SEP] ... [SEP]
         if room <= stride:
             raise ApiError(413, "input_too_long", f"input {i}: its question is "

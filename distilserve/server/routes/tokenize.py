@@ -38,7 +38,7 @@ async def tokenized(request: Request, body: TokenizeRequest) -> list[list[dict]]
     check_limits(request, body.texts)
     texts = (body.texts if body.prompt_name is None
              else with_prompt(engine, body.texts, body.prompt_name))
-    return await asyncio.to_thread(engine.tokens, texts, body.add_special_tokens)
+    return await asyncio.to_thread(engine.text.tokens, texts, body.add_special_tokens)
 
 
 async def decoded(request: Request, body: DecodeRequest) -> list[str]:
@@ -47,4 +47,4 @@ async def decoded(request: Request, body: DecodeRequest) -> list[str]:
     ids = body.texts
     check_limits(request, ids)
     check_token_ids(engine, ids)
-    return await asyncio.to_thread(engine.decode, ids, body.skip_special_tokens)
+    return await asyncio.to_thread(engine.text.decode, ids, body.skip_special_tokens)

@@ -1,0 +1,203 @@
+"""A model's tokenizer, as the service uses it: the Rust tokenizer set up once per
+truncation (transformers' wrapper re-configures it on every call), so that the model's
+thread encodes in batches; texts, pairs and token ids to encodings; windows; TEI's tokens
+and decode; fill-mask's targets and texts."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tokenizers import Tokenizer
+
+from distilserve.models import entities
+from distilserve.models.io.manifest import Manifest, TokenizerFacts
+from distilserve.models.tasks import least_max_length
+from distilserve.server.core.refusals import ModelLoadError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+# how an input longer than max_length is cut: at its end, at its start, or not (refused)
+TRUNCATIONS = ("right", "left", None)
+
+
+@dataclass
+class TokenIds:
+    """A token-id input as the batcher sees an encoding."""
+
+    ids: list[int]
+    type_ids: list[int]
+    overflowing: list[int] = field(default_factory=list)  # the ids cut off (max_length)
+
+
+def load_tokenizer(folder: Path, manifest: Manifest,
+                   ) -> tuple[Tokenizer, TokenizerFacts, PreTrainedTokenizerFast | None]:
+    """A model folder's Rust tokenizer, its special tokens, and transformers' tokenizer
+    where fill-mask needs its decode (a class that decodes its own way; else None). Read
+    from checkpoint/tokenizer.json alone where the export found that to be transformers'
+    tokenizer (the manifest's ``tokenizer``): then neither transformers nor torch is
+    imported; else loaded with transformers. A ModelLoadError naming the tokenizer.json
+    that does not read, or the folder where transformers does not load it."""
+    checkpoint, facts = folder / "checkpoint", manifest.tokenizer
+    file = checkpoint / "tokenizer.json"  # (gone: transformers makes it from vocab.txt)
+    if facts is not None and file.is_file() and facts.suffice(manifest.task):
+        try:
+            return Tokenizer.from_file(str(file)), facts, None
+        except Exception as e:
+            raise ModelLoadError(f"{file}: {type(e).__name__}: {e}") from None
+    try:
+        from transformers import AutoTokenizer  # a second or two, and torch with it
+
+        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    except Exception as e:
+        raise ModelLoadError(f"{folder}: {type(e).__name__}: {e}") from None
+    if not tokenizer.is_fast:
+        raise ModelLoadError(f"{folder}: checkpoint/ has no tokenizer.json (a fast "
+                             "tokenizer); re-export it with distilserve export")
+    facts = TokenizerFacts.of(tokenizer)
+    hf = None if facts.suffice(manifest.task) else tokenizer
+    return tokenizer.backend_tokenizer, facts, hf
+
+
+# transformers' clean-up of a decoded text (PreTrainedTokenizerBase.clean_up_tokenization):
+# the spaces a WordPiece decode leaves before punctuation and English contractions
+CLEAN_UPS = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def clean_up_tokenization(text: str) -> str:
+    """A decoded text as transformers cleans it up, replacement by replacement in its order."""
+    for spaced, joined in CLEAN_UPS:
+        text = text.replace(spaced, joined)
+    return text
+
+
+class Tokenisation:
+    """One model folder's tokenizer for a task, inputs cut to ``max_length``. A
+    ModelLoadError where it cannot serve the task (fill-mask without a mask token) or
+    ``max_length`` leaves no room for text."""
+
+    def __init__(self, folder: Path, manifest: Manifest, task: str, max_length: int):
+        self.max_length = max_length
+        # the Rust tokenizer itself, set up once per truncation below (transformers' wrapper
+        # re-configures it on every call); the model's thread encodes in batches
+        rust, facts, self.hf_tokenizer = load_tokenizer(folder, manifest)
+        self.clean_up_spaces = facts.clean_up_tokenization_spaces  # fill-mask's texts
+        self.unk_id = facts.unk_token_id
+        self.cls_id = facts.cls_token_id  # QA: the token that may answer "no answer"
+        self.mask_token = self.mask_id = None  # fill-mask: the token it fills
+        if task == "fill-mask":
+            if facts.mask_token_id is None:
+                raise ModelLoadError(f"{folder}: its tokenizer has no mask token to fill")
+            self.mask_token, self.mask_id = facts.mask_token, facts.mask_token_id
+        spec = rust.to_str()  # its JSON, serialised once for the digest and the copies
+        self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
+        # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
+        self.digest = hashlib.sha256(spec.encode()).hexdigest()
+        self.word_aware = entities.TokenInfo.marks_words(rust)
+        self._spec, self._windowing = spec, {}  # windows()'s tokenizers
+        self.tokenizers = {}
+        for truncation in TRUNCATIONS:
+            t = Tokenizer.from_str(spec)
+            t.no_padding()
+            if truncation:  # transformers' default: longest_first for pairs; a question
+                # is kept whole, its context cut (transformers' question-answering pipeline)
+                t.enable_truncation(max_length, direction=truncation, strategy=(
+                    "only_second" if task == "qa" else "longest_first"))
+            else:
+                t.no_truncation()
+            self.tokenizers[truncation] = t
+        # the special tokens around one input ("[CLS] $A [SEP]"), for token-id inputs
+        probe = self.tokenizers[None].encode("a")
+        at = probe.special_tokens_mask.index(0)
+        self.specials = (probe.ids[:at], probe.ids[at + 1:])
+        least = least_max_length(self.tokenizers[None], task)
+        if max_length < least:
+            raise ModelLoadError(f"{folder}: its max_length, {max_length}, leaves no "
+                                 "token of text beside the special tokens of an input: "
+                                 f"re-export it with --max-length {least} or more")
+        # the tokens of text an input may have: max_length less its special tokens
+        self.room = max(0, max_length - len(self.specials[0]) - len(self.specials[1]))
+        self.filler = probe.ids[at]  # a token of text, for warm-up batches
+
+    def tokenize(self, texts: list, truncation: str | None) -> list:
+        """Texts (or pairs) -> the Rust tokenizer's encodings, in order, cut to max_length
+        at the end ("right") or the start ("left") or not at all (None); token-id inputs
+        (lists of ints) get the special tokens a text would get, and are cut the same way."""
+        if not any(isinstance(t, list) for t in texts):
+            return self.tokenizers[truncation].encode_batch(texts)
+        strings = [t for t in texts if not isinstance(t, list)]
+        encoded = iter(self.tokenizers[truncation].encode_batch(strings) if strings else [])
+        return [self._from_ids(t, truncation) if isinstance(t, list) else next(encoded)
+                for t in texts]
+
+    def windows(self, texts: list, size: int, stride: int) -> list[list]:
+        """Each input's encodings in windows of ``size`` tokens in all, each sharing
+        ``stride`` tokens of its text with the one before, as transformers' pipelines make
+        them: a text whole in its windows (token classification's stride), or a (question,
+        context) pair's question whole in each and its context in windows (question
+        answering). stride must be less than the room the special tokens (and a question)
+        leave."""
+        strategy = "only_second" if isinstance(texts[0], tuple) else "longest_first"
+        tokenizer = self._windowing.get((size, stride, strategy))
+        if tokenizer is None:
+            if len(self._windowing) >= 8:  # sizes a client asked for: a few kept
+                self._windowing.clear()
+            tokenizer = Tokenizer.from_str(self._spec)
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(size, stride=stride, strategy=strategy)
+            self._windowing[size, stride, strategy] = tokenizer
+        return [[encoding, *encoding.overflowing] for encoding in tokenizer.encode_batch(texts)]
+
+    def _from_ids(self, ids: list[int], truncation: str | None) -> TokenIds:
+        before, after = self.specials
+        kept, overflowing = ids, []
+        if truncation == "right":
+            kept, overflowing = ids[:self.room], ids[self.room:]
+        elif truncation == "left":
+            cut = max(0, len(ids) - self.room)
+            kept, overflowing = ids[cut:], ids[:cut]
+        ids = [*before, *kept, *after]
+        return TokenIds(ids, [0] * len(ids), overflowing)
+
+    def tokens(self, texts: list[str], add_special_tokens: bool) -> list[list[dict]]:
+        """TEI's /tokenize: per text its tokens (id, text, character offsets, special),
+        untruncated."""
+        out = []
+        for text, enc in zip(texts, self.tokenizers[None].encode_batch(
+                texts, add_special_tokens=add_special_tokens)):
+            out.append([{"id": i, "special": bool(sp),
+                         "text": token if sp else text[start:stop],
+                         "start": None if sp else start, "stop": None if sp else stop}
+                        for i, token, (start, stop), sp in zip(
+                            enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)])
+        return out
+
+    def target_ids(self, targets: list[str]) -> list[int]:
+        """fill-mask's targets as token ids, as the pipeline finds them: the vocabulary's
+        token, else the first token of the target's text (none: left out); each once."""
+        tokenizer, ids = self.tokenizers[None], []
+        for target in targets:
+            if (found := tokenizer.token_to_id(target)) is None:
+                tokens = tokenizer.encode(target, add_special_tokens=False).ids
+                if not tokens:
+                    continue
+                found = tokens[0]
+            ids.append(found)
+        return list(dict.fromkeys(ids))
+
+    def decode(self, ids: list[list[int]], skip_special_tokens: bool) -> list[str]:
+        """TEI's /decode: each list of token ids as text."""
+        return self.tokenizers[None].decode_batch(ids, skip_special_tokens=skip_special_tokens)
+
+    def text_of(self, ids: list[int], skip_special_tokens: bool) -> str:
+        """Token ids as transformers' tokenizer decodes them (fill-mask's texts, as the
+        pipeline's): the Rust tokenizer's text, its spaces before punctuation cleaned up
+        where the tokenizer says; or transformers' own decode, for a class with its own."""
+        if self.hf_tokenizer is not None:
+            return self.hf_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        text = self.tokenizers[None].decode(ids, skip_special_tokens=skip_special_tokens)
+        return clean_up_tokenization(text) if self.clean_up_spaces else text
