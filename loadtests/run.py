@@ -121,7 +121,7 @@ class InProcess:
         from tokenizers import Tokenizer
 
         from distilserve.models.io.manifest import Manifest
-        from distilserve.server.batching import warmup_shapes
+        from distilserve.server.core.batching import warmup_shapes
         from distilserve.server.engine import open_runtime
         from distilserve.server.settings import Settings
 
@@ -140,8 +140,8 @@ class InProcess:
         self.encode(samples.SENTENCES[:32])
 
     def encode(self, texts: list[str]) -> np.ndarray:
-        from distilserve.server.batching import pad
-        from distilserve.server.postprocess import normalize
+        from distilserve.server.core.batching import pad
+        from distilserve.server.core.postprocess import normalize
 
         return normalize(self.backend.run(pad(self.tokenizer.encode_batch(texts))))
 

@@ -176,7 +176,7 @@ def _build_default(cache_dir: Path, folder: Path,
             time.sleep(0.02)
 
     # a build stopped at a step (BuildCancelled) or failed, or a process that exits while
-    # its build thread is abandoned (distilserve.server.engine.on_daemon_thread), leaves nothing
+    # its build thread is abandoned (distilserve.server.core.threads.on_daemon_thread), leaves nothing
     atexit.register(leave_nothing)
     try:
         models = staging / "models"

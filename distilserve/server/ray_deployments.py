@@ -1,6 +1,6 @@
 """The deployments of distilserve's Ray Serve application (distilserve/server/ray_serve.py
 assembles them): ``ModelReplica``, one model folder's engine; ``Ingress``, the FastAPI app
-whose engines (``RemoteEngine``) send each request's inputs to a replica of its model
+whose engines (each with a ``RayRunner``) send each request's inputs to a replica of its model
 (distilserve/server/ray_grpc.py adds the gRPC calls to it)."""
 
 from __future__ import annotations
@@ -51,13 +51,11 @@ class ModelReplica:
         return os.getpid()
 
 
-class RemoteEngine(Engine):
-    """A model whose inputs run on Ray Serve replicas: tokenizer and metadata here."""
+class RayRunner:
+    """A model's runner whose inputs run on Ray Serve replicas (each a LocalRunner): the
+    engine here keeps the card and the tokenizer."""
 
-    def __init__(self, folder: Path, settings: Settings, metrics: Metrics, handle,
-                 described: dict, batch_limits: tuple[int, int]):
-        super().__init__(folder.name, folder, read_manifest(folder), settings, metrics,
-                         local=False)
+    def __init__(self, handle, described: dict, batch_limits: tuple[int, int]):
         self.handle, self.described = handle, described
         self.batch_limits = tuple(batch_limits)  # the replicas', which batch
         span = described.get("iterations")  # the replica's backend's depth (Engine.depth)
@@ -82,6 +80,13 @@ class RemoteEngine(Engine):
             raise ModelUnavailable(f"its replica is gone: {type(e).__name__}") from None
 
 
+def remote_engine(folder: Path, settings: Settings, metrics: Metrics, handle, described: dict,
+                  batch_limits: tuple[int, int]) -> Engine:
+    """The model of ``folder`` here, its inputs run by Ray Serve's replicas (``handle``)."""
+    return Engine(folder.name, folder, read_manifest(folder), settings, metrics,
+                  runner=lambda engine: RayRunner(handle, described, batch_limits))
+
+
 @serve.ingress()
 class Ingress:
     """The FastAPI app of ``distilserve serve``, with the models' deployments as engines."""
@@ -97,7 +102,7 @@ class Ingress:
                 handle = handles[folder.name]
                 described = await handle.describe.remote()
                 limits = await handle.batch_limits.remote()
-                return await asyncio.to_thread(RemoteEngine, folder, settings,
+                return await asyncio.to_thread(remote_engine, folder, settings,
                                                service.metrics, handle, described, limits)
 
             await load_models(service, [Path(f) for f in self.folders], open_remote)

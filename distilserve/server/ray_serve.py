@@ -7,7 +7,7 @@ A model repository becomes one Ray Serve application:
   autoscaled on the requests ongoing per replica. Batching stays inside each replica:
   the requests that reach one together share its forward passes.
 - an ingress deployment (``Ingress``): the same FastAPI app, routes, validation and
-  errors as ``distilserve serve``, whose engines (``RemoteEngine``) keep the tokenizer
+  errors as ``distilserve serve``, whose engines (with a ``RayRunner``) keep the tokenizer
   and metadata (validation before queueing, /v1/tokenize, NER's spans) and send each
   request's inputs to a replica of its model; with the grpc extra it takes the gRPC calls
   that Ray Serve's gRPC proxy forwards too (distilserve/server/ray_grpc.py).

@@ -95,7 +95,7 @@ class Tracing:
 
 
 def record(scope, result) -> None:
-    """Where the request's time went (a model's run: server/engine.Result), on its span."""
+    """Where the request's time went (a model's run: server/core/runner.Result), on its span."""
     span = scope.get(SPAN)
     if span is not None:
         span.set_attributes({

@@ -129,11 +129,11 @@ def test_a_model_replaced_or_removed_is_freed(repo, tiny_checkpoints):
     async def replace_then_remove():
         service = Service(Settings(warmup=False), Metrics())
         await load_repository(service, repo)  # freezes, as at start
-        first = weakref.ref(service.engines["embed"].backend)
+        first = weakref.ref(service.engines["embed"].runner.backend)
         export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", force=True)
         assert await sync_repository(service, repo)
         freeze_long_lived(thaw=True)  # as poll_repository does after a change
-        second = weakref.ref(service.engines["embed"].backend)
+        second = weakref.ref(service.engines["embed"].runner.backend)
         shutil.rmtree(repo / "embed")
         assert await sync_repository(service, repo) and not service.engines
         freeze_long_lived(thaw=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from distilserve.server import postprocess
-from distilserve.server.batching import pad
+from distilserve.server.core import postprocess
+from distilserve.server.core.batching import pad
 from distilserve.server.engine import TokenIds
 from loadtests.emulated_gpu import EmulatedGpu
 

@@ -11,7 +11,7 @@ from distilserve.models import export, families, samples
 from distilserve.models.io import checkpoint
 from distilserve.models.runtime import open_backend
 from distilserve.server.cli import main
-from distilserve.server.postprocess import sentence_embeddings
+from distilserve.server.core.postprocess import sentence_embeddings
 from tests.conftest import FAMILIES
 
 CASES = [(family, fmt, loop)

@@ -173,7 +173,7 @@ def test_token_embeddings_are_sentence_transformers_token_embeddings(bge_like, t
     sentence-transformers' output_value="token_embeddings" does, and the service's pooling
     of them (postprocess.sentence_embeddings) gives the embeddings it gives."""
     from distilserve.models.runtime.torchscript import TorchScriptBackend
-    from distilserve.server.postprocess import normalize, sentence_embeddings
+    from distilserve.server.core.postprocess import normalize, sentence_embeddings
 
     model = SentenceTransformer(str(bge_like), device="cpu")
     expected = model.encode(TEXTS, output_value="token_embeddings")  # [T_i, D] each
@@ -366,7 +366,7 @@ def test_every_pooling_is_computed_as_sentence_transformers_computes_it(mode, tm
     vectors."""
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-    from distilserve.server.postprocess import sentence_embeddings
+    from distilserve.server.core.postprocess import sentence_embeddings
 
     encoder = checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=7), tmp_path / "enc")
     model = SentenceTransformer(modules=[Transformer(str(encoder)),

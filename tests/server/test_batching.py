@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from distilserve.server.batching import (
+from distilserve.server.core.batching import (
     Batcher,
     InputTooLong,
     Item,

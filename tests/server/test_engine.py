@@ -16,15 +16,14 @@ import torch
 from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.models.io.manifest import Manifest
-from distilserve.server.batching import pad
+from distilserve.server.core.batching import pad
+from distilserve.server.core.runner import open_decoder, read_decoder
 from distilserve.server.engine import (
     InputTooLong,
     ModelLoadError,
     NotFinite,
     load_engine,
     on_own_thread,
-    open_decoder,
-    read_decoder,
 )
 from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
@@ -205,7 +204,7 @@ def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(tmp_path):
     weight, bias = read_decoder(folder)
     assert weight.shape == (engine.text.vocab_size, 32) and bias.shape == (engine.text.vocab_size,)
     vectors = np.random.default_rng(0).standard_normal((3, 32)).astype(np.float32)
-    np.testing.assert_allclose(engine.decoder(vectors), vectors @ weight.T + bias, rtol=1e-6)
+    np.testing.assert_allclose(engine.runner.decoder(vectors), vectors @ weight.T + bias, rtol=1e-6)
     assert engine.describe()["mask_token"] == "[MASK]"
     assert engine.text.target_ids(["paris", "paris", "[MASK]"]) == [3000, engine.text.mask_id]
     (folder / DECODER).write_bytes(b"not safetensors")
@@ -317,7 +316,7 @@ def test_every_familys_onnx_model_is_served_in_bf16_on_the_cpu(family, tiny_chec
                 load_engine("m", folder, Settings(dtype="bf16"), Metrics())
             continue
         bf16 = load_engine("m", folder, Settings(dtype="bf16"), Metrics())
-        assert (bf16.backend.name, bf16.backend.dtype) == ("torchscript", "bf16")
+        assert (bf16.runner.backend.name, bf16.runner.backend.dtype) == ("torchscript", "bf16")
         a, b = rows(load_engine("m", folder, Settings(dtype="fp32"), Metrics())), rows(bf16)
         cosines = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
         assert cosines.min() >= 0.999, (family, task)
@@ -329,7 +328,7 @@ def test_cuda_graphs_on_by_default_change_nothing_on_the_cpu(torch_model, caplog
     assert Settings().cuda_graph_tokens == 4096  # for a GPU: measured there (the docs: GPUs)
     with caplog.at_level(logging.INFO, logger="distilserve"):
         engine = load_engine("m", torch_model, Settings(), Metrics())
-    assert engine.backend.place.graphs is None and "cuda_graph_tokens" not in engine.describe()
+    assert engine.runner.backend.place.graphs is None and "cuda_graph_tokens" not in engine.describe()
     assert "CUDA graphs" not in caplog.text  # nothing to say where there is no GPU
     assert len(_run(engine, ["one", "two"]).outputs) == 2
 
@@ -425,8 +424,8 @@ def test_question_answering_runs_each_pair_as_its_windows(tiny_checkpoints, tmp_
 def test_an_input_too_long_is_refused_before_it_is_queued(torch_model):
     engine = load_engine("m", torch_model, Settings(), Metrics())
     submitted = []
-    submit = engine.batcher.submit
-    engine.batcher.submit = lambda *args: submitted.append(args) or submit(*args)
+    submit = engine.runner.batcher.submit
+    engine.runner.batcher.submit = lambda *args: submitted.append(args) or submit(*args)
     long = "word " * (engine.max_length + 10)
 
     async def go():
@@ -538,7 +537,7 @@ def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collecte
     texts = [f"word {i} [MASK] " + "[MASK] " * (i % 3) + "end" * (i % 2) for i in range(40)]
     engine = load_engine("m", folder, Settings(), Metrics())
     weight, bias = read_decoder(folder)
-    vectors = engine.backend.run(pad(engine.text.tokenize(texts[:1], "right")))[0]  # [T, E]
+    vectors = engine.runner.backend.run(pad(engine.text.tokenize(texts[:1], "right")))[0]  # [T, E]
     ran = _run(engine, texts)  # outputs: (logits, encoding) each
     assert [logits.shape[0] for logits, _ in ran.outputs] == [1 + i % 3 for i in range(40)]
     # the first input's mask, as the decoder gives it on that input's vectors alone
@@ -566,7 +565,7 @@ def test_a_batch_is_postprocessed_once_whether_run_or_collected(
     NER model has none (its postprocessing is per request)."""
     texts = [f"sentence {i} " + "word " * (i % 7) for i in range(40)]  # batches of 32 and 8
     engine = load_engine("m", onnx_model, Settings(), Metrics())
-    alone = engine.backend.run(pad(engine.text.tokenize(texts[:1], "right")))[0]  # [D]
+    alone = engine.runner.backend.run(pad(engine.text.tokenize(texts[:1], "right")))[0]  # [D]
     ran = _run(engine, texts)
     assert ran.outputs[0].shape == alone.shape == (engine.dimensions,)
     np.testing.assert_allclose(ran.outputs[0], alone, rtol=1e-5, atol=1e-6)
@@ -634,10 +633,10 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
     # at load one input of max_length (the outputs' check), then two of each shape, then
     # the two warm-up requests of one text each
     assert shapes[0] == (1, engine.max_length) and graphs_after == [1]
-    assert shapes[1:-2] == [s for s in engine.shapes for _ in range(2)]
-    assert engine.shapes[0] == (256 // engine.max_length, engine.max_length)
+    assert shapes[1:-2] == [s for s in engine.runner.shapes for _ in range(2)]
+    assert engine.runner.shapes[0] == (256 // engine.max_length, engine.max_length)
     assert [b for b, _ in shapes[-2:]] == [1, 1]
-    assert f"warmed m on cuda:0: {len(engine.shapes)} batch shapes" in caplog.text
+    assert f"warmed m on cuda:0: {len(engine.runner.shapes)} batch shapes" in caplog.text
 
     engine = load_engine("m", torch_model, settings, Metrics())
     fail.append(True)
@@ -650,7 +649,7 @@ def test_on_a_gpu_the_warm_up_runs_every_batch_shape_the_largest_first(
 
     monkeypatch.undo()
     cpu = load_engine("m", torch_model, settings, Metrics())  # the real backend: on the CPU
-    monkeypatch.setattr(cpu, "_warm_shapes", lambda: pytest.fail("swept on the CPU"))
+    monkeypatch.setattr(cpu.runner, "_warm_shapes", lambda: pytest.fail("swept on the CPU"))
     _run(cpu, ["one"])
 
 
@@ -686,12 +685,12 @@ def test_pytorch_models_on_the_cpu_take_turns_on_the_thread_given(torch_model):
                load_engine("c", torch_model, Settings(), Metrics())]  # none given: its own
     ran_on = {}
     for engine in engines:
-        forward = engine.backend.forward
+        forward = engine.runner.backend.forward
 
         def recording(*args, forward=forward, name=engine.name):
             ran_on.setdefault(name, set()).add(threading.current_thread().name)
             return forward(*args)
-        engine.backend.forward = recording
+        engine.runner.backend.forward = recording
 
     async def go():
         for engine in engines:

@@ -3,8 +3,7 @@ import base64
 import numpy as np
 import pytest
 
-from distilserve.server import postprocess
-from distilserve.server.core import tokenisation
+from distilserve.server.core import postprocess, tokenisation
 
 
 def classification(logits, labels, top_k, multi_label=False, function=None):
@@ -227,7 +226,7 @@ def test_the_sigmoid_of_any_logit_without_a_warning():
 def test_cohere_embedding_types_as_cohere_defines_them():
     import base64
 
-    from distilserve.server.postprocess import cohere_embeddings
+    from distilserve.server.core.postprocess import cohere_embeddings
 
     v = np.array([[0.6, -0.8, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.01]], dtype=np.float32)
     got = cohere_embeddings(v, ["int8", "uint8", "binary", "ubinary", "base64", "int8"])

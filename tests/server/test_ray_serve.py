@@ -39,8 +39,12 @@ def folder(tiny_checkpoints, tmp_path_factory):
 
 
 def remote(folder, error):
-    return ray_deployments.RemoteEngine(folder, Settings(), Metrics(), FakeHandle(error),
-                                        {"id": "embed"}, (32, 512))
+    return ray_deployments.remote_engine(folder, Settings(), Metrics(), FakeHandle(error),
+                                         REPLICA, (32, 512))
+
+
+# what a replica's engine says of where and how it runs (ModelReplica.describe)
+REPLICA = {"backend": "onnx", "device": "cuda:0", "dtype": "fp16", "dtype_reason": "asked"}
 
 
 @pytest.mark.parametrize("cause", [QueueFull("3 inputs queued, limit 2"),
@@ -60,8 +64,10 @@ def test_a_dead_replica_is_model_unavailable(folder):
 def test_the_remote_engine_validates_as_a_local_one_does(folder):
     engine = remote(folder, RuntimeError("never called"))
     assert engine.task == "embed" and engine.text.vocab_size > 1000
-    assert engine.describe() == {"id": "embed"}
-    assert not hasattr(engine, "batcher")  # no backend here: the replicas have it
+    described = engine.describe()  # the card here; where and how it runs, the replica's
+    assert (described["id"], described["task"]) == ("embed", "embed")
+    assert {k: described[k] for k in REPLICA} == REPLICA
+    assert not hasattr(engine.runner, "batcher")  # no backend here: the replicas have it
 
 
 def test_a_replica_uses_the_cpus_ray_reserves_for_it_unless_told_otherwise():
@@ -118,7 +124,7 @@ def test_question_answering_makes_its_windows_on_the_replica(tmp_path):
     export.export(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
                   squad, "onnx")
     replica = load_engine("squad", squad, Settings(threads=1), Metrics())
-    engine = ray_deployments.RemoteEngine(squad, Settings(threads=4), Metrics(),
+    engine = ray_deployments.remote_engine(squad, Settings(threads=4), Metrics(),
                                           LocalHandle(replica), replica.describe(),
                                           replica.batch_limits)
     # the ingress reports (TEI's /info, Triton's config) the limits the replica batches at,

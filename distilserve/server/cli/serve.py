@@ -122,7 +122,7 @@ def _loopback(host: str) -> bool:
 
 def leave_an_abandoned_build() -> None:
     """Exits at once where the embedded default's build was stopped mid-step: its thread
-    (distilserve.server.engine.on_daemon_thread) may be inside PyTorch, which the interpreter's
+    (distilserve.server.core.threads.on_daemon_thread) may be inside PyTorch, which the interpreter's
     finalisation would abort ("terminate called without an active exception"); the exit's
     clean-up (the half-built folder removed: distilserve.server.embedded_default) runs first."""
     import atexit
@@ -130,7 +130,7 @@ def leave_an_abandoned_build() -> None:
     import os
     import threading
 
-    from distilserve.server.engine import DAEMON_THREAD
+    from distilserve.server.core.threads import DAEMON_THREAD
 
     if any(t.name == DAEMON_THREAD and t.is_alive() for t in threading.enumerate()):
         logging.shutdown()

@@ -8,8 +8,8 @@ import uuid
 
 from fastapi import APIRouter, Request
 
-from distilserve.server import errors, postprocess
-from distilserve.server.core import registry
+from distilserve.server import errors
+from distilserve.server.core import postprocess, registry
 from distilserve.server.routes import rerank as v1_rerank
 from distilserve.server.routes.common import embedded, reply, service, usage
 from distilserve.server.schemas import (

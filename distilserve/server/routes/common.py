@@ -12,9 +12,9 @@ import numpy as np
 import orjson
 from fastapi import Request, Response
 
-from distilserve.server import postprocess, tracing
+from distilserve.server import tracing
 from distilserve.server.connections import DISCONNECT
-from distilserve.server.core import registry
+from distilserve.server.core import postprocess, registry
 from distilserve.server.engine import (
     Engine,
     InputTooLong,

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from distilserve.server import errors, postprocess
+from distilserve.server import errors
+from distilserve.server.core import postprocess
 from distilserve.server.routes import cohere
 from distilserve.server.routes.common import embedded, reply, usage
 from distilserve.server.schemas import (

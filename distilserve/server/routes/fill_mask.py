@@ -12,8 +12,8 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
-from distilserve.server import errors, postprocess
-from distilserve.server.core import registry
+from distilserve.server import errors
+from distilserve.server.core import postprocess, registry
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
 from distilserve.server.routes.common import check_answer_size, check_limits, infer, reply, service

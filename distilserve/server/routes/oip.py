@@ -39,8 +39,8 @@ from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
-from distilserve.server import errors, postprocess, tensors
-from distilserve.server.core import registry
+from distilserve.server import errors, tensors
+from distilserve.server.core import postprocess, registry
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from fastapi import APIRouter, Request
 
-from distilserve.server import errors, postprocess
-from distilserve.server.core import registry
+from distilserve.server import errors
+from distilserve.server.core import postprocess, registry
 from distilserve.server.engine import Engine, Result
 from distilserve.server.routes.common import (
     check_limits,

@@ -22,8 +22,8 @@ import numpy as np
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from distilserve.server import errors, postprocess
-from distilserve.server.core import registry
+from distilserve.server import errors
+from distilserve.server.core import postprocess, registry
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
 from distilserve.server.routes import rerank as v1
