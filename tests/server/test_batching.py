@@ -12,6 +12,7 @@ from distilserve.server.core.batching import (
     Item,
     NotFinite,
     OverQueue,
+    Postprocessed,
     QueueFull,
     Request,
     Stopped,
@@ -61,6 +62,12 @@ def test_not_finite_names_the_inputs_whose_own_outputs_are_not():
     assert not_finite(per_token, batch) == [batch[2]]
     decoded = [np.ones((1, 9)), np.array([[np.nan]]), np.ones((2, 9))]  # fill-mask's
     assert not_finite(decoded, batch) == [batch[1]]
+    with np.errstate(invalid="ignore"):
+        paired = Postprocessed(pooled, pooled / np.linalg.norm(pooled, axis=1, keepdims=True))
+    assert not_finite(paired, batch) == [batch[1]]
+    output, unit = paired[0]  # a row: its output and its output postprocessed
+    np.testing.assert_array_equal(output, pooled[0])
+    np.testing.assert_allclose(unit, pooled[0] / np.sqrt(5))
 
 
 def test_a_batch_answers_its_finite_inputs_and_fails_the_others():

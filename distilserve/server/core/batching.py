@@ -134,10 +134,24 @@ def pad(encodings: list, depth: int | None = None) -> dict[str, np.ndarray]:
 CPU_PADDING = 32
 
 
+@dataclass
+class Postprocessed:
+    """A batch's outputs [B, X] with what every request does to them [B, X'] (a unit
+    vector, a classifier's scores): its row ``i`` is input i's pair of them."""
+
+    outputs: np.ndarray
+    postprocessed: np.ndarray
+
+    def __getitem__(self, row: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.outputs[row], self.postprocessed[row]
+
+
 def not_finite(outputs: Any, batch: list[Item]) -> list[Item]:
     """The inputs of a batch whose outputs are not all finite: their rows of [B, ...] (of a
     row per token, [B, T, X], their own tokens', not the padding's), or their arrays of a
     list (fill-mask's). One check of the whole batch where all are finite."""
+    if isinstance(outputs, Postprocessed):  # (what the outputs give, the outputs give too)
+        outputs = outputs.outputs
     if isinstance(outputs, np.ndarray):
         if outputs.dtype.kind != "f" or np.isfinite(outputs).all():
             return []

@@ -30,6 +30,7 @@ from distilserve.server.core.batching import (
     InputFailed,
     InputTooLong,
     OverQueue,
+    Postprocessed,
     QueueFull,
     Stopped,
     pad,
@@ -289,9 +290,9 @@ class LocalRunner:
             self.model.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
         outputs = [r[: len(e.ids)] if self.model.per_token else r for r, e in zip(raw, encodings)]
         postprocessed = None
-        if self.model.batch_postprocess is not None:  # each [2X]: its output, then postprocessed
-            postprocessed = [r[len(r) // 2:] for r in outputs]
-            outputs = [r[:len(r) // 2] for r in outputs]
+        if self.model.batch_postprocess is not None:  # each (its output, postprocessed)
+            postprocessed = [post for _, post in outputs]
+            outputs = [output for output, _ in outputs]
         if self.model.task in PER_TOKEN:  # postprocessed with their encodings
             outputs = list(zip(outputs, encodings))
         if groups is not None:  # each input's windows
@@ -354,12 +355,12 @@ def decoding(runner: LocalRunner, run, collect) -> tuple:
 
 def postprocessing(run, collect, post: Callable[[np.ndarray], np.ndarray]) -> tuple:
     """``run`` and ``collect`` (a GPU's, or None) such that a batch's outputs [B, X] come
-    with ``post`` of them, [B, 2X], each input's row and then its row postprocessed: once
-    per batch, on the model's thread. Done per request on the event loop, such small numpy
+    with ``post`` of them, each input's row a pair (its output, postprocessed): once per
+    batch, on the model's thread. Done per request on the event loop, such small numpy
     calls cost a fifth of one process's throughput at 512 clients (loadtests/RESULTS.md)."""
-    def both(outputs: np.ndarray) -> np.ndarray:  # [B, X] -> [B, 2X]
+    def both(outputs: np.ndarray) -> Postprocessed:
         with np.errstate(invalid="ignore"):  # an input's infinities: NotFinite, not a warning
-            return np.concatenate([outputs, post(outputs)], axis=1)
+            return Postprocessed(outputs, post(outputs))
 
     if collect is None:
         return (lambda arrays: both(run(arrays))), None
