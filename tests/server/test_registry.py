@@ -173,3 +173,10 @@ def test_zero_shot_takes_the_nli_model_named_or_the_only_one():
     other = engine("nli2", "classify", nli.labels)
     assert refusal(registry.pick, service(nli, other), "zero-shot") == (
         400, "several models classify zero-shot (nli, nli2): name one in 'model'")
+
+
+def test_every_reason_the_core_refuses_for_has_its_http_status():
+    from distilserve.server.core.refusals import REASONS
+    from distilserve.server.errors import HTTP
+
+    assert set(HTTP) == set(REASONS)
