@@ -10,12 +10,14 @@ from distilserve.server import errors
 from distilserve.server.core import postprocess, registry
 from distilserve.server.engine import Engine, Result
 from distilserve.server.routes.common import check_limits, infer, reply, service, usage
-from distilserve.server.routes.tei_schemas import TeiPredictRequest
+from distilserve.server.routes.tei_schemas import (
+    InfinityClassifyRequest,
+    InfinityClassifyResponse,
+    TeiPredictRequest,
+)
 from distilserve.server.schemas import (
     ClassifyRequest,
     ClassifyResponse,
-    InfinityClassifyRequest,
-    InfinityClassifyResponse,
 )
 
 router = APIRouter(tags=["classification"])

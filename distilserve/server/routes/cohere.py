@@ -11,11 +11,13 @@ from fastapi import APIRouter, Request
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry
 from distilserve.server.routes import rerank as v1_rerank
-from distilserve.server.routes.common import embedded, reply, service, usage
-from distilserve.server.schemas import (
+from distilserve.server.routes.cohere_schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
     CohereV1EmbedRequest,
+)
+from distilserve.server.routes.common import embedded, reply, service, usage
+from distilserve.server.schemas import (
     RerankRequest,
 )
 

@@ -8,11 +8,9 @@ from fastapi import APIRouter, Request
 from distilserve.server import errors
 from distilserve.server.core import postprocess
 from distilserve.server.routes import cohere
+from distilserve.server.routes.cohere_schemas import CohereEmbedResponse, CohereV1EmbedRequest, EmbedBody
 from distilserve.server.routes.common import embedded, reply, usage
 from distilserve.server.schemas import (
-    CohereEmbedResponse,
-    CohereV1EmbedRequest,
-    EmbedBody,
     EmbeddingsRequest,
     EmbeddingsResponse,
     EmbedResponse,

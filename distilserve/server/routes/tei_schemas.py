@@ -1,10 +1,10 @@
 """The bodies of Text Embeddings Inference's routes and of the Hugging Face Inference
-API's at POST / and /models/NAME (distilserve/server/routes/tei.py): each a /v1 body in
-TEI's or the Inference API's shape."""
+API's at POST / and /models/NAME (distilserve/server/routes/tei.py), and Infinity's
+/classify: each a /v1 body in TEI's, the Inference API's or Infinity's shape."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
@@ -26,6 +26,7 @@ from distilserve.server.schemas import (
     Texts,
     Truncated,
     Truncation,
+    Usage,
     leading,
 )
 
@@ -258,3 +259,19 @@ class TeiVertexResponse(BaseModel):
     predictions: list[TeiAnswer] = Field(description="each instance's answer, in order")
 
 
+# Infinity's /classify
+class InfinityClassifyRequest(Deep, Scored, Truncated):
+    """Infinity's /classify."""
+
+    input: Texts = Field(description="a text or a list of texts")
+
+    @property
+    def inputs(self):
+        return self.input  # Infinity's name
+
+
+class InfinityClassifyResponse(BaseModel):
+    object: Literal["classify"] = "classify"
+    data: list[list[Score]]
+    model: str
+    usage: Usage
