@@ -38,7 +38,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -48,7 +47,15 @@ from distilserve.models import heads
 from distilserve.models.io import checkpoint
 from distilserve.models.io.checkpoint import Checkpoint
 from distilserve.training import DEFAULT_STEPS, STUDENT_PRESET, corpus
+from distilserve.training.fidelity import embed_all, fidelity, fidelity_by_depth
 from distilserve.training.loop import optimise
+from distilserve.training.objectives import (
+    attention_kl,
+    hidden_cosine,
+    output_cosine,
+    relational,
+    same_heads,
+)
 
 STATE = "distill_state.pt"
 
@@ -99,46 +106,6 @@ class Teacher:
 def _mapping(student_layers: int, teacher_layers: int) -> list[int]:
     """g(i): student layer/iteration i -> the teacher layer it learns from (uniform)."""
     return [round((i + 1) * teacher_layers / student_layers) - 1 for i in range(student_layers)]
-
-
-def same_heads(student: torch.Tensor, teacher: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention maps [B, H, T, T] comparable head by head; with different head counts,
-    each side's map averaged over its heads ([B, 1, T, T]: still a distribution per row)."""
-    if student.shape[1] == teacher.shape[1]:
-        return student, teacher
-    return student.mean(1, keepdim=True), teacher.mean(1, keepdim=True)
-
-
-def attention_kl(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """KL(teacher || student) per query row, averaged over heads and real query tokens."""
-    student, teacher = same_heads(student, teacher)
-    kl = (teacher * (teacher.clamp_min(1e-12).log() - student.clamp_min(1e-12).log())).sum(-1)
-    rows = mask[:, None, :].to(kl.dtype).expand_as(kl)  # [B, H, T]
-    return (kl * rows).sum() / rows.sum()
-
-
-def hidden_cosine(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """1 - cosine of hidden states, averaged over real tokens."""
-    cos = F.cosine_similarity(student, teacher, dim=-1)
-    m = mask.to(cos.dtype)
-    return ((1 - cos) * m).sum() / m.sum()
-
-
-def output_cosine(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """1 - cosine of the mean-pooled last hidden states (the served embeddings), averaged
-    over the batch: the sentence-level output loss that stands in for the MLM output."""
-    return (1 - F.cosine_similarity(heads.mean_pool(student, mask),
-                                    heads.mean_pool(teacher, mask), dim=-1)).mean()
-
-
-def relational(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """MSE between the token cosine-similarity matrices (F-ALBERT's relational knowledge)."""
-    def sims(h):
-        h = F.normalize(h, dim=-1)
-        return h @ h.transpose(1, 2)  # [B, T, T]
-
-    pair = (mask[:, :, None] * mask[:, None, :]).to(student.dtype)
-    return (((sims(student) - sims(teacher)) ** 2) * pair).sum() / pair.sum()
 
 
 def student_width(family: str, student: nn.Module) -> int:
@@ -348,51 +315,6 @@ def init_from_teacher(student: Checkpoint, teacher: Teacher, layer: int = 0) -> 
 
 
 # -- fidelity ---------------------------------------------------------------------------
-def _ranks(x: np.ndarray) -> np.ndarray:
-    r = np.empty(len(x))
-    r[np.argsort(x, kind="stable")] = np.arange(len(x))
-    return r
-
-
-def fidelity(teacher_emb: np.ndarray, student_emb: np.ndarray, k: int = 10) -> dict:
-    """Spearman between pairwise cosine similarities, and top-k neighbour overlap."""
-    def cos(e):
-        e = e / np.linalg.norm(e, axis=1, keepdims=True).clip(1e-12)
-        return e @ e.T
-
-    t, s = cos(teacher_emb), cos(student_emb)
-    upper = np.triu_indices(len(t), 1)
-    spearman = float(np.corrcoef(_ranks(t[upper]), _ranks(s[upper]))[0, 1])
-    np.fill_diagonal(t, -np.inf)
-    np.fill_diagonal(s, -np.inf)
-    nt, ns = np.argsort(-t, 1)[:, :k], np.argsort(-s, 1)[:, :k]
-    overlap = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(nt, ns)]))
-    return {"spearman": spearman, f"top{k}_overlap": overlap, "sentences": len(t)}
-
-
-def embed_all(model: nn.Module, tokenizer, texts: list[str], max_length: int,
-              depth: int | None = None) -> np.ndarray:
-    """The texts' embeddings [N, D]; ``depth``: a recursive model's iterations (None: its
-    own)."""
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(texts), 64):
-            enc = tokenizer(texts[i:i + 64], padding=True, truncation=True,
-                            max_length=max_length, return_tensors="pt")
-            inputs = (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
-            out.append((model(*inputs) if depth is None
-                        else model.forward_iterations(*inputs, depth)).numpy())
-    return np.concatenate(out)
-
-
-def fidelity_by_depth(model: nn.Module, teacher_emb: np.ndarray, tokenizer, texts: list[str],
-                      max_length: int) -> dict[str, dict]:
-    """A recursive model's fidelity at each depth, 1 to its own: depth -> fidelity."""
-    return {str(depth): fidelity(teacher_emb, embed_all(model, tokenizer, texts, max_length,
-                                                        depth))
-            for depth in range(1, model.num_iterations + 1)}
-
-
 # -- the loop ---------------------------------------------------------------------------
 def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, train: list[str],
            first: int, last: int, stage: str, progress: Callable[[str], None],
