@@ -49,7 +49,7 @@ class Capability:
     # the served models an unnamed request may get, tier by tier: (who, several of them)
     tiers: tuple[tuple[Callable[[object], bool], str], ...]
     does: str  # "no served model {does}"
-    # a named model of the right task that still cannot: its refusal's message
+    # a named model of the right task that its predicate refuses: the refusal's message
     why_not: Callable[[object, str], str | None] = lambda engine, name: None
 
 
@@ -58,13 +58,13 @@ def _task(task: str) -> Capability:
 
 
 def _why_not_reranker(engine, name: str) -> str | None:
-    if engine.task not in ("embed", "classify"):
+    if reranks(engine):
+        return None
+    if engine.task != "classify":
         return (f"model {name!r} does {engine.task}; rerank needs an embedding model or a "
                 "classification model (a cross-encoder)")
-    if engine.task == "classify" and engine.relevant is None:
-        return (f"model {name!r} has labels {engine.labels} and none is named relevant "
-                "(distilserve export --relevant-label), so it cannot score relevance")
-    return None
+    return (f"model {name!r} has labels {engine.labels} and none is named relevant "
+            "(distilserve export --relevant-label), so it cannot score relevance")
 
 
 CAPABILITIES = {
@@ -76,20 +76,20 @@ CAPABILITIES = {
     "zero-shot": Capability(
         "classify", ((classifies_zero_shot, "models classify zero-shot"),),
         "classifies zero-shot (an NLI model, with an entailment label)",
-        lambda e, name: None if e.entailment is not None else (
+        lambda e, name: None if classifies_zero_shot(e) else (
             f"model {name!r} has the labels {', '.join(e.labels)} and none is entailment: "
             "zero-shot classification takes an NLI model (entailment, neutral, "
             "contradiction)")),
     "token embeddings": Capability(
         "embed", ((gives_token_embeddings, "models give token embeddings"),),
         "gives token embeddings (distilserve export --token-embeddings)",
-        lambda e, name: None if e.pools is not None else (
+        lambda e, name: None if gives_token_embeddings(e) else (
             f"model {name!r} pools its token vectors inside its exported graph, so they "
             "never leave it: export it with distilserve export --token-embeddings for them")),
     "sparse embeddings": Capability(
         "embed", ((gives_sparse_embeddings, "models give sparse embeddings"),),
         "gives sparse embeddings (SPLADE's: distilserve export --pooling splade)",
-        lambda e, name: None if e.sparse else (
+        lambda e, name: None if gives_sparse_embeddings(e) else (
             f"model {name!r} is not a SPLADE model (a masked-language model exported with "
             "distilserve export --pooling splade)")),
 }
