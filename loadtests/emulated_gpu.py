@@ -1,7 +1,7 @@
 """A stand-in for a GPU, to study the service's batching on a machine without one:
 ``python -m loadtests.emulated_gpu serve [distilserve serve flags]`` serves with every
-model's backend replaced by it, and ``python -m loadtests.peer --emulate-gpu`` measures
-that service.
+model's backend replaced by it (in the shared engine process too), and ``python -m
+loadtests.peer --emulate-gpu`` (or loadtests.engines) measures that service.
 
 Its ``launch`` takes ``LAUNCH_S`` without the GIL and queues the batch on the device; the
 device runs batches one after another, each ``FIXED_S`` + ``PER_INPUT_S`` per input;
@@ -78,11 +78,33 @@ class EmulatedGpu(Backend):
         return self.collect(self.launch(inputs))
 
 
-def main(argv: list[str]) -> int:
+def emulate() -> None:
+    """Every model of this process opened on the stand-in."""
     import distilserve.server.engine
-    from distilserve.server import cli
 
     distilserve.server.engine.open_backend = lambda kind, folder, *args, **kwargs: EmulatedGpu.like(folder)
+
+
+def app_from_environment():
+    """A worker's app (``--workers N``), its models on the stand-in."""
+    from distilserve.server import app
+
+    emulate()
+    return app.app_from_environment()
+
+
+def main(argv: list[str]) -> int:
+    """``serve [flags]`` as distilserve's, its workers and shared engine process on the
+    stand-in too; or ``engine SOCKET``: that engine process."""
+    from distilserve.server import cli
+    from distilserve.server.cli import serve
+    from distilserve.server.engine_process import process, supervisor
+
+    emulate()
+    if argv[:1] == ["engine"]:
+        return process.main(argv[1:])
+    supervisor.COMMAND = [sys.executable, "-m", "loadtests.emulated_gpu", "engine"]
+    serve.WORKER_APP = "loadtests.emulated_gpu:app_from_environment"
     return cli.main(argv)
 
 

@@ -22,6 +22,9 @@
 #   nofuser   the same without graphs and with TorchScript's fuser off
 #             (PYTORCH_TENSOREXPR=0): does compiling for new batch shapes cost throughput?
 #   workers   the same with 4 worker processes (DISTILSERVE_WORKERS=4)
+#   engines   one process, 8 workers with a copy each, and 8 front ends of one shared
+#             engine process, in 2 interleaved rounds beside the in-process rate
+#             (python -m loadtests.engines; about 7 minutes: STEP_SECONDS=480)
 #   gc700     the same with Python's own garbage-collection threshold
 #             (DISTILSERVE_GC_THRESHOLD=700, the service's until 27 Nov): beside `peer`,
 #             what the service's threshold (50,000) gains on this machine (on an H100,
@@ -86,6 +89,9 @@ step() {
     nographs) DISTILSERVE_CUDA_GRAPH_TOKENS=0 load nographs torchscript ;;
     nofuser) DISTILSERVE_CUDA_GRAPH_TOKENS=0 PYTORCH_TENSOREXPR=0 load nofuser torchscript ;;
     workers) DISTILSERVE_WORKERS=4 load workers torchscript ;;
+    engines)
+      python3 -m loadtests.engines --model-repository "$(repo torchscript)" --workers 8 \
+        --rounds 2 --seconds "$PHASE_SECONDS" --processes 8 --out /tmp/gpu/engines ;;
     gc700) DISTILSERVE_GC_THRESHOLD=700 load gc700 torchscript ;;
     eager) load eager torch ;;
     profile) load profile torchscript --profile ;;
@@ -98,7 +104,7 @@ step() {
     benchgraphs)
       cli bench --device cuda --dtype fp16 --backends torch --cuda-graphs \
         --output /tmp/gpu/bench && cat /tmp/gpu/bench/REPORT.md ;;
-    *) echo "unknown step (tests peer nographs nofuser workers gc700 eager profile" \
+    *) echo "unknown step (tests peer nographs nofuser workers engines gc700 eager profile" \
          "bench benchgraphs)" >&2; return 2 ;;
   esac
 }
@@ -115,5 +121,7 @@ for name in "$@"; do
   # report came back only as printed)
   tar -czf "$archive" --exclude=artifacts -C /tmp gpu
 done
-for table in /tmp/gpu/*/peer.md; do [ -e "$table" ] && cat "$table"; done
+for table in /tmp/gpu/*/peer.md /tmp/gpu/engines/engines.md; do
+  [ -e "$table" ] && cat "$table"
+done
 exit $failed

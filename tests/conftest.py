@@ -165,3 +165,22 @@ def running_server(repository, until: str = "/ready", **settings):
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+def terminate(server, pids: list[int]) -> None:
+    """SIGTERM to a server's process, which must exit with 0 within two minutes (killed
+    otherwise), leaving none of ``pids`` (its workers, its engine process) running."""
+    import signal
+    import subprocess
+    from pathlib import Path
+
+    server.send_signal(signal.SIGTERM)
+    try:
+        code = server.wait(120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        raise
+    assert code == 0
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or \
+            "zombie" in Path(f"/proc/{pid}/status").read_text().lower()

@@ -21,6 +21,8 @@ from starlette.middleware.cors import CORSMiddleware
 
 from distilserve.server import errors
 from distilserve.server.connections import METRICS
+from distilserve.server.engine_process import front_end
+from distilserve.server.engine_process.supervisor import ENGINE_SOCKET
 from distilserve.server.metrics import Metrics
 from distilserve.server.middleware import ApiKey, BodyLimit, Decompress, Gzip, RequestId, RequestMetrics
 from distilserve.server.routes import (
@@ -199,4 +201,7 @@ def app_from_environment() -> FastAPI:
         first = True
     except FileExistsError:
         first = False
-    return create_app(Settings(), load_first=not first)
+    loader = None
+    if socket := os.environ.get(ENGINE_SOCKET):  # a front end of the engine process
+        loader = front_end.loader(socket)
+    return create_app(Settings(), loader=loader, load_first=not first)

@@ -38,8 +38,13 @@ class Settings(BaseSettings):
                                   "Inference Protocol (KServe's V2, Triton's), Text "
                                   "Embeddings Inference's tei.v1, grpc.health.v1 and "
                                   "reflection; none: no gRPC")
-    workers: int = Field(1, ge=1, description="processes serving the port, each with its "
-                         "own copy of every model; one that dies is restarted")
+    workers: int = Field(1, ge=1, description="processes serving the port; one that dies "
+                         "is restarted")
+    engine: Literal["auto", "shared", "per-worker"] = Field(
+        "auto", description="where the models run with several workers: shared, one engine "
+        "process holding one copy of each model, fed token ids by the workers (which parse, "
+        "validate and tokenise), its batches formed from all their requests; per-worker, a "
+        "copy of every model in each worker; auto: shared on a GPU, per-worker on the CPU")
     cache_dir: Path = Field(Path.home() / ".cache" / "distilserve",
                             description="where the embedded default repository is built")
     api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY "
@@ -198,6 +203,9 @@ class Settings(BaseSettings):
         if self.model_control == "explicit" and (self.workers > 1 or self.poll_seconds):
             raise ValueError("model_control explicit loads a model in one process, as "
                              "asked: not with workers > 1 or poll_seconds")
+        if self.engine == "shared" and self.poll_seconds:
+            raise ValueError("engine shared serves the models its engine process loaded at "
+                             "start: not with poll_seconds")
         return self
 
     def bearer_key(self) -> str | None:
@@ -220,8 +228,10 @@ class Settings(BaseSettings):
     def model_threads(self) -> int:
         """Intra-op threads per model: DISTILSERVE_THREADS, else the cores this process may
         use (a container's CPU limit too: distilserve/models/runtime/cores.py) shared out
-        among the worker processes: workers that each take every core slow one another."""
-        return self.threads or max(1, available_cores() // self.workers)
+        among the worker processes: workers that each take every core slow one another
+        (all of them to a shared engine process, the one running models)."""
+        shares = 1 if self.engine == "shared" else self.workers
+        return self.threads or max(1, available_cores() // shares)
 
     def batch_limits(self, device: str) -> tuple[int, int]:
         """(inputs, padded tokens) per forward pass for a model on ``device``. On the CPU

@@ -19,7 +19,7 @@ import pytest
 import tritonclient.grpc as triton
 
 from distilserve.models import export
-from tests.conftest import free_port, unallocated_port, wait_for
+from tests.conftest import free_port, terminate, unallocated_port, wait_for
 
 pytestmark = pytest.mark.slow  # servers of several worker processes
 
@@ -122,16 +122,7 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
         assert answered.count(200) == len(answered), answered
         assert [_grpc_embed(grpc_port) for _ in range(4)] == [(2, 48)] * 4  # the new ones'
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            code = server.wait(120)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            raise
-    assert code == 0
-    for pid in _workers(log):
-        assert not Path(f"/proc/{pid}").exists() or \
-            "zombie" in Path(f"/proc/{pid}/status").read_text().lower()
+        terminate(server, _workers(log))
 
 
 def test_no_connection_arriving_after_sigterm_is_reset(tiny_checkpoints, tmp_path):

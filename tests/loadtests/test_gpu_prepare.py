@@ -30,9 +30,11 @@ safetensors regex pyyaml tqdm requests charset-normalizer urllib3"""
 PREPARED = """transformers tokenizers huggingface-hub faker fastapi starlette annotated-doc
 pydantic pydantic-core annotated-types typing-inspection pydantic-settings python-dotenv
 uvicorn click orjson httptools opentelemetry-api importlib-metadata zipp"""
-# What gpu.sh's steps run: the service, the peer comparison and its profile, the bench, and
-# the test files of its tests step (with their conftest)
-STEPS = ["distilserve.server.cli", "distilserve.server.app", "loadtests.peer",
+# What gpu.sh's steps run: the service (its engine process too), the peer comparison and
+# its profile, the layouts' comparison, the bench, and the test files of its tests step
+# (with their conftest)
+STEPS = ["distilserve.server.cli", "distilserve.server.app",
+         "distilserve.server.engine_process.process", "loadtests.peer", "loadtests.engines",
          "loadtests.profile", "distilserve.bench.harness", "distilserve.bench.worker",
          "distilserve.bench.report", "tests.conftest"] + [
     file.removesuffix(".py").replace("/", ".") for file in

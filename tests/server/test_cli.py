@@ -2,6 +2,7 @@ import socket
 import sys
 
 import pytest
+import torch
 
 from distilserve.models import families
 from distilserve.models.io import checkpoint
@@ -225,6 +226,34 @@ def test_settings_past_what_could_work_are_refused_in_one_line(variable, value, 
         Settings()
     line = str(Refused.invalid(refused.value))
     assert line.startswith(words) and "\n" not in line
+
+
+def test_a_shared_engine_that_would_poll_is_refused(monkeypatch):
+    from pydantic import ValidationError
+
+    from distilserve.server.settings import Settings
+
+    monkeypatch.setenv("DISTILSERVE_ENGINE", "shared")
+    monkeypatch.setenv("DISTILSERVE_POLL_SECONDS", "1")
+    with pytest.raises(ValidationError, match="engine shared serves the models its engine "
+                       "process loaded at start"):
+        Settings()
+
+
+@pytest.mark.parametrize("engine, workers, device, shared", [
+    ("auto", 1, "auto", False), ("auto", 4, "cpu", False),
+    ("auto", 4, "auto", torch.cuda.is_available()),  # a GPU: shared
+    ("shared", 1, "cpu", True), ("shared", 4, "auto", True), ("per-worker", 4, "auto", False)])
+def test_where_the_models_run_with_several_workers(engine, workers, device, shared):
+    from distilserve.models.runtime.cores import available_cores
+    from distilserve.server.cli.serve import engine_shared
+    from distilserve.server.settings import Settings
+
+    settings = Settings(engine=engine, workers=workers, device=device)
+    assert engine_shared(settings) is shared
+    # the engine process runs every model: all the cores (else a worker's share of them)
+    resolved = Settings(engine="shared" if shared else "per-worker", workers=workers)
+    assert resolved.model_threads() == max(1, available_cores() // (1 if shared else workers))
 
 
 def test_whitespace_around_an_api_key_is_not_part_of_it():

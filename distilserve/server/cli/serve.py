@@ -9,6 +9,7 @@ from pathlib import Path
 from distilserve.server.cli.common import Refused, listening_socket, require
 
 WORKER_READY_S = 120  # how long a new worker of --workers N may take to load (see serve_workers)
+WORKER_APP = "distilserve.server.app:app_from_environment"  # each worker's app factory
 
 
 def add(sub) -> None:
@@ -23,8 +24,12 @@ def add(sub) -> None:
     serve.add_argument("--host", help="DISTILSERVE_HOST (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="DISTILSERVE_PORT (default 8000)")
     serve.add_argument("--workers", type=int,
-                       help="DISTILSERVE_WORKERS: processes serving the port, each with its "
-                       "own copy of every model (default 1)")
+                       help="DISTILSERVE_WORKERS: processes serving the port (default 1)")
+    serve.add_argument("--engine", choices=["auto", "shared", "per-worker"],
+                       help="DISTILSERVE_ENGINE: with several workers, one engine process "
+                       "running one copy of each model for all of them (shared), or a copy "
+                       "of every model in each (per-worker); default auto: shared on a GPU, "
+                       "per-worker on the CPU")
     serve.add_argument("--grpc-port", type=int,
                        help="DISTILSERVE_GRPC_PORT: also serve gRPC on this port, not "
                        "--port's: the Open Inference Protocol (tritonclient.grpc, KServe), "
@@ -46,12 +51,14 @@ def run(args: argparse.Namespace) -> int:
     from distilserve.server import logs
     from distilserve.server.app import create_app
     from distilserve.server.connections import Config, Server
+    from distilserve.server.core.threads import leave_an_abandoned_build
     from distilserve.server.settings import Settings
 
     overrides = {k: v for k, v in (("model_repository", args.model_repository),
                                    ("host", args.host), ("port", args.port),
                                    ("device", args.device), ("dtype", args.dtype),
-                                   ("workers", args.workers), ("grpc_port", args.grpc_port))
+                                   ("workers", args.workers), ("engine", args.engine),
+                                   ("grpc_port", args.grpc_port))
                  if v is not None}
     try:
         settings = Settings(**overrides)
@@ -104,11 +111,25 @@ def run(args: argparse.Namespace) -> int:
     common = dict(settings=settings, host=settings.host, port=settings.port, log_level="info",
                   access_log=settings.access_log, timeout_graceful_shutdown=30,
                   log_config=log_config)
-    if settings.workers == 1:
+    shared = engine_shared(settings)
+    if settings.workers == 1 and not shared:
         Server(Config(create_app(settings, repository), **common)).run(sockets=[sock])
         leave_an_abandoned_build()
         return 0
-    return serve_workers(settings, overrides, sock, common)
+    return serve_workers(settings, {**overrides, "engine": "shared" if shared else "per-worker"},
+                         sock, common)
+
+
+def engine_shared(settings) -> bool:
+    """Whether the models run in an engine process of their own (DISTILSERVE_ENGINE):
+    auto, with several workers on a GPU."""
+    if settings.engine != "auto":
+        return settings.engine == "shared"
+    if settings.workers == 1 or settings.device == "cpu":
+        return False
+    from distilserve.models.runtime.torch_device import resolve_device
+
+    return resolve_device(settings.device).type == "cuda"
 
 
 def _loopback(host: str) -> bool:
@@ -118,24 +139,6 @@ def _loopback(host: str) -> bool:
         return host == "localhost" or ipaddress.ip_address(host).is_loopback
     except ValueError:  # a name: it may resolve to anything
         return False
-
-
-def leave_an_abandoned_build() -> None:
-    """Exits at once where the embedded default's build was stopped mid-step: its thread
-    (distilserve.server.core.threads.on_daemon_thread) may be inside PyTorch, which the interpreter's
-    finalisation would abort ("terminate called without an active exception"); the exit's
-    clean-up (the half-built folder removed: distilserve.server.embedded_default) runs first."""
-    import atexit
-    import logging
-    import os
-    import threading
-
-    from distilserve.server.core.threads import DAEMON_THREAD
-
-    if any(t.name == DAEMON_THREAD and t.is_alive() for t in threading.enumerate()):
-        logging.shutdown()
-        atexit._run_exitfuncs()
-        os._exit(0)
 
 
 def check_names(repository, settings) -> None:
@@ -159,25 +162,34 @@ def check_names(repository, settings) -> None:
 def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     """N worker processes on one port (uvicorn's supervisor: it restarts a worker that
     dies and, on SIGTERM, drains every worker). Each worker builds its app from the
-    DISTILSERVE_* variables set here; their metrics meet in one folder."""
+    DISTILSERVE_* variables set here; their metrics meet in one folder. With a shared
+    engine, its process (on a socket in that folder) starts first and stops last."""
     import os
     import shutil
     import tempfile
 
     from distilserve.server.connections import Config, Workers
+    from distilserve.server.engine_process.supervisor import ENGINE_SOCKET, Supervisor
 
     for key, value in overrides.items():
         os.environ[f"DISTILSERVE_{key.upper()}"] = str(value)
     metrics = tempfile.mkdtemp(prefix="distilserve-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
+    engine = None
+    if overrides["engine"] == "shared":
+        os.environ[ENGINE_SOCKET] = os.path.join(metrics, "engine.sock")
+        engine = Supervisor(os.environ[ENGINE_SOCKET])
+        engine.start()
     try:
         # a new worker loads its models before it is ready (distilserve.server.app.app_from_environment):
         # SIGHUP's restart waits this long for each (uvicorn's 5 s, which a worker loading
         # on a busy machine overran, aborted it); a hung worker is found as late
-        config = Config("distilserve.server.app:app_from_environment", factory=True,
+        config = Config(WORKER_APP, factory=True,
                         workers=settings.workers, timeout_worker_healthcheck=WORKER_READY_S,
                         **common)
         Workers(config, sockets=[sock]).run()
     finally:
+        if engine is not None:
+            engine.stop()
         shutil.rmtree(metrics, ignore_errors=True)
     return 0

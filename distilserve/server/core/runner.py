@@ -245,65 +245,116 @@ class LocalRunner:
         ``windows`` (size, stride): each input runs as its windows (see windows), each an
         input of the batches, and its outputs are its windows' (a list of them).
         ``iterations``: a recursive model's depth for them, 1 to ``self.depth`` (None: its
-        own; the caller checks it)."""
-        encodings, tokenizing, groups, owners = None, 0.0, None, None
-        if windows is not None:
-            began = time.perf_counter()
-            groups = await asyncio.to_thread(self.model.text.windows, texts, *windows)
-            tokenizing = time.perf_counter() - began
-            encodings = [window for group in groups for window in group]
-            owners = [i for i, group in enumerate(groups) for _ in group]  # each window's input
-            if len(encodings) > self.batcher.max_queue:
-                raise OverQueue(f"{len(encodings)} windows of {len(texts)} input(s) are "
-                                f"more than its queue holds ({self.batcher.max_queue}, "
-                                "DISTILSERVE_MAX_QUEUE), a smaller stride makes fewer")
-        elif truncation is None:
-            began = time.perf_counter()
-            try:
-                encodings = await asyncio.to_thread(self.model.text.tokenize, texts, None)
-            except Exception:  # the model's thread encodes them one by one and fails the bad
-                encodings = []
-            tokenizing = time.perf_counter() - began
-            for i, enc in enumerate(encodings):
-                if len(enc.ids) > self.model.max_length:
-                    raise InputTooLong(i, len(enc.ids), self.model.max_length)
-        queued = texts if owners is None else [texts[i] for i in owners]  # a window: its input's
+        own; the caller checks it). Texts to truncate are tokenised on the model's thread,
+        with the batch."""
+        inputs = await prepare(self.model, texts, truncation, windows, self.batcher.max_queue,
+                               whole=False)
         try:
-            items = self.batcher.submit(queued, truncation, encodings, iterations if (
-                self.depth is not None and iterations != self.depth) else None)
+            items = self.batcher.submit(inputs.queued, truncation, inputs.encodings,
+                                        iterations if (self.depth is not None and
+                                                       iterations != self.depth) else None)
         except QueueFull:
-            self.model.series.rejected.inc(len(queued))
+            self.model.series.rejected.inc(len(inputs.queued))
             raise
         except Stopped:  # unloaded or replaced (repository polling) since it was chosen
             raise ModelUnavailable("it was unloaded or replaced") from None
-        try:
-            futures = [item.future for item in items]  # one input: no gather
-            raw = [await futures[0]] if len(items) == 1 else await asyncio.gather(*futures)
-        except BaseException as e:  # an input too long, or the client went away: drop the rest
-            for item in items:
-                item.future.cancel()
-            if owners is not None and isinstance(e, InputFailed):  # a window: its input's
-                raise type(e)(owners[e.index], *e.facts) from None
-            raise
-        encodings = [item.encoding for item in items]
-        if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):
-            self.model.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
-        outputs = [r[: len(e.ids)] if self.model.per_token else r for r, e in zip(raw, encodings)]
-        postprocessed = None
-        if self.model.batch_postprocess is not None:  # each (its output, postprocessed)
-            postprocessed = [post for _, post in outputs]
-            outputs = [output for output, _ in outputs]
-        if self.model.task in PER_TOKEN:  # postprocessed with their encodings
-            outputs = list(zip(outputs, encodings))
-        if groups is not None:  # each input's windows
-            ran = iter(outputs)
-            outputs = [[next(ran) for _ in group] for group in groups]
+        raw = await outcomes(items, inputs.owners)
         tokenized, waited, running = time_spent(items)
-        tokenizing += tokenized  # before it was queued (truncation None), and on its thread
-        characters = sum(len(t) if isinstance(t, str) else 0 if isinstance(t, list)
-                         else len(t[0]) + len(t[1]) for t in texts)  # text, ids, pair
-        return Result(outputs, sum(len(e.ids) for e in encodings), characters,
-                      tokenizing, waited, running, self.backend.device, postprocessed)
+        inputs.tokenizing += tokenized  # on the model's thread
+        return assemble(self.model, inputs, raw, [item.encoding for item in items], waited,
+                        running, self.backend.device)
+
+
+@dataclass
+class Inputs:
+    """A request's inputs as its runner queues them: one per text, or per window of one."""
+
+    texts: list  # the request's
+    truncation: str | None
+    queued: list  # what is queued: the texts, or each window's text
+    encodings: list | None  # their encodings, where tokenised before they are queued
+    tokenizing: float  # seconds spent tokenising them
+    groups: list | None = None  # with windows: each text's windows
+    owners: list | None = None  # with windows: each window's text
+
+
+async def prepare(model, texts: list, truncation: str | None,
+                  windows: tuple[int, int] | None, max_queue: int, whole: bool) -> Inputs:
+    """``texts`` (their ``windows``, where given) tokenised for ``model`` (an engine: its
+    ``text``, ``max_length``) before they are queued: all of them with ``whole``, else
+    those not to be truncated (checked against max_length: InputTooLong) and windows, the
+    rest left to the batch's thread. OverQueue for more windows than the queue holds."""
+    began = time.perf_counter()
+    inputs = Inputs(texts, truncation, texts, None, 0.0)
+    if windows is not None:
+        inputs.groups = await asyncio.to_thread(model.text.windows, texts, *windows)
+        inputs.encodings = [window for group in inputs.groups for window in group]
+        inputs.owners = [i for i, group in enumerate(inputs.groups) for _ in group]
+        inputs.queued = [texts[i] for i in inputs.owners]
+        if len(inputs.encodings) > max_queue:
+            raise OverQueue(f"{len(inputs.encodings)} windows of {len(texts)} input(s) are "
+                            f"more than its queue holds ({max_queue}, "
+                            "DISTILSERVE_MAX_QUEUE), a smaller stride makes fewer")
+    elif truncation is None or whole:
+        try:
+            inputs.encodings = (model.text.tokenize(texts, truncation)
+                                if whole and len(texts) <= INLINE else
+                                await asyncio.to_thread(model.text.tokenize, texts, truncation))
+        except Exception:
+            if whole:
+                raise
+            inputs.encodings = None  # the model's thread encodes them one by one: the bad fail
+        for i, enc in enumerate(inputs.encodings or []):
+            if len(enc.ids) > model.max_length:
+                raise InputTooLong(i, len(enc.ids), model.max_length)
+    inputs.tokenizing = time.perf_counter() - began
+    return inputs
+
+
+# a front end's requests of up to this many texts are tokenised on its event loop: a
+# thread's hand-over costs more than they do
+INLINE = 4
+
+
+async def outcomes(items: list, owners: list | None = None) -> list:
+    """The outputs of a request's queued items, in order; where one fails (an input too
+    long, the client gone), the rest are dropped from the queue and its error raised (a
+    window's named as its text, ``owners``)."""
+    futures = [item.future for item in items]
+    try:  # one input: no gather
+        return [await futures[0]] if len(items) == 1 else await asyncio.gather(*futures)
+    except BaseException as e:
+        for item in items:
+            item.future.cancel()
+        if owners is not None and isinstance(e, InputFailed):
+            raise type(e)(owners[e.index], *e.facts) from None
+        raise
+
+
+def assemble(model, inputs: Inputs, raw: list, encodings: list, waited: float,
+             running: float, device: str) -> Result:
+    """A request's Result from its inputs' raw outputs (each an output, or with the
+    model's batch_postprocess a pair of it and its postprocessed copy) and their
+    ``encodings``: a row per token cut to the input's tokens, NER's and the like's paired
+    with their encodings, a text's windows' outputs gathered as its list."""
+    truncation = inputs.truncation
+    if truncation is not None and (cut := sum(1 for e in encodings if e.overflowing)):
+        model.series.truncated.inc(cut)  # the Rust encodings' overflowing: what was cut
+    outputs = [r[: len(e.ids)] if model.per_token else r for r, e in zip(raw, encodings)]
+    postprocessed = None
+    if model.batch_postprocess is not None:  # each (its output, postprocessed)
+        postprocessed = [post for _, post in outputs]
+        outputs = [output for output, _ in outputs]
+    if model.task in PER_TOKEN:  # postprocessed with their encodings
+        outputs = list(zip(outputs, encodings))
+    if inputs.groups is not None:  # each input's windows
+        ran = iter(outputs)
+        outputs = [[next(ran) for _ in group] for group in inputs.groups]
+    texts = inputs.texts
+    characters = sum(len(t) if isinstance(t, str) else 0 if isinstance(t, list)
+                     else len(t[0]) + len(t[1]) for t in texts)  # text, ids, pair
+    return Result(outputs, sum(len(e.ids) for e in encodings), characters,
+                  inputs.tokenizing, waited, running, device, postprocessed)
 
 
 def open_decoder(folder: Path, backend: Backend) -> Callable[[np.ndarray], np.ndarray]:

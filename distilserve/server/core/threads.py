@@ -50,3 +50,18 @@ async def on_daemon_thread(fn, *args):
 
     threading.Thread(target=run, daemon=True, name=DAEMON_THREAD).start()
     return await done
+
+
+def leave_an_abandoned_build() -> None:
+    """Exits at once where the embedded default's build was stopped mid-step: its thread
+    (``on_daemon_thread``) may be inside PyTorch, which the interpreter's finalisation
+    would abort ("terminate called without an active exception"); the exit's clean-up (the
+    half-built folder removed: distilserve.server.embedded_default) runs first."""
+    import atexit
+    import logging
+    import os
+
+    if any(t.name == DAEMON_THREAD and t.is_alive() for t in threading.enumerate()):
+        logging.shutdown()
+        atexit._run_exitfuncs()
+        os._exit(0)

@@ -1,0 +1,160 @@
+"""A front end of the engine process (distilserve/server/engine_process/process.py): a
+worker of ``distilserve serve --workers N`` that parses, validates and tokenises here and
+runs its models' inputs there. ``EngineClient`` is its one connection to the engine,
+shared by its models; each model's ``ProcessRunner`` sends a request's token ids and
+builds its Result from the outputs that come back. While the engine process is gone (it
+died, and the supervisor starts another), requests are refused as unavailable, and the
+client connects again."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from distilserve.server.core.batching import InputFailed, QueueFull
+from distilserve.server.core.runner import ModelUnavailable, Result, assemble, prepare
+from distilserve.server.engine import Engine, read_manifest
+from distilserve.server.engine_process import wire
+from distilserve.server.service import Service, load_models
+
+log = logging.getLogger("distilserve")
+
+RECONNECT_S = 0.2  # between attempts to reach the engine process
+
+
+class EngineClient:
+    """The connection to the engine process at ``path``: requests sent as frames, each
+    reply handed to the request of its id."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.outbox: wire.Outbox | None = None
+        self.waiting: dict[int, asyncio.Future] = {}
+        self.ids = itertools.count()
+        self.connected = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        """Connects, hands replies out until the engine process goes, fails what was
+        waiting, and connects again."""
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(self.path)
+            except OSError:  # not listening yet, or restarting
+                await asyncio.sleep(RECONNECT_S)
+                continue
+            self.outbox = wire.Outbox(writer)
+            self.connected.set()
+            try:
+                while True:
+                    header, arrays = await wire.read(reader)
+                    future = self.waiting.pop(header["id"], None)
+                    if future is not None and not future.done():
+                        future.set_result((header, arrays))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                log.error("the engine process closed its connection: requests answered 503 "
+                          "until it is back")
+            finally:
+                self.connected.clear()
+                writer.close()
+                gone, self.waiting = self.waiting, {}
+                for future in gone.values():
+                    if not future.done():
+                        future.set_exception(ModelUnavailable("the engine process is gone"))
+
+    async def call(self, header: dict, arrays: list = ()) -> tuple[dict, list[np.ndarray]]:
+        """The engine's reply to one request (ModelUnavailable while it is not reachable)."""
+        if not self.connected.is_set():
+            raise ModelUnavailable("the engine process is starting")
+        header["id"] = request = next(self.ids)
+        future = asyncio.get_running_loop().create_future()
+        self.waiting[request] = future
+        self.outbox.send(wire.frame(header, arrays))
+        try:
+            return await future
+        finally:
+            self.waiting.pop(request, None)  # (a request cancelled: its reply is dropped)
+
+
+class ProcessRunner:
+    """A model's runner in the engine process: tokenises here, runs there."""
+
+    def __init__(self, model: Engine, client: EngineClient, served: dict):
+        self.model, self.client = model, client
+        self.described = served["described"]
+        self.batch_limits = tuple(served["batch_limits"])  # the engine's, which batches
+        self.depth, self.max_queue = served["depth"], served["max_queue"]
+
+    def describe(self) -> dict:
+        return self.described
+
+    async def start(self, warmup: bool = True) -> None:
+        pass  # the engine process warmed its models up
+
+    async def stop(self) -> None:
+        pass
+
+    async def infer(self, texts: list, truncation: str | None,
+                    windows: tuple[int, int] | None = None,
+                    iterations: int | None = None) -> Result:
+        """As LocalRunner.infer: the texts tokenised here, all of them, and run there."""
+        inputs = await prepare(self.model, texts, truncation, windows, self.max_queue,
+                               whole=True)
+        encodings = inputs.encodings
+        depth = iterations if self.depth is not None and iterations != self.depth else None
+        header, arrays = await self.client.call(
+            {"op": "infer", "model": self.model.name, "depth": depth,
+             "lengths": [len(e.ids) for e in encodings]}, wire.token_ids(encodings))
+        try:
+            wire.raise_failure(header)
+        except QueueFull:
+            self.model.series.rejected.inc(len(encodings))
+            raise
+        except InputFailed as e:  # a window: its input's
+            if inputs.owners is None:
+                raise
+            raise type(e)(inputs.owners[e.index], *e.facts) from None
+        raw = wire.unpack_outputs(arrays, header["pairs"])
+        return assemble(self.model, inputs, raw, encodings, header["waited"],
+                        header["running"], self.described["device"])
+
+
+def loader(path: str):
+    """The app's loader (create_app's ``loader``) of a front end of the engine process at
+    ``path``: waits until the engine has loaded its models (the front end's /ready says
+    what it is doing meanwhile), then serves each as an engine here with a
+    ProcessRunner."""
+    async def load(service: Service) -> None:
+        client = EngineClient(path)
+        client.start()  # (for the process's life)
+        while True:
+            await client.connected.wait()
+            try:
+                state, _ = await client.call({"op": "models"})
+            except ModelUnavailable:
+                continue
+            if state["ready"]:
+                break
+            service.status = f"the engine process: {state['status']}"
+            await asyncio.sleep(RECONNECT_S)
+        service.failures.update(state["failures"])
+        if state["repository"] is not None:
+            service.repository = Path(state["repository"])
+        served = {m["name"]: m for m in state["models"]}
+
+        async def open_remote(folder: Path) -> Engine:
+            return await asyncio.to_thread(
+                Engine, folder.name, folder, read_manifest(folder), service.settings,
+                service.metrics, runner=lambda engine: ProcessRunner(
+                    engine, client, served[folder.name]))
+
+        await load_models(service, [Path(m["folder"]) for m in state["models"]], open_remote)
+
+    return load

@@ -1,0 +1,156 @@
+"""The engine process: the service's models (their runners: batching queues, backends,
+warm-ups, CUDA graphs), one copy of each, answering the front ends' requests on a Unix
+socket. It reads the repository as a one-process service does (building the embedded
+default when none is named); a front end asks which models it serves, then sends each
+request's token ids and gets back the outputs (distilserve/server/engine_process/front_end.py).
+Batches form from all the front ends' inputs. SIGTERM: what is queued is answered, then
+it exits; SIGINT is the supervisor's to handle (it stops the front ends first)."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from distilserve.server.core.batching import QueueFull, Stopped, time_spent
+from distilserve.server.core.runner import ModelUnavailable
+from distilserve.server.core.threads import leave_an_abandoned_build
+from distilserve.server.core.tokenisation import TokenIds
+from distilserve.server.engine_process import wire
+from distilserve.server.metrics import Metrics
+from distilserve.server.service import Service, build_and_load
+from distilserve.server.settings import Settings
+
+log = logging.getLogger("distilserve")
+
+
+def models(service: Service) -> dict:
+    """What a front end needs to serve the models: whether they are loaded yet (and what is
+    being done meanwhile), each model's folder, how its runner runs it and batches, and the
+    folders that failed."""
+    if not service.ready:
+        return {"ready": False, "status": service.status}
+    served = [{"name": name, "folder": str(engine.folder), "described": engine.runner.describe(),
+               "batch_limits": list(engine.batch_limits), "depth": engine.depth,
+               "max_queue": engine.runner.batcher.max_queue}
+              for name, engine in service.engines.items()]
+    return {"ready": True, "status": service.status, "models": served,
+            "failures": service.failures,
+            "repository": None if service.repository is None else str(service.repository)}
+
+
+class Connection:
+    """One front end's requests, each answered as soon as its outputs are ready (in any
+    order: the reply names the request's id)."""
+
+    def __init__(self, service: Service, writer: asyncio.StreamWriter):
+        self.service, self.outbox = service, wire.Outbox(writer)
+
+    def reply(self, header: dict, arrays: list = ()) -> None:
+        self.outbox.send(wire.frame(header, arrays))
+
+    def handle(self, header: dict, arrays: list) -> None:
+        if header["op"] == "models":
+            self.reply({"id": header["id"], **models(self.service)})
+            return
+        engine = self.service.engines.get(header["model"])
+        if engine is None or self.service.draining:
+            why = "the engine process is shutting down" if self.service.draining else \
+                "the engine process does not serve it"
+            self.reply({"id": header["id"], **wire.failure(ModelUnavailable(why))})
+            return
+        encodings = [TokenIds(ids, types) for ids, types in wire.split(*arrays, header["lengths"])]
+        try:
+            items = engine.runner.batcher.submit([""] * len(encodings), None, encodings,
+                                                 header["depth"])
+        except (QueueFull, Stopped) as e:
+            error = ModelUnavailable("it was unloaded") if isinstance(e, Stopped) else e
+            self.reply({"id": header["id"], **wire.failure(error)})
+            return
+        except Exception as e:  # (OverQueue)
+            self.reply({"id": header["id"], **wire.failure(e)})
+            return
+        futures = [item.future for item in items]
+        done = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
+        done.add_done_callback(lambda _: self.answer(header["id"], engine, items, done))
+
+    def answer(self, request: int, engine, items: list, done: asyncio.Future) -> None:
+        """The request's outputs, once all are ready (a row per token cut to its tokens),
+        with the time its inputs waited and ran; or its first failure."""
+        if done.cancelled():
+            return
+        if (error := done.exception()) is not None:
+            for item in items:
+                item.future.cancel()
+            self.reply({"id": request, **wire.failure(error)})
+            return
+        raw = [done.result()] if len(items) == 1 else done.result()
+        if engine.per_token:
+            raw = [r[:item.length] for r, item in zip(raw, items)]
+        arrays, pairs = wire.outputs(raw)
+        _, waited, running = time_spent(items)
+        self.reply({"id": request, "pairs": pairs, "waited": waited, "running": running},
+                   arrays)
+
+
+async def serve(settings: Settings, path: str, stop: asyncio.Event) -> None:
+    """The engine on the socket ``path`` until ``stop`` is set: then what is queued is
+    answered, and it returns."""
+    gc.set_threshold(settings.gc_threshold, *gc.get_threshold()[1:])
+    service = Service(settings, Metrics())
+    loading = asyncio.create_task(build_and_load(service, settings.model_repository))
+
+    async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = Connection(service, writer)
+        try:
+            while True:
+                connection.handle(*await wire.read(reader))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the front end has gone
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(connected, path)
+    log.info("engine process %d on %s", os.getpid(), path)
+    await stop.wait()
+    service.draining = True
+    loading.cancel()
+    await asyncio.gather(loading, return_exceptions=True)
+    for engine in service.engines.values():
+        await engine.stop()  # what is queued is answered first
+    server.close()
+    service.cpu_thread.shutdown(wait=False)
+
+
+async def until_terminated(settings: Settings, path: str) -> None:
+    """``serve`` until SIGTERM (SIGINT ignored: the supervisor's)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    loop.add_signal_handler(signal.SIGINT, lambda: None)
+    await serve(settings, path, stop)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m distilserve.server.engine_process SOCKET``: its settings from the
+    DISTILSERVE_* variables (set by ``distilserve serve``)."""
+    from distilserve.server import logs
+
+    logs.configure(Settings().log_format)
+    try:
+        import uvloop
+
+        uvloop.run(until_terminated(Settings(), argv[0]))
+    except ImportError:
+        asyncio.run(until_terminated(Settings(), argv[0]))
+    Path(argv[0]).unlink(missing_ok=True)
+    leave_an_abandoned_build()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,74 @@
+"""The engine process's supervisor, in ``distilserve serve``'s own process: starts it
+before the front ends, starts another when it dies (the front ends answer 503 meanwhile),
+and stops it after them (SIGTERM: it answers what is queued, then exits)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+
+log = logging.getLogger("distilserve")
+
+# how the engine process is started: this command and the socket's path
+COMMAND = [sys.executable, "-m", "distilserve.server.engine_process"]
+# the variable that tells a worker it is a front end, and where the engine process listens
+ENGINE_SOCKET = "DISTILSERVE_ENGINE_SOCKET"
+RESTART_S = 1.0  # between an engine process's death and its replacement
+STOP_S = 60  # how long a stopping engine process may take to answer what is queued
+
+
+class Supervisor:
+    """The engine process on the socket ``path``, kept running until ``stop``."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.process: subprocess.Popen | None = None
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()  # no new process once stopping
+        self.thread = threading.Thread(target=self._keep, name="engine-supervisor",
+                                       daemon=True)
+
+    def start(self) -> None:
+        self.process = self._spawn()
+        self.thread.start()
+
+    def _spawn(self) -> subprocess.Popen:
+        # its own process group: a Ctrl-C at the terminal reaches the supervisor, which
+        # stops the front ends first (they need the engine to finish their requests)
+        return subprocess.Popen([*COMMAND, self.path], start_new_session=True)
+
+    def _keep(self) -> None:
+        while True:
+            code = self.process.wait()
+            if self.stopping.is_set():
+                return
+            log.error("the engine process %d exited (%s): starting another", self.process.pid,
+                      code)
+            if self.stopping.wait(RESTART_S):
+                return
+            with self.lock:
+                if self.stopping.is_set():
+                    return
+                self.process = self._spawn()
+
+    def stop(self) -> None:
+        """SIGTERM, and its exit awaited (killed if it takes over STOP_S)."""
+        with self.lock:
+            self.stopping.set()
+            process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        try:
+            process.wait(STOP_S)
+        except subprocess.TimeoutExpired:
+            log.error("the engine process %d did not stop in %d s: killed", process.pid, STOP_S)
+            process.kill()
+            process.wait()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

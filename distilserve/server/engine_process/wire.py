@@ -1,0 +1,121 @@
+"""The frames between the front ends and the engine process, over a Unix socket: a header
+(JSON) and the numpy arrays it describes, each frame prefixed by the two lengths. A
+request carries token ids, a reply each input's outputs (an array, or a pair of them: an
+output and its postprocessed copy) or the refusal of the whole request."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+import numpy as np
+import orjson
+
+from distilserve.server.core.batching import (
+    InputTooLong,
+    NotFinite,
+    OverQueue,
+    QueueFull,
+)
+from distilserve.server.core.runner import ModelUnavailable
+
+LENGTHS = struct.Struct("<II")  # the header's bytes, the arrays' bytes
+# the failures a reply names, each rebuilt as the exception the engine's batcher raised
+FAILURES = {"queue_full": QueueFull, "over_queue": OverQueue,
+            "unavailable": ModelUnavailable}
+INPUT_FAILURES = {"input_too_long": InputTooLong, "not_finite": NotFinite}
+
+
+def frame(header: dict, arrays: list[np.ndarray] = ()) -> bytes:
+    """One frame: ``header`` with ``arrays``' dtypes and shapes (as ``arrays``), then their
+    bytes."""
+    arrays = [np.ascontiguousarray(a) for a in arrays]
+    header["arrays"] = [[a.dtype.str, a.shape] for a in arrays]
+    head = orjson.dumps(header)
+    body = b"".join(a.data for a in arrays)
+    return LENGTHS.pack(len(head), len(body)) + head + body
+
+
+async def read(reader: asyncio.StreamReader) -> tuple[dict, list[np.ndarray]]:
+    """The next frame's header and arrays (writable copies); IncompleteReadError at the
+    end of the stream."""
+    head, size = LENGTHS.unpack(await reader.readexactly(LENGTHS.size))
+    data = await reader.readexactly(head + size)
+    header = orjson.loads(memoryview(data)[:head])
+    body, arrays, at = bytearray(memoryview(data)[head:]), [], 0
+    for dtype, shape in header.pop("arrays"):
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        arrays.append(np.frombuffer(body, dtype, count, at).reshape(shape))
+        at += count * dtype.itemsize
+    return header, arrays
+
+
+class Outbox:
+    """Frames to a stream, written together once per turn of the event loop: one system
+    call for all the requests (or replies) of a turn."""
+
+    def __init__(self, writer: asyncio.StreamWriter):
+        self.writer, self.frames = writer, []
+
+    def send(self, data: bytes) -> None:
+        if not self.frames:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.frames.append(data)
+
+    def _flush(self) -> None:
+        frames, self.frames = self.frames, []
+        if not self.writer.is_closing():
+            self.writer.write(b"".join(frames))
+
+
+def token_ids(encodings: list) -> list[np.ndarray]:
+    """Encodings (``.ids``, ``.type_ids``) as two int32 arrays, end to end."""
+    if len(encodings) == 1:
+        return [np.asarray(encodings[0].ids, np.int32),
+                np.asarray(encodings[0].type_ids, np.int32)]
+    return [np.concatenate([np.asarray(e.ids, np.int32) for e in encodings]),
+            np.concatenate([np.asarray(e.type_ids, np.int32) for e in encodings])]
+
+
+def split(ids: np.ndarray, types: np.ndarray, lengths: list[int]) -> list[tuple]:
+    """``token_ids``' arrays back as each input's (ids, type ids)."""
+    ends = np.cumsum(lengths).tolist()
+    return [(ids[end - n:end], types[end - n:end]) for n, end in zip(lengths, ends)]
+
+
+def outputs(raw: list) -> tuple[list[np.ndarray], bool]:
+    """Each input's output (or pair of them) as arrays end to end, and whether pairs."""
+    pairs = bool(raw) and isinstance(raw[0], tuple)
+    return ([a for pair in raw for a in pair] if pairs else list(raw)), pairs
+
+
+def unpack_outputs(arrays: list[np.ndarray], pairs: bool) -> list:
+    return list(zip(arrays[::2], arrays[1::2])) if pairs else arrays
+
+
+def failure(error: Exception) -> dict:
+    """A reply's header for ``error``: its kind, message and facts."""
+    for kind, cls in INPUT_FAILURES.items():
+        if isinstance(error, cls):
+            return {"failed": kind, "index": error.index, "facts": list(error.facts)}
+    for kind, cls in FAILURES.items():
+        if isinstance(error, cls):
+            return {"failed": kind, "message": str(error)}
+    return {"failed": "error", "message": f"{type(error).__name__}: {error}"}
+
+
+def raise_failure(header: dict) -> None:
+    """Raises the exception a reply's header names, if any."""
+    kind = header.get("failed")
+    if kind is None:
+        return
+    if kind in INPUT_FAILURES:
+        raise INPUT_FAILURES[kind](header["index"], *header["facts"])
+    if kind in FAILURES:
+        raise FAILURES[kind](header["message"])
+    raise EngineError(header["message"])
+
+
+class EngineError(Exception):
+    """A failure in the engine process other than a refusal: the batch's model raised."""

@@ -1,0 +1,98 @@
+"""``distilserve serve --workers 2 --engine shared``: two front ends on one port and one
+engine process running the model; outputs as the model's own, the engine's batches in the
+one scrape, an engine process that dies replaced while the front ends answer 503 with
+Retry-After, and SIGTERM answering the request in flight before everything stops."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from distilserve.models import export
+from distilserve.server.engine import load_engine
+from distilserve.server.metrics import Metrics
+from distilserve.server.settings import Settings
+from tests.conftest import free_port, terminate, wait_for
+
+pytestmark = pytest.mark.slow  # a server of three processes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _engines(log: Path) -> list[int]:
+    return [int(p) for p in re.findall(r"engine process (\d+) on", log.read_text())]
+
+
+def _own_embedding(folder: Path, text: str) -> np.ndarray:
+    engine = load_engine(folder.name, folder, Settings(), Metrics())
+
+    async def run():
+        await engine.start(warmup=False)
+        try:
+            return (await engine.infer([text], "right")).postprocessed[0]
+        finally:
+            await engine.stop()
+
+    return asyncio.run(run())
+
+
+def test_front_ends_share_one_engine_process(tiny_checkpoints, tmp_path):
+    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
+    port = free_port()
+    log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "distilserve.server.cli", "serve", "--model-repository",
+         str(tmp_path / "repo"), "--port", str(port), "--workers", "2", "--engine", "shared"],
+        cwd=ROOT, env={**os.environ, "DISTILSERVE_THREADS": "1",
+                       # a lone request waits this long for company: in flight at SIGTERM
+                       "DISTILSERVE_MAX_WAIT_MS": "1000"},
+        stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+    def embed(text: str = "a text") -> httpx.Response:
+        return httpx.post(url + "/embed", json={"inputs": text}, timeout=60)
+
+    try:
+        wait_for(lambda: log.read_text().count("Application startup complete") == 2,
+                 "two front ends")
+        wait_for(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200, "ready")
+        answer = embed()
+        assert answer.status_code == 200
+        np.testing.assert_allclose(answer.json()[0], _own_embedding(tmp_path / "repo" / "bert",
+                                                                    "a text"), atol=1e-5)
+        scraped = httpx.get(url + "/metrics", timeout=30).text  # the engine's series too
+        assert re.search(r'distilserve_batch_size_count{model="bert"} [1-9]', scraped)
+        assert len(_engines(log)) == 1
+
+        os.kill(_engines(log)[0], signal.SIGKILL)
+        statuses, deadline = [], time.monotonic() + 300
+        while len(_engines(log)) < 2 or statuses[-1:] != [200]:  # until the new one serves
+            response = embed()
+            statuses.append(response.status_code)
+            if response.status_code == 503:
+                assert response.headers["retry-after"] == "1"
+                assert "engine process" in response.json()["error"]["message"]
+                time.sleep(0.1)
+            assert time.monotonic() < deadline, statuses[-10:]
+        assert 503 in statuses and set(statuses) <= {200, 503}, statuses
+        assert "exited (-9): starting another" in log.read_text()
+
+        in_flight: list[int] = []
+        thread = threading.Thread(target=lambda: in_flight.append(embed().status_code))
+        thread.start()
+        time.sleep(0.3)  # the request waits in the engine's queue for company
+        server.send_signal(signal.SIGTERM)
+        thread.join(60)
+        assert in_flight == [200]
+    finally:
+        terminate(server, _engines(log))

@@ -1,0 +1,193 @@
+"""The shared engine process and its front ends, in one event loop over a real Unix
+socket: the frames between them, outputs equal to a model's own engine's, refusals carried
+across, and a front end whose engine process is gone answering unavailable."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import numpy as np
+import pytest
+
+from distilserve.server.core.batching import InputTooLong, NotFinite, OverQueue, QueueFull
+from distilserve.server.core.runner import ModelUnavailable
+from distilserve.server.core.tokenisation import TokenIds
+from distilserve.server.engine import load_engine
+from distilserve.server.engine_process import front_end, process, wire
+from distilserve.server.metrics import Metrics
+from distilserve.server.service import Service
+from distilserve.server.settings import Settings
+
+
+async def _read_back(data: bytes):
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return await wire.read(reader)
+
+
+def test_a_frame_carries_its_header_and_arrays_back_as_they_were():
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7], np.int32),
+              np.zeros((0, 4), np.float16)]
+    header, back = asyncio.run(_read_back(wire.frame({"id": 3, "pairs": False}, arrays)))
+    assert header == {"id": 3, "pairs": False}
+    assert [a.dtype for a in back] == [a.dtype for a in arrays]
+    for a, b in zip(arrays, back):
+        np.testing.assert_array_equal(a, b)
+    back[0][0, 0] = 9  # writable: postprocessing may work in place
+    assert back[0][0, 0] == 9
+
+
+def test_token_ids_are_split_back_into_each_input():
+    encodings = [TokenIds([1, 2, 3], [0, 0, 0]), TokenIds([4], [1]), TokenIds([5, 6], [0, 1])]
+    back = wire.split(*wire.token_ids(encodings), [3, 1, 2])
+    assert [(ids.tolist(), types.tolist()) for ids, types in back] == \
+        [([1, 2, 3], [0, 0, 0]), ([4], [1]), ([5, 6], [0, 1])]
+
+
+def test_outputs_and_pairs_of_them_round_trip():
+    pairs = [(np.ones(2), np.zeros(2)), (np.full(2, 2.0), np.full(2, 3.0))]
+    arrays, paired = wire.outputs(pairs)
+    assert paired and len(arrays) == 4
+    back = wire.unpack_outputs(arrays, paired)
+    assert [(a.tolist(), b.tolist()) for a, b in back] == [([1, 1], [0, 0]), ([2, 2], [3, 3])]
+
+
+@pytest.mark.parametrize("error", [QueueFull("9 queued"), OverQueue("too many"),
+                                   ModelUnavailable("gone"), InputTooLong(2, 300, 256),
+                                   NotFinite(1, 40)])
+def test_a_refusal_is_raised_again_on_the_front_end_as_it_was_raised(error):
+    with pytest.raises(type(error)) as raised:
+        wire.raise_failure(wire.failure(error))
+    assert str(raised.value) == str(error)
+
+
+def test_any_other_failure_is_an_engine_error_naming_it():
+    with pytest.raises(wire.EngineError, match="ValueError: broken"):
+        wire.raise_failure(wire.failure(ValueError("broken")))
+    wire.raise_failure({"id": 1})  # no failure: nothing raised
+
+
+@contextlib.asynccontextmanager
+async def engine_and_front_end(repository, path, **settings):
+    """An engine serving ``repository`` on ``path``, and a front end's service loaded from
+    it; the engine stopped afterwards."""
+    settings = Settings(model_repository=repository, engine="shared", **settings)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(process.serve(settings, path, stop))
+    front = Service(settings, Metrics())
+    await front_end.loader(path)(front)
+    try:
+        yield front
+    finally:
+        stop.set()
+        await serving
+
+
+@pytest.fixture(scope="module")
+def socket_path(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("engine") / "engine.sock")
+
+
+def test_a_front_end_serves_the_engines_models_with_their_own_outputs(oip_repository,
+                                                                      socket_path):
+    texts = ["a short one", "and a somewhat longer sentence to embed", "x"]
+
+    async def go():
+        async with engine_and_front_end(oip_repository, socket_path) as front:
+            assert sorted(front.engines) == ["classify", "embed", "ner"]
+            assert "broken" in front.failures  # the engine's failures, said by the front end
+            assert front.ready
+            answers = {name: await engine.infer(texts, "right")
+                       for name, engine in front.engines.items()}
+            windowed = await front.engines["embed"].infer(texts, None, windows=(8, 4))
+            described = front.engines["embed"].describe()
+        return answers, windowed, described
+
+    answers, windowed, described = asyncio.run(go())
+    settings = Settings(model_repository=oip_repository)
+    for name, answer in answers.items():
+        local = load_engine(name, oip_repository / name, settings, Metrics())
+
+        async def run_locally(local=local, name=name):
+            await local.start(warmup=False)
+            try:
+                return (await local.infer(texts, "right"),
+                        await local.infer(texts, None, windows=(8, 4)) if name == "embed"
+                        else None)
+            finally:
+                await local.stop()
+
+        own, own_windows = asyncio.run(run_locally())
+        assert answer.tokens == own.tokens and answer.characters == own.characters
+        assert answer.device == "cpu" and answer.inference_s > 0
+        for mine, theirs in zip(answer.outputs, own.outputs):
+            if name == "ner":  # (its rows per token, with its encoding)
+                np.testing.assert_allclose(mine[0], theirs[0], atol=1e-5)
+                assert mine[1].ids == theirs[1].ids
+            else:
+                np.testing.assert_allclose(mine, theirs, atol=1e-5)
+        if answer.postprocessed is not None:
+            np.testing.assert_allclose(answer.postprocessed, own.postprocessed, atol=1e-5)
+        if own_windows is not None:
+            assert [len(w) for w in windowed.outputs] == [len(w) for w in own_windows.outputs]
+            np.testing.assert_allclose(np.concatenate(windowed.outputs),
+                                       np.concatenate(own_windows.outputs), atol=1e-5)
+    assert described["device"] == "cpu" and described["backend"] == "onnx"
+
+
+def test_the_engines_refusals_reach_the_front_end(oip_repository, socket_path):
+    async def go():
+        async with engine_and_front_end(oip_repository, socket_path, max_queue=2) as front:
+            embed = front.engines["embed"]
+            with pytest.raises(OverQueue):
+                await embed.infer(["a", "b", "c"], "right")
+            with pytest.raises(InputTooLong, match="input 1 has"):
+                await embed.infer(["short", "word " * 200], None)
+            assert len((await embed.infer(["one", "two"], "right")).outputs) == 2
+
+    asyncio.run(go())
+
+
+def test_without_its_engine_process_a_front_end_answers_unavailable(tmp_path):
+    async def go():
+        client = front_end.EngineClient(str(tmp_path / "nobody.sock"))
+        client.start()
+        await asyncio.sleep(0.05)
+        with pytest.raises(ModelUnavailable, match="engine process"):
+            await client.call({"op": "models"})
+        client.task.cancel()
+
+    asyncio.run(go())
+
+
+def test_requests_in_flight_when_the_engine_process_goes_are_unavailable(tmp_path):
+    """The engine's connection closes with a request unanswered: it is failed, not hung,
+    and the next request is refused until the engine is back."""
+    path = str(tmp_path / "engine.sock")
+
+    async def go():
+        accepted = asyncio.Event()
+
+        async def swallow(reader, writer):
+            await wire.read(reader)  # the request, never answered
+            accepted.set()
+            writer.close()
+
+        server = await asyncio.start_unix_server(swallow, path)
+        client = front_end.EngineClient(path)
+        client.start()
+        await client.connected.wait()
+        with pytest.raises(ModelUnavailable, match="gone"):
+            await client.call({"op": "models"})
+        assert accepted.is_set() and not client.connected.is_set()
+        server.close()
+        client.task.cancel()
+
+    asyncio.run(go())
+
+
+def test_an_engine_not_ready_yet_says_what_it_is_doing():
+    served = process.models(Service(Settings(), Metrics()))
+    assert served == {"ready": False, "status": "starting"}
