@@ -79,13 +79,14 @@ def test_front_ends_share_one_engine_process(tiny_checkpoints, tmp_path):
         while len(_engines(log)) < 2 or statuses[-1:] != [200]:  # until the new one serves
             response = embed()
             statuses.append(response.status_code)
-            if response.status_code == 503:
-                assert response.headers["retry-after"] == "1"
-                assert "engine process" in response.json()["error"]["message"]
+            if response.status_code == 503:  # (a request it had, or one while it restarts)
+                assert response.headers["retry-after"] in ("1", "2")
+                assert "the engine process" in response.json()["error"]["message"]
                 time.sleep(0.1)
             assert time.monotonic() < deadline, statuses[-10:]
         assert 503 in statuses and set(statuses) <= {200, 503}, statuses
-        assert "exited (-9): starting another" in log.read_text()
+        assert "exited (-9): starting another in 1 s" in log.read_text()
+        wait_for(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200, "ready again")
 
         in_flight: list[int] = []
         thread = threading.Thread(target=lambda: in_flight.append(embed().status_code))

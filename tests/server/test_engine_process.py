@@ -69,20 +69,35 @@ def test_any_other_failure_is_an_engine_error_naming_it():
     wire.raise_failure({"id": 1})  # no failure: nothing raised
 
 
+class Engine:
+    """An engine process's service, served on ``path`` by ``start`` until ``stop``."""
+
+    def __init__(self, settings: Settings, path: str):
+        self.settings, self.path = settings, path
+
+    def start(self) -> None:
+        self.service, self.stopping = Service(self.settings, Metrics()), asyncio.Event()
+        self.task = asyncio.create_task(process.serve(self.service, self.path, self.stopping))
+
+    async def stop(self) -> None:
+        self.stopping.set()
+        await self.task
+
+
 @contextlib.asynccontextmanager
 async def engine_and_front_end(repository, path, **settings):
     """An engine serving ``repository`` on ``path``, and a front end's service loaded from
     it; the engine stopped afterwards."""
     settings = Settings(model_repository=repository, engine="shared", **settings)
-    stop = asyncio.Event()
-    serving = asyncio.create_task(process.serve(settings, path, stop))
+    engine = Engine(settings, path)
+    engine.start()
     front = Service(settings, Metrics())
     await front_end.loader(path)(front)
     try:
-        yield front
+        yield front, engine
     finally:
-        stop.set()
-        await serving
+        if not engine.task.done():
+            await engine.stop()
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +110,7 @@ def test_a_front_end_serves_the_engines_models_with_their_own_outputs(oip_reposi
     texts = ["a short one", "and a somewhat longer sentence to embed", "x"]
 
     async def go():
-        async with engine_and_front_end(oip_repository, socket_path) as front:
+        async with engine_and_front_end(oip_repository, socket_path) as (front, _):
             assert sorted(front.engines) == ["classify", "embed", "ner"]
             assert "broken" in front.failures  # the engine's failures, said by the front end
             assert front.ready
@@ -139,7 +154,7 @@ def test_a_front_end_serves_the_engines_models_with_their_own_outputs(oip_reposi
 
 def test_the_engines_refusals_reach_the_front_end(oip_repository, socket_path):
     async def go():
-        async with engine_and_front_end(oip_repository, socket_path, max_queue=2) as front:
+        async with engine_and_front_end(oip_repository, socket_path, max_queue=2) as (front, _):
             embed = front.engines["embed"]
             with pytest.raises(OverQueue):
                 await embed.infer(["a", "b", "c"], "right")
@@ -157,7 +172,8 @@ def test_without_its_engine_process_a_front_end_answers_unavailable(tmp_path):
         await asyncio.sleep(0.05)
         with pytest.raises(ModelUnavailable, match="engine process"):
             await client.call({"op": "models"})
-        client.task.cancel()
+        for task in client.tasks:
+            task.cancel()
 
     asyncio.run(go())
 
@@ -183,7 +199,8 @@ def test_requests_in_flight_when_the_engine_process_goes_are_unavailable(tmp_pat
             await client.call({"op": "models"})
         assert accepted.is_set() and not client.connected.is_set()
         server.close()
-        client.task.cancel()
+        for task in client.tasks:
+            task.cancel()
 
     asyncio.run(go())
 
@@ -191,3 +208,47 @@ def test_requests_in_flight_when_the_engine_process_goes_are_unavailable(tmp_pat
 def test_an_engine_not_ready_yet_says_what_it_is_doing():
     served = process.models(Service(Settings(), Metrics()))
     assert served == {"ready": False, "status": "starting"}
+
+
+def test_a_front_end_is_not_ready_while_its_engine_process_is_gone(oip_repository,
+                                                                  socket_path):
+    async def go():
+        async with engine_and_front_end(oip_repository, socket_path) as (front, engine):
+            await engine.stop()
+            await wait_until(lambda: not front.ready)
+            assert front.status == "the engine process is restarting"
+            with pytest.raises(ModelUnavailable):
+                await front.engines["embed"].infer(["a"], "right")
+            engine.start()  # another on the same socket: the front end connects again
+            await wait_until(lambda: front.ready)
+            assert len((await front.engines["embed"].infer(["a"], "right")).outputs) == 1
+
+    asyncio.run(go())
+
+
+def test_a_request_whose_client_went_away_leaves_the_engines_queue(oip_repository,
+                                                                   socket_path):
+    async def go():
+        # an idle model waits a minute for company: the input stays queued (no warm-up,
+        # whose inputs would wait as long)
+        async with engine_and_front_end(oip_repository, socket_path, max_wait_ms=60_000,
+                                        warmup=False) as (front, engine):
+            request = asyncio.create_task(front.engines["classify"].infer(["a"], "right"))
+            batcher = engine.service.engines["classify"].runner.batcher
+            await wait_until(lambda: batcher.pending)
+            (queued,) = batcher.pending
+            request.cancel()
+            await wait_until(lambda: queued.future.cancelled())
+            with batcher.lock:  # the model's thread stops waiting, and runs no batch of it
+                batcher.stopping = True
+                batcher.inputs.notify_all()
+
+    asyncio.run(go())
+
+
+async def wait_until(condition, seconds: float = 60) -> None:
+    for _ in range(int(seconds * 100)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("never happened")

@@ -24,10 +24,10 @@ def engine(name: str, task: str, labels=(), relevant_label=None, **extra):
         text=SimpleNamespace(digest=extra.get("digest", "wordpiece")))
 
 
-def service(*engines, ready=True, draining=False):
+def service(*engines, ready=True, draining=False, status="ready"):
     return SimpleNamespace(engines={e.name: e for e in engines}, aliases=lambda: {},
                            failures={}, unloaded=lambda: set(), ready=ready,
-                           draining=draining,
+                           draining=draining, status=status,
                            settings=SimpleNamespace(model_control="none", poll_seconds=0))
 
 
@@ -114,8 +114,11 @@ def test_the_root_and_the_tokenizer():
 @pytest.mark.parametrize("ready, draining, retry", [(False, False, 2), (True, True, 5)])
 def test_no_pick_while_loading_or_shutting_down(ready, draining, retry):
     with pytest.raises(Refusal) as refused:
-        registry.pick(service(EMBED, ready=ready, draining=draining), "embed", "embed")
+        registry.pick(service(EMBED, ready=ready, draining=draining,
+                              status="loading embed (1 of 1)"), "embed", "embed")
     assert (refused.value.reason, refused.value.retry_after) == ("unavailable", retry)
+    assert refused.value.message.startswith(  # what is being done meanwhile
+        "not ready (loading embed (1 of 1))" if not ready else "the service is shutting down")
 
 
 @pytest.mark.parametrize("reason, status, kind", [

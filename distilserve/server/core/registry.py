@@ -100,7 +100,7 @@ def serving(svc):
     if svc.draining:
         raise Refusal("unavailable", "the service is shutting down", retry_after=5)
     if not svc.ready:
-        raise Refusal("unavailable", "models are still loading; retry shortly (GET /ready "
+        raise Refusal("unavailable", f"not ready ({svc.status}); retry shortly (GET /ready "
                       "says when)", retry_after=2)
     return svc
 

@@ -3,8 +3,8 @@ worker of ``distilserve serve --workers N`` that parses, validates and tokenises
 runs its models' inputs there. ``EngineClient`` is its one connection to the engine,
 shared by its models; each model's ``ProcessRunner`` sends a request's token ids and
 builds its Result from the outputs that come back. While the engine process is gone (it
-died, and the supervisor starts another), requests are refused as unavailable, and the
-client connects again."""
+died, and the supervisor starts another) the front end is not ready and refuses requests
+as unavailable, until the client has connected again and the engine has loaded."""
 
 from __future__ import annotations
 
@@ -36,10 +36,11 @@ class EngineClient:
         self.waiting: dict[int, asyncio.Future] = {}
         self.ids = itertools.count()
         self.connected = asyncio.Event()
-        self.task: asyncio.Task | None = None
+        self.lost = asyncio.Event()  # set when a connection ends (cleared by who waits on it)
+        self.tasks: list[asyncio.Task] = []
 
     def start(self) -> None:
-        self.task = asyncio.create_task(self._run())
+        self.tasks.append(asyncio.create_task(self._run()))
 
     async def _run(self) -> None:
         """Connects, hands replies out until the engine process goes, fails what was
@@ -63,6 +64,7 @@ class EngineClient:
                           "until it is back")
             finally:
                 self.connected.clear()
+                self.lost.set()
                 writer.close()
                 gone, self.waiting = self.waiting, {}
                 for future in gone.values():
@@ -79,8 +81,12 @@ class EngineClient:
         self.outbox.send(wire.frame(header, arrays))
         try:
             return await future
+        except asyncio.CancelledError:  # the client went away: its inputs leave the queue
+            if self.waiting.pop(request, None) is not None and self.connected.is_set():
+                self.outbox.send(wire.frame({"op": "cancel", "id": request}))
+            raise
         finally:
-            self.waiting.pop(request, None)  # (a request cancelled: its reply is dropped)
+            self.waiting.pop(request, None)
 
 
 class ProcessRunner:
@@ -134,16 +140,7 @@ def loader(path: str):
     async def load(service: Service) -> None:
         client = EngineClient(path)
         client.start()  # (for the process's life)
-        while True:
-            await client.connected.wait()
-            try:
-                state, _ = await client.call({"op": "models"})
-            except ModelUnavailable:
-                continue
-            if state["ready"]:
-                break
-            service.status = f"the engine process: {state['status']}"
-            await asyncio.sleep(RECONNECT_S)
+        state = await engine_ready(client, service)
         service.failures.update(state["failures"])
         if state["repository"] is not None:
             service.repository = Path(state["repository"])
@@ -156,5 +153,33 @@ def loader(path: str):
                     engine, client, served[folder.name]))
 
         await load_models(service, [Path(m["folder"]) for m in state["models"]], open_remote)
+        client.lost.clear()
+        client.tasks.append(asyncio.create_task(follow(client, service)))
 
     return load
+
+
+async def engine_ready(client: EngineClient, service: Service) -> dict:
+    """The engine's models once it has loaded them (``models``' answer); meanwhile the
+    service's status says what the engine is doing."""
+    while True:
+        await client.connected.wait()
+        try:
+            state, _ = await client.call({"op": "models"})
+        except ModelUnavailable:
+            continue
+        if state["ready"]:
+            return state
+        service.status = f"the engine process: {state['status']}"
+        await asyncio.sleep(RECONNECT_S)
+
+
+async def follow(client: EngineClient, service: Service) -> None:
+    """The front end not ready while its engine process is gone, and ready again once the
+    one that replaces it has loaded."""
+    while True:
+        await client.lost.wait()
+        client.lost.clear()
+        service.ready, service.status = False, "the engine process is restarting"
+        await engine_ready(client, service)
+        service.ready, service.status = True, "ready"

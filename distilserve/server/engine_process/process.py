@@ -45,10 +45,12 @@ def models(service: Service) -> dict:
 
 class Connection:
     """One front end's requests, each answered as soon as its outputs are ready (in any
-    order: the reply names the request's id)."""
+    order: the reply names the request's id); one the front end cancels (its client went
+    away) leaves the queue, as in one process."""
 
     def __init__(self, service: Service, writer: asyncio.StreamWriter):
         self.service, self.outbox = service, wire.Outbox(writer)
+        self.running: dict[int, list] = {}  # each request's queued items, by its id
 
     def reply(self, header: dict, arrays: list = ()) -> None:
         self.outbox.send(wire.frame(header, arrays))
@@ -56,6 +58,10 @@ class Connection:
     def handle(self, header: dict, arrays: list) -> None:
         if header["op"] == "models":
             self.reply({"id": header["id"], **models(self.service)})
+            return
+        if header["op"] == "cancel":
+            for item in self.running.pop(header["id"], []):
+                item.future.cancel()
             return
         engine = self.service.engines.get(header["model"])
         if engine is None or self.service.draining:
@@ -74,6 +80,7 @@ class Connection:
         except Exception as e:  # (OverQueue)
             self.reply({"id": header["id"], **wire.failure(e)})
             return
+        self.running[header["id"]] = items
         futures = [item.future for item in items]
         done = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
         done.add_done_callback(lambda _: self.answer(header["id"], engine, items, done))
@@ -81,6 +88,7 @@ class Connection:
     def answer(self, request: int, engine, items: list, done: asyncio.Future) -> None:
         """The request's outputs, once all are ready (a row per token cut to its tokens),
         with the time its inputs waited and ran; or its first failure."""
+        self.running.pop(request, None)
         if done.cancelled():
             return
         if (error := done.exception()) is not None:
@@ -97,21 +105,24 @@ class Connection:
                    arrays)
 
 
-async def serve(settings: Settings, path: str, stop: asyncio.Event) -> None:
-    """The engine on the socket ``path`` until ``stop`` is set: then what is queued is
-    answered, and it returns."""
+async def serve(service: Service, path: str, stop: asyncio.Event) -> None:
+    """The engine of ``service`` on the socket ``path`` until ``stop`` is set: then what is
+    queued is answered, the front ends' connections closed, and it returns."""
+    settings = service.settings
     gc.set_threshold(settings.gc_threshold, *gc.get_threshold()[1:])
-    service = Service(settings, Metrics())
     loading = asyncio.create_task(build_and_load(service, settings.model_repository))
+    writers: set[asyncio.StreamWriter] = set()
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         connection = Connection(service, writer)
+        writers.add(writer)
         try:
             while True:
                 connection.handle(*await wire.read(reader))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front end has gone
         finally:
+            writers.discard(writer)
             writer.close()
 
     server = await asyncio.start_unix_server(connected, path)
@@ -123,16 +134,30 @@ async def serve(settings: Settings, path: str, stop: asyncio.Event) -> None:
     for engine in service.engines.values():
         await engine.stop()  # what is queued is answered first
     server.close()
+    await asyncio.sleep(0)  # (the last replies written)
+    for writer in list(writers):
+        writer.close()
     service.cpu_thread.shutdown(wait=False)
 
 
 async def until_terminated(settings: Settings, path: str) -> None:
-    """``serve`` until SIGTERM (SIGINT ignored: the supervisor's)."""
+    """``serve`` until SIGTERM, or until the supervisor that started it is gone (SIGINT
+    ignored: the supervisor's)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, lambda: None)
-    await serve(settings, path, stop)
+    orphaned = asyncio.create_task(_until_orphaned(stop))
+    await serve(Service(settings, Metrics()), path, stop)
+    orphaned.cancel()
+
+
+async def _until_orphaned(stop: asyncio.Event) -> None:
+    parent = os.getppid()
+    while os.getppid() == parent:
+        await asyncio.sleep(1)
+    log.error("the engine process's supervisor is gone: stopping")
+    stop.set()
 
 
 def main(argv: list[str]) -> int:

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 log = logging.getLogger("distilserve")
 
@@ -16,7 +17,9 @@ log = logging.getLogger("distilserve")
 COMMAND = [sys.executable, "-m", "distilserve.server.engine_process"]
 # the variable that tells a worker it is a front end, and where the engine process listens
 ENGINE_SOCKET = "DISTILSERVE_ENGINE_SOCKET"
-RESTART_S = 1.0  # between an engine process's death and its replacement
+# between an engine process's death and its replacement: doubled after each that lived
+# less than STEADY_S, up to the longest
+RESTART_S, LONGEST_RESTART_S, STEADY_S = 1.0, 30.0, 30.0
 STOP_S = 60  # how long a stopping engine process may take to answer what is queued
 
 
@@ -41,14 +44,18 @@ class Supervisor:
         return subprocess.Popen([*COMMAND, self.path], start_new_session=True)
 
     def _keep(self) -> None:
+        delay = RESTART_S
         while True:
+            began = time.monotonic()
             code = self.process.wait()
             if self.stopping.is_set():
                 return
-            log.error("the engine process %d exited (%s): starting another", self.process.pid,
-                      code)
-            if self.stopping.wait(RESTART_S):
+            delay = RESTART_S if time.monotonic() - began > STEADY_S else delay
+            log.error("the engine process %d exited (%s): starting another in %.0f s",
+                      self.process.pid, code, delay)
+            if self.stopping.wait(delay):
                 return
+            delay = min(2 * delay, LONGEST_RESTART_S)
             with self.lock:
                 if self.stopping.is_set():
                     return
