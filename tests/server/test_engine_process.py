@@ -152,6 +152,59 @@ def test_a_front_end_serves_the_engines_models_with_their_own_outputs(oip_reposi
     assert described["device"] == "cpu" and described["backend"] == "onnx"
 
 
+@pytest.fixture(scope="module")
+def decoding_repository(tmp_path_factory):
+    """Fill-mask (its batches decode their mask tokens in the engine) and question
+    answering (a row per token, with windows of its pairs)."""
+    from distilserve.models import export
+    from distilserve.models.io import checkpoint
+
+    root, repo = tmp_path_factory.mktemp("decoding"), tmp_path_factory.mktemp("repo")
+    for task in ("fill-mask", "qa"):
+        saved = checkpoint.save(checkpoint.new("bert", "tiny", task, seed=4), root / task)
+        export.export(saved, repo / task, "onnx", task=task, max_length=32)
+    return repo
+
+
+def test_fill_mask_and_question_answering_through_the_engine(decoding_repository,
+                                                              socket_path):
+    masked = ["the [MASK] sat on the mat", "a [MASK] and a [MASK]"]
+    pairs = [("who sat?", "the cat sat on the mat " * 6), ("where?", "on the mat")]
+
+    async def go():
+        async with engine_and_front_end(decoding_repository, socket_path) as (front, _):
+            return (await front.engines["fill-mask"].infer(masked, "right"),
+                    await front.engines["qa"].infer(pairs, None, windows=(16, 4)))
+
+    filled, answered = asyncio.run(go())
+    settings = Settings(model_repository=decoding_repository)
+
+    async def locally():
+        engines = [load_engine(name, decoding_repository / name, settings, Metrics())
+                   for name in ("fill-mask", "qa")]
+        for engine in engines:
+            await engine.start(warmup=False)
+        try:
+            return (await engines[0].infer(masked, "right"),
+                    await engines[1].infer(pairs, None, windows=(16, 4)))
+        finally:
+            for engine in engines:
+                await engine.stop()
+
+    own_filled, own_answered = asyncio.run(locally())
+    # each input's (logits [M, V]: a row per mask, its encoding)
+    assert [o[0].shape[0] for o in filled.outputs] == [1, 2]
+    for (mine, encoding), (theirs, own_encoding) in zip(filled.outputs, own_filled.outputs):
+        np.testing.assert_allclose(mine, theirs, atol=1e-4)
+        assert encoding.ids == own_encoding.ids
+    assert [len(w) for w in answered.outputs] == [len(w) for w in own_answered.outputs]
+    assert len(answered.outputs[0]) > 1  # the long context's windows
+    for mine, theirs in zip(answered.outputs, own_answered.outputs):
+        for (rows, encoding), (own_rows, own_encoding) in zip(mine, theirs):
+            np.testing.assert_allclose(rows, own_rows, atol=1e-5)
+            assert encoding.ids == own_encoding.ids
+
+
 def test_the_engines_refusals_reach_the_front_end(oip_repository, socket_path):
     async def go():
         async with engine_and_front_end(oip_repository, socket_path, max_queue=2) as (front, _):
