@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from distilserve.server.core import registry
+from distilserve.server.core.card import relevant_index
 from distilserve.server.core.refusals import Refusal
-from distilserve.server.engine import relevant_index
 from distilserve.server.errors import ApiError
 
 
