@@ -27,11 +27,16 @@ async def _read_back(data: bytes):
     return await wire.read(reader)
 
 
-def test_a_frame_carries_its_header_and_arrays_back_as_they_were():
+def test_a_frame_carries_its_messages_back_as_they_were():
     arrays = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7], np.int32),
               np.zeros((0, 4), np.float16)]
-    header, back = asyncio.run(_read_back(wire.frame({"id": 3, "pairs": False}, arrays)))
-    assert header == {"id": 3, "pairs": False}
+    data = wire.frame([({"id": 3, "pairs": False}, arrays[:2]), ({"op": "cancel", "id": 4}, []),
+                       ({"id": 5}, arrays[2:])])
+    messages = asyncio.run(_read_back(data))
+    assert [header for header, _ in messages] == [{"id": 3, "pairs": False},
+                                                  {"op": "cancel", "id": 4}, {"id": 5}]
+    back = [a for _, part in messages for a in part]
+    assert [len(part) for _, part in messages] == [2, 0, 1]
     assert [a.dtype for a in back] == [a.dtype for a in arrays]
     for a, b in zip(arrays, back):
         np.testing.assert_array_equal(a, b)

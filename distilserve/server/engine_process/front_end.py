@@ -55,10 +55,10 @@ class EngineClient:
             self.connected.set()
             try:
                 while True:
-                    header, arrays = await wire.read(reader)
-                    future = self.waiting.pop(header["id"], None)
-                    if future is not None and not future.done():
-                        future.set_result((header, arrays))
+                    for header, arrays in await wire.read(reader):
+                        future = self.waiting.pop(header["id"], None)
+                        if future is not None and not future.done():
+                            future.set_result((header, arrays))
             except (asyncio.IncompleteReadError, ConnectionError):
                 log.error("the engine process closed its connection: requests answered 503 "
                           "until it is back")
@@ -78,12 +78,12 @@ class EngineClient:
         header["id"] = request = next(self.ids)
         future = asyncio.get_running_loop().create_future()
         self.waiting[request] = future
-        self.outbox.send(wire.frame(header, arrays))
+        self.outbox.send(header, arrays)
         try:
             return await future
         except asyncio.CancelledError:  # the client went away: its inputs leave the queue
             if self.waiting.pop(request, None) is not None and self.connected.is_set():
-                self.outbox.send(wire.frame({"op": "cancel", "id": request}))
+                self.outbox.send({"op": "cancel", "id": request})
             raise
         finally:
             self.waiting.pop(request, None)

@@ -53,7 +53,7 @@ class Connection:
         self.running: dict[int, list] = {}  # each request's queued items, by its id
 
     def reply(self, header: dict, arrays: list = ()) -> None:
-        self.outbox.send(wire.frame(header, arrays))
+        self.outbox.send(header, arrays)
 
     def handle(self, header: dict, arrays: list) -> None:
         if header["op"] == "models":
@@ -118,7 +118,8 @@ async def serve(service: Service, path: str, stop: asyncio.Event) -> None:
         writers.add(writer)
         try:
             while True:
-                connection.handle(*await wire.read(reader))
+                for header, arrays in await wire.read(reader):
+                    connection.handle(header, arrays)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front end has gone
         finally:

@@ -1,11 +1,13 @@
-"""The frames between the front ends and the engine process, over a Unix socket: a header
-(JSON) and the numpy arrays it describes, each frame prefixed by the two lengths. A
-request carries token ids, a reply each input's outputs (an array, or a pair of them: an
-output and its postprocessed copy) or the refusal of the whole request."""
+"""The frames between the front ends and the engine process, over a Unix socket: each
+frame the messages of one turn of the sender's event loop, a header (JSON) and the numpy
+arrays it describes, prefixed by the two lengths. A request carries token ids, a reply
+each input's outputs (an array, or a pair of them: an output and its postprocessed copy)
+or the refusal of the whole request."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import struct
 
 import numpy as np
@@ -26,47 +28,52 @@ FAILURES = {"queue_full": QueueFull, "over_queue": OverQueue,
 INPUT_FAILURES = {"input_too_long": InputTooLong, "not_finite": NotFinite}
 
 
-def frame(header: dict, arrays: list[np.ndarray] = ()) -> bytes:
-    """One frame: ``header`` with ``arrays``' dtypes and shapes (as ``arrays``), then their
-    bytes."""
-    arrays = [np.ascontiguousarray(a) for a in arrays]
-    header["arrays"] = [[a.dtype.str, a.shape] for a in arrays]
-    head = orjson.dumps(header)
+def frame(parts: list[tuple[dict, list[np.ndarray]]]) -> bytes:
+    """One frame of several messages, each a header and its arrays: the headers (each with
+    how many arrays are its), the arrays' dtypes and shapes, then the arrays' bytes."""
+    arrays = [np.ascontiguousarray(a) for _, part in parts for a in part]
+    head = orjson.dumps({"parts": [{**header, "n": len(part)} for header, part in parts],
+                         "arrays": [[a.dtype.str, a.shape] for a in arrays]})
     body = b"".join(a.data for a in arrays)
     return LENGTHS.pack(len(head), len(body)) + head + body
 
 
-async def read(reader: asyncio.StreamReader) -> tuple[dict, list[np.ndarray]]:
-    """The next frame's header and arrays (writable copies); IncompleteReadError at the
-    end of the stream."""
+async def read(reader: asyncio.StreamReader) -> list[tuple[dict, list[np.ndarray]]]:
+    """The next frame's messages: each header and its arrays (writable copies);
+    IncompleteReadError at the end of the stream."""
     head, size = LENGTHS.unpack(await reader.readexactly(LENGTHS.size))
     data = await reader.readexactly(head + size)
     header = orjson.loads(memoryview(data)[:head])
     body, arrays, at = bytearray(memoryview(data)[head:]), [], 0
-    for dtype, shape in header.pop("arrays"):
+    for dtype, shape in header["arrays"]:
         dtype = np.dtype(dtype)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)
         arrays.append(np.frombuffer(body, dtype, count, at).reshape(shape))
         at += count * dtype.itemsize
-    return header, arrays
+    messages, taken = [], 0
+    for part in header["parts"]:
+        n = part.pop("n")
+        messages.append((part, arrays[taken:taken + n]))
+        taken += n
+    return messages
 
 
 class Outbox:
-    """Frames to a stream, written together once per turn of the event loop: one system
-    call for all the requests (or replies) of a turn."""
+    """Messages to a stream, sent together once per turn of the event loop: one frame and
+    one system call for all the requests (or replies) of a turn."""
 
     def __init__(self, writer: asyncio.StreamWriter):
-        self.writer, self.frames = writer, []
+        self.writer, self.parts = writer, []
 
-    def send(self, data: bytes) -> None:
-        if not self.frames:
+    def send(self, header: dict, arrays: list = ()) -> None:
+        if not self.parts:
             asyncio.get_running_loop().call_soon(self._flush)
-        self.frames.append(data)
+        self.parts.append((header, arrays))
 
     def _flush(self) -> None:
-        frames, self.frames = self.frames, []
+        parts, self.parts = self.parts, []
         if not self.writer.is_closing():
-            self.writer.write(b"".join(frames))
+            self.writer.write(frame(parts))
 
 
 def token_ids(encodings: list) -> list[np.ndarray]:
