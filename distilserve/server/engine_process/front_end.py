@@ -62,6 +62,9 @@ class EngineClient:
             except (asyncio.IncompleteReadError, ConnectionError):
                 log.error("the engine process closed its connection: requests answered 503 "
                           "until it is back")
+            except Exception:  # a frame that does not read: connect again, afresh
+                log.exception("the engine process's connection failed: requests answered "
+                              "503 until it is back")
             finally:
                 self.connected.clear()
                 self.lost.set()
@@ -74,7 +77,8 @@ class EngineClient:
     async def call(self, header: dict, arrays: list = ()) -> tuple[dict, list[np.ndarray]]:
         """The engine's reply to one request (ModelUnavailable while it is not reachable)."""
         if not self.connected.is_set():
-            raise ModelUnavailable("the engine process is starting")
+            raise ModelUnavailable("the engine process is not connected: starting or "
+                                   "restarting")
         header["id"] = request = next(self.ids)
         future = asyncio.get_running_loop().create_future()
         self.waiting[request] = future
