@@ -223,6 +223,29 @@ def test_the_engines_refusals_reach_the_front_end(oip_repository, socket_path):
     asyncio.run(go())
 
 
+def test_a_full_queue_is_refused_at_the_front_end_and_counted_once(oip_repository,
+                                                                     socket_path):
+    async def go():
+        # one input fills the queue while the idle model waits for company
+        async with engine_and_front_end(oip_repository, socket_path, max_queue=1,
+                                        max_wait_ms=60_000, warmup=False) as (front, engine):
+            waiting = asyncio.create_task(front.engines["embed"].infer(["a"], "right"))
+            batcher = engine.service.engines["embed"].runner.batcher
+            await wait_until(lambda: batcher.pending)
+            with pytest.raises(QueueFull):
+                await front.engines["embed"].infer(["b"], "right")
+            counted = [s.value for m in engine.service.metrics.registry.collect()
+                       for s in m.samples if s.name == "distilserve_rejected_inputs_total"
+                       and s.labels.get("model") == "embed"]
+            waiting.cancel()
+            with batcher.lock:  # the model's thread stops waiting
+                batcher.stopping = True
+                batcher.inputs.notify_all()
+        return counted
+
+    assert asyncio.run(go()) == [1.0]
+
+
 def test_without_its_engine_process_a_front_end_answers_unavailable(tmp_path):
     async def go():
         client = front_end.EngineClient(str(tmp_path / "nobody.sock"))

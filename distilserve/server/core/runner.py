@@ -237,6 +237,21 @@ class LocalRunner:
     async def stop(self) -> None:
         await self.batcher.stop()
 
+    def queue(self, texts: list, truncation: str | None, encodings: list | None,
+              iterations: int | None) -> list:
+        """The inputs queued together for the model's thread (Batcher.submit), at a
+        recursive model's ``iterations`` (None: its own); QueueFull counted as rejected,
+        and ModelUnavailable once its batcher has stopped (the model unloaded or
+        replaced since it was chosen)."""
+        try:
+            return self.batcher.submit(texts, truncation, encodings, iterations if (
+                self.depth is not None and iterations != self.depth) else None)
+        except QueueFull:
+            self.model.series.rejected.inc(len(texts))
+            raise
+        except Stopped:
+            raise ModelUnavailable("it was unloaded or replaced") from None
+
     async def infer(self, texts: list, truncation: str | None,
                     windows: tuple[int, int] | None = None,
                     iterations: int | None = None) -> Result:
@@ -249,15 +264,7 @@ class LocalRunner:
         with the batch."""
         inputs = await prepare(self.model, texts, truncation, windows, self.batcher.max_queue,
                                whole=False)
-        try:
-            items = self.batcher.submit(inputs.queued, truncation, inputs.encodings,
-                                        iterations if (self.depth is not None and
-                                                       iterations != self.depth) else None)
-        except QueueFull:
-            self.model.series.rejected.inc(len(inputs.queued))
-            raise
-        except Stopped:  # unloaded or replaced (repository polling) since it was chosen
-            raise ModelUnavailable("it was unloaded or replaced") from None
+        items = self.queue(inputs.queued, truncation, inputs.encodings, iterations)
         raw = await outcomes(items, inputs.owners)
         tokenized, waited, running = time_spent(items)
         inputs.tokenizing += tokenized  # on the model's thread

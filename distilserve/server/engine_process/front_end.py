@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from distilserve.server.core.batching import InputFailed, QueueFull
+from distilserve.server.core.batching import InputFailed
 from distilserve.server.core.runner import ModelUnavailable, Result, assemble, prepare
 from distilserve.server.engine import Engine, read_manifest
 from distilserve.server.engine_process import wire
@@ -118,15 +118,11 @@ class ProcessRunner:
         inputs = await prepare(self.model, texts, truncation, windows, self.max_queue,
                                whole=True)
         encodings = inputs.encodings
-        depth = iterations if self.depth is not None and iterations != self.depth else None
         header, arrays = await self.client.call(
-            {"op": "infer", "model": self.model.name, "depth": depth,
+            {"op": "infer", "model": self.model.name, "iterations": iterations,
              "lengths": [len(e.ids) for e in encodings]}, wire.token_ids(encodings))
-        try:
+        try:  # (a QueueFull: counted by the engine, in the same metrics)
             wire.raise_failure(header)
-        except QueueFull:
-            self.model.series.rejected.inc(len(encodings))
-            raise
         except InputFailed as e:  # a window: its input's
             if inputs.owners is None:
                 raise

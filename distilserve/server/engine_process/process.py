@@ -16,7 +16,7 @@ import signal
 import sys
 from pathlib import Path
 
-from distilserve.server.core.batching import QueueFull, Stopped, time_spent
+from distilserve.server.core.batching import time_spent
 from distilserve.server.core.runner import ModelUnavailable
 from distilserve.server.core.threads import leave_an_abandoned_build
 from distilserve.server.core.tokenisation import TokenIds
@@ -71,13 +71,9 @@ class Connection:
             return
         encodings = [TokenIds(ids, types) for ids, types in wire.split(*arrays, header["lengths"])]
         try:
-            items = engine.runner.batcher.submit([""] * len(encodings), None, encodings,
-                                                 header["depth"])
-        except (QueueFull, Stopped) as e:
-            error = ModelUnavailable("it was unloaded") if isinstance(e, Stopped) else e
-            self.reply({"id": header["id"], **wire.failure(error)})
-            return
-        except Exception as e:  # (OverQueue)
+            items = engine.runner.queue([""] * len(encodings), None, encodings,
+                                        header["iterations"])
+        except Exception as e:  # QueueFull (counted there), OverQueue, ModelUnavailable
             self.reply({"id": header["id"], **wire.failure(e)})
             return
         self.running[header["id"]] = items
