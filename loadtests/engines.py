@@ -24,12 +24,11 @@ from pathlib import Path
 
 import httpx
 
-from loadtests import lightload
 from loadtests.emulated_gpu import EmulatedGpu
-from loadtests.peer import Inside, payloads
+from loadtests.peer import Inside, measure
 from loadtests.run import HERE, InProcess, free_port, start_server
 
-PHASES = [("1 client", 1), ("32 clients", 32), ("512 clients", 512)]
+PHASES = [("1 client", 1, 1), ("32 clients", 32, 1), ("512 clients", 512, 1)]
 
 
 def layouts(workers: int) -> list[tuple[str, dict]]:
@@ -46,24 +45,14 @@ def measure_layout(repository: Path, model: str, env: dict, seconds: float, proc
     port = free_port()
     server = start_server(repository, port, log, env,
                           module="loadtests.emulated_gpu" if emulate else "distilserve.server.cli")
-    url, rows = f"http://127.0.0.1:{port}", []
+    url = f"http://127.0.0.1:{port}"
     try:
         httpx.post(url + "/v1/embeddings", json={"model": model, "input": "warm"}, timeout=60)
-        inside = Inside(url, server.pid, model)
-        for label, clients in PHASES:
-            bodies = payloads(model, 1)
-            lightload.drive(url, "/v1/embeddings", bodies, clients, min(2.0, seconds), processes)
-            inside.start()
-            r = lightload.drive(url, "/v1/embeddings", bodies, clients, seconds, processes)
-            r.update(phase=label, inside=inside.stop())
-            rows.append(r)
-            print(f"    {label}: {r['requests_per_s']:.0f} req/s, p50 {r['p50_ms']:.2f} ms, "
-                  f"{r['inside']['inputs_per_batch']:.1f} inputs a batch, statuses "
-                  f"{r['statuses']}", flush=True)
+        return measure(url, "/v1/embeddings", model, seconds, processes,
+                       Inside(url, server.pid, model), phases=PHASES)
     finally:
         server.terminate()
         server.wait(60)
-    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +106,7 @@ def report(results: dict, model: str, args) -> list[str]:
     for name, rounds in results.items():
         if name == "in process":
             continue
-        for i, (label, _) in enumerate(PHASES):
+        for i, (label, _, _) in enumerate(PHASES):
             rates = [r[i]["requests_per_s"] for r in rounds]
             share = statistics.median(rate / c for rate, c in zip(rates, ceiling))
             lines.append(

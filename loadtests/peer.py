@@ -99,9 +99,12 @@ class Inside:
 
 
 def measure(url: str, path: str, model: str, seconds: float, processes: int,
-            inside: Inside | None = None, profile: Profile | None = None) -> list[dict]:
+            inside: Inside | None = None, profile: Profile | None = None,
+            phases: list[tuple[str, int, int]] = PHASES) -> list[dict]:
+    """Each phase (label, clients, sentences a request) for ``seconds`` after a warm-up:
+    its row."""
     rows = []
-    for label, clients, per_request in PHASES:
+    for label, clients, per_request in phases:
         lightload.drive(url, path, payloads(model, per_request), clients, min(2.0, seconds),
                       processes)  # warm-up
         if profile:  # first: it may take a while to start sampling, which inside leaves out

@@ -255,3 +255,28 @@ def test_soak_tells_growth_from_a_flat_line():
     assert growth(leaking, 120, 32)["slope_mib_per_min"] == 30.0
     assert not growth(warmed, 120, 32)["grew"]
     assert growth(warmed, 0, 32)["grew"]  # without the warm-up it would count
+
+
+def test_the_layouts_side_by_side_on_the_emulated_gpu(tiny_checkpoints, tmp_path):
+    """loadtests.engines --emulate-gpu: one process, a copy per worker and a shared engine,
+    each served on the stand-in (the workers' and the engine process's models too), every
+    request answered, each layout's rows in the report beside the in-process rate."""
+    from loadtests import engines
+
+    repo = tmp_path / "repo"
+    export.export(tiny_checkpoints["bert", "embed"], repo / "bert", "onnx")
+    out = tmp_path / "engines"
+    assert engines.main(["--model-repository", str(repo), "--emulate-gpu", "--workers", "2",
+                         "--rounds", "1", "--seconds", "0.5", "--processes", "1",
+                         "--out", str(out)]) == 0
+    result = json.loads((out / "engines.json").read_text())
+    layouts = [name for name in result["results"] if name != "in process"]
+    assert layouts == ["one process", "2 workers, a copy each", "2 workers, shared engine"]
+    for name in layouts:
+        (rows,) = result["results"][name]
+        assert [r["phase"] for r in rows] == ["1 client", "32 clients", "512 clients"]
+        assert all(set(r["statuses"]) == {"200"} for r in rows), name
+    log = (out / "service.log").read_text()  # the last layout's: the shared engine
+    assert "engine process" in log and "warmed bert on emulated-gpu" in log
+    report = (out / "engines.md").read_text()
+    assert report.count("| 2 workers, shared engine |") == 3
