@@ -26,13 +26,17 @@ install-dev: $(VENV)/.installed-dev
 serve: install
 	$(BIN)/distilserve serve
 
+# both on every core (at most 4 workers), a test module on one worker (its fixtures made
+# once: tests/conftest.py), the modules sharing the embedded default's build on one
+PYTEST := $(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
+
 test: install-dev
-	$(BIN)/python -m pytest
+	$(PYTEST)
 
 # the inner loop: every test not marked slow (real servers in subprocesses, Ray, training,
 # the default's build, schemathesis)
 test-fast: install-dev
-	$(BIN)/python -m pytest -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # the documentation site, built and served locally as it is edited
 docs: install-dev

@@ -30,6 +30,16 @@ FAMILIES = families.FAMILIES
 TASKS = ("embed", "classify", "ner")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist's --dist loadgroup (make test): a module's tests on one worker,
+    so that its module-scoped fixtures (a server, an exported repository) are made once;
+    a module marked with a group of its own (xdist_group) goes with that group."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> dict[tuple[str, str], str]:
     """(family, task) -> folder of a saved tiny checkpoint."""

@@ -18,7 +18,10 @@ from distilserve.server.core.refusals import Refusal
 
 # the core's refusals in HTTP's words: reason -> (status, the error type in the body)
 HTTP = {"not_found": (404, "model_not_found"), "wrong_task": (400, "wrong_task"),
-        "ambiguous": (400, "invalid_request"), "unavailable": (503, "unavailable")}
+        "ambiguous": (400, "invalid_request"), "invalid": (422, "invalid_request"),
+        "too_large": (413, "payload_too_large"), "input_too_long": (413, "input_too_long"),
+        "not_finite": (422, "not_finite"), "overloaded": (429, "overloaded"),
+        "unavailable": (503, "unavailable"), "client_closed": (499, "client_closed")}
 
 
 class ApiError(Refusal):
@@ -38,12 +41,6 @@ class ApiError(Refusal):
         headers = None if refusal.retry_after is None else {
             "Retry-After": str(refusal.retry_after)}
         return cls(status, kind, refusal.message, headers)
-
-
-def client_closed() -> ApiError:
-    """A client that went away before its answer (nginx's 499): counted in the metrics,
-    never sent."""
-    return ApiError(499, "client_closed", "the client closed the connection")
 
 
 def body(kind: str, message: str) -> dict:

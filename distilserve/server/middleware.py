@@ -16,6 +16,7 @@ from starlette.middleware.gzip import GZipMiddleware
 from starlette.routing import Match
 
 from distilserve.server import errors, logs
+from distilserve.server.core.inference import client_closed
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.metrics import STARTED, Metrics
 from distilserve.server.routes.fast_path import replay
@@ -140,7 +141,7 @@ class Decompress:
                 if not message.get("more_body"):
                     break
             else:  # gone before its body arrived
-                raise errors.client_closed()
+                raise client_closed()
             body = decompress(b"".join(sent), encoding, self.limit)
         except HTTPException as e:  # over the limit as it was read (BodyLimit)
             return await errors.http_error(e)(scope, receive, send)

@@ -16,6 +16,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from distilserve.server.core.inference import numbered
+
 Strategy = Literal["none", "simple", "first", "average", "max"]
 ZERO_SHOT_TEMPLATE = "This example is {}."  # transformers' zero-shot-classification's
 Texts = str | Annotated[list[str], Field(min_length=1)]
@@ -31,12 +33,6 @@ def _check_unicode(text: str, what: str) -> None:
         raise PydanticCustomError("invalid_text", "{what} is not valid Unicode: a lone "
                                   "surrogate at character {at}",
                                   {"what": what, "at": e.start}) from None
-
-
-def numbered(index: int) -> str:
-    """What a client calls the text at ``index`` of those a route runs, where they are its
-    inputs in order."""
-    return f"input {index}"
 
 
 def leading(first: str, then: str) -> Callable[[int], str]:

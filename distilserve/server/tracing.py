@@ -94,9 +94,9 @@ class Tracing:
         self.provider.shutdown()
 
 
-def record(scope, result) -> None:
-    """Where the request's time went (a model's run: server/core/runner.Result), on its span."""
-    span = scope.get(SPAN)
+def record(span, result) -> None:
+    """Where the request's time went (a model's run: server/core/runner.Result), on its
+    span (None: not traced)."""
     if span is not None:
         span.set_attributes({
             "distilserve.tokenization_ms": result.tokenize_s * 1000,

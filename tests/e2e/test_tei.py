@@ -10,7 +10,7 @@ import pytest
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
-from distilserve.server.routes import common
+from distilserve.server.core import inference
 from tests.conftest import running_server
 
 PAIR = ["How old is the Eiffel Tower?", "It was finished in 1889."]
@@ -229,7 +229,7 @@ def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_check
         assert refused.status_code == 400
         assert "--token-embeddings" in refused.json()["error"]["message"]
         # an answer's size is bounded: here 2 inputs of 128 tokens x 32 numbers at most
-        monkeypatch.setattr(common, "ANSWER_NUMBERS", 2 * 128 * 32 + 1)
+        monkeypatch.setattr(inference, "ANSWER_NUMBERS", 2 * 128 * 32 + 1)
         assert len(post(both, "/embed_all", {"inputs": texts})) == 2
         refused = httpx.post(both + "/embed_all", json={"inputs": [*texts, "three"]})
         assert refused.status_code == 413
@@ -267,7 +267,7 @@ def test_embed_sparse_gives_a_splade_models_non_zero_weights(splade_checkpoint,
         assert refused.status_code == 400
         assert "is not a SPLADE model" in refused.json()["error"]["message"]
         # 30522 numbers an embedding: an answer's bound comes soon (here 2 of them)
-        monkeypatch.setattr(common, "ANSWER_NUMBERS", 2 * 30522)
+        monkeypatch.setattr(inference, "ANSWER_NUMBERS", 2 * 30522)
         for route, body, most in (("/v1/embed", {"model": "splade"}, 2),
                                   ("/embed_sparse", {}, 1)):  # an index and a value each
             assert httpx.post(both + route, json={**body, "inputs": texts[:most]}).is_success

@@ -230,6 +230,7 @@ def test_info_is_infos(url, channel):
 
 def test_errors_are_statuses_with_the_http_messages(url, channel):
     embed = pb_grpc.EmbedStub(channel).Embed
+    embed(pb.EmbedRequest(inputs="x"), metadata=key("embedder"))  # answered: counted 200
     error = refused(embed, pb.EmbedRequest(inputs="x"), metadata=key())
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT  # two embedding models
     assert "name one in 'model'" in error.details()

@@ -28,7 +28,9 @@ def service(*engines, ready=True, draining=False, status="ready"):
     return SimpleNamespace(engines={e.name: e for e in engines}, aliases=lambda: {},
                            failures={}, unloaded=lambda: set(), ready=ready,
                            draining=draining, status=status,
-                           settings=SimpleNamespace(model_control="none", poll_seconds=0))
+                           settings=SimpleNamespace(model_control="none", poll_seconds=0,
+                                                    require_all_models=False),
+                           nothing_to_serve=lambda: None)
 
 
 EMBED = engine("embed", "embed")
@@ -119,6 +121,23 @@ def test_no_pick_while_loading_or_shutting_down(ready, draining, retry):
     assert (refused.value.reason, refused.value.retry_after) == ("unavailable", retry)
     assert refused.value.message.startswith(  # what is being done meanwhile
         "not ready (loading embed (1 of 1))" if not ready else "the service is shutting down")
+
+
+def test_one_answer_to_whether_the_service_is_ready():
+    """/ready, gRPC's health checks and the protocol's ServerReady all ask ``unready``."""
+    assert registry.unready(service(EMBED)) is None
+    assert registry.unready(service(EMBED, ready=False, status="loading embed")) == \
+        "loading embed"
+    assert registry.unready(service(EMBED, draining=True)) == "shutting down"
+    failed = service(EMBED)
+    failed.failures, failed.nothing_to_serve = {"bad": "no manifest"}, lambda: None
+    assert registry.unready(failed) is None  # served, one failure listed
+    failed.settings.require_all_models = True
+    assert registry.unready(failed) == ("models failed to load "
+                                        "(DISTILSERVE_REQUIRE_ALL_MODELS): bad: no manifest")
+    empty = service()
+    empty.nothing_to_serve = lambda: "no model to serve"
+    assert registry.unready(empty) == "no model to serve"
 
 
 @pytest.mark.parametrize("reason, status, kind", [

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import bpe_openai
 import pytest
 
-from distilserve.server.errors import ApiError
-from distilserve.server.routes.common import read_foreign
+from distilserve.server.core.inference import read_foreign
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.vocabularies import FOREIGN, Foreign
 
 TEXTS = ["The Eiffel Tower", "naïve café 🎉", "Straße\n\ttab  spaces", "日本語のテキスト", ""]
@@ -36,9 +36,9 @@ def test_a_request_s_ids_become_text_and_its_texts_stay():
     engine = SimpleNamespace(name="m", foreign=cl100k)
     ids = bpe_openai.get_encoding("cl100k_base").encode("The Eiffel Tower")
     assert read_foreign(engine, ["a text", ids]) == ["a text", "The Eiffel Tower"]
-    with pytest.raises(ApiError) as e:
+    with pytest.raises(Refusal) as e:
         read_foreign(engine, ["a text", [1, 2], [5, 100277]])
-    assert e.value.status == 422 and e.value.message == (
+    assert e.value.reason == "invalid" and e.value.message == (
         "input 2: token id 100277 is not in cl100k_base (0 to 100276), the vocabulary model "
         "'m' reads token ids in")
     own = SimpleNamespace(name="m", foreign=None)

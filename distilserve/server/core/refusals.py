@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-# why, each a transport maps to its own code (HTTP: distilserve/server/errors.py)
+# why, each a transport maps to its own code (HTTP: distilserve/server/errors.py; gRPC:
+# distilserve/server/routes/grpc_calls.py)
 REASONS = (
     "not_found",  # no served model of that name, or none that can do it
     "wrong_task",  # the named model cannot do it
     "ambiguous",  # several served models can and none is named
+    "invalid",  # a value the model or the service cannot take
+    "too_large",  # more inputs, characters or answer than the limits allow
+    "input_too_long",  # an input longer than the model reads, and not to be cut
+    "not_finite",  # the model's outputs for an input are not finite numbers
+    "overloaded",  # the model's queue is full: retry after retry_after
     "unavailable",  # not serving now (loading, shutting down): retry after retry_after
+    "client_closed",  # the client went away before its answer
 )
 
 

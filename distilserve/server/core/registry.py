@@ -105,6 +105,20 @@ def serving(svc):
     return svc
 
 
+def unready(svc) -> str | None:
+    """Why the service is not ready, or None once every model folder has been loaded and
+    warmed or has failed and at least one is served (with DISTILSERVE_REQUIRE_ALL_MODELS,
+    none failed), until it shuts down."""
+    if svc.draining:
+        return "shutting down"
+    if not svc.ready:
+        return svc.status
+    if svc.failures and svc.settings.require_all_models:
+        return "models failed to load (DISTILSERVE_REQUIRE_ALL_MODELS): " + "; ".join(
+            f"{name}: {why}" for name, why in sorted(svc.failures.items()))
+    return svc.nothing_to_serve()
+
+
 def named(svc, name: str):
     """The served model of that name (or alias), whatever it does; not found saying why it
     is not served (it failed to load, or is not loaded) and naming the ones served."""

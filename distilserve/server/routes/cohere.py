@@ -10,13 +10,14 @@ from fastapi import APIRouter, Request
 
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry
+from distilserve.server.core.inference import Call, embedded, usage
 from distilserve.server.routes import rerank as v1_rerank
 from distilserve.server.routes.cohere_schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
     CohereV1EmbedRequest,
 )
-from distilserve.server.routes.common import embedded, reply, service, usage
+from distilserve.server.routes.common import http_call, reply
 from distilserve.server.schemas import (
     RerankRequest,
 )
@@ -34,12 +35,12 @@ def _meta(tokens: int, version: str) -> dict:
     return {"api_version": {"version": version}, "billed_units": {"input_tokens": tokens}}
 
 
-async def _embedded(body: CohereEmbedRequest, request: Request):
+async def _embedded(body: CohereEmbedRequest, call: Call):
     """The texts' embeddings [N, D], behind the model's prompt for their input_type."""
-    engine = registry.pick(service(request), "embed", body.model)
+    engine = registry.pick(call.service, "embed", body.model)
     prompt = next((name for name in PROMPTS.get(body.input_type, ()) if name in engine.prompts),
                   None)
-    _, vectors, result = await embedded(request, engine.name, body.texts,
+    _, vectors, result = await embedded(call, engine.name, body.texts,
                                         body.output_dimension, prompt, TRUNCATION[body.truncate],
                                         named=body.name_of)
     return vectors, result
@@ -49,8 +50,9 @@ async def _embedded(body: CohereEmbedRequest, request: Request):
 async def embed(body: CohereEmbedRequest, request: Request):
     """Cohere's v2 embed: each text's embedding in every type asked for (float, int8,
     uint8, binary, ubinary, base64), behind the model's prompt for its ``input_type``."""
-    vectors, result = await _embedded(body, request)
-    return reply(request, {
+    call = http_call(request)
+    vectors, result = await _embedded(body, call)
+    return reply(call, {
         "id": str(uuid.uuid4()), "response_type": "embeddings_by_type",
         "embeddings": postprocess.cohere_embeddings(vectors, body.embedding_types),
         "texts": body.texts, "meta": _meta(result.tokens, "2")}, result)
@@ -59,9 +61,10 @@ async def embed(body: CohereEmbedRequest, request: Request):
 async def embed_v1(body: CohereV1EmbedRequest, request: Request):
     """Cohere's v1 embed: as v2's, or the float embeddings alone where no
     ``embedding_types`` are asked for ("embeddings_floats")."""
-    vectors, result = await _embedded(body, request)
+    call = http_call(request)
+    vectors, result = await _embedded(body, call)
     floats = body.embedding_types is None
-    return reply(request, {
+    return reply(call, {
         "id": str(uuid.uuid4()),
         "response_type": "embeddings_floats" if floats else "embeddings_by_type",
         "embeddings": vectors if floats else
@@ -72,8 +75,9 @@ async def embed_v1(body: CohereV1EmbedRequest, request: Request):
 @router.post("/v2/rerank", responses=errors.INFERENCE)
 async def rerank(body: RerankRequest, request: Request):
     """Cohere's v2 rerank: /v1/rerank's answer, with Cohere's id and meta."""
-    engine, scores, result = await v1_rerank.scored(body, request)
-    return reply(request, {
+    call = http_call(request)
+    engine, scores, result = await v1_rerank.scored(body, call)
+    return reply(call, {
         "id": str(uuid.uuid4()), "model": engine.name, "usage": usage(result),
         "results": postprocess.ranked(scores, body.document_texts, body.top_n,
                                       body.return_documents),

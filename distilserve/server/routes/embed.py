@@ -7,9 +7,10 @@ from fastapi import APIRouter, Request
 
 from distilserve.server import errors
 from distilserve.server.core import postprocess
+from distilserve.server.core.inference import embedded, usage
 from distilserve.server.routes import cohere
 from distilserve.server.routes.cohere_schemas import CohereEmbedResponse, CohereV1EmbedRequest, EmbedBody
-from distilserve.server.routes.common import embedded, reply, usage
+from distilserve.server.routes.common import http_call, reply
 from distilserve.server.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -24,13 +25,14 @@ router = APIRouter(tags=["embeddings"])
 async def embeddings(body: EmbeddingsRequest, request: Request):
     # unit length, the first ``dimensions`` components re-normalised; a long input: its
     # end is cut; token ids in the vocabulary the model reads them in (foreign_ids)
-    engine, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
+    call = http_call(request)
+    engine, vectors, result = await embedded(call, body.model, body.texts, body.dimensions,
                                              foreign_ids=True, iterations=body.iterations)
     data = [{"object": "embedding", "index": i,
              "embedding": postprocess.embedding_payload(v, body.encoding_format)}
             for i, v in enumerate(vectors)]
-    return reply(request, {"object": "list", "data": data, "model": engine.name,
-                  "usage": usage(result)}, result)
+    return reply(call, {"object": "list", "data": data, "model": engine.name,
+                        "usage": usage(result)}, result)
 
 
 @router.post("/v1/embed", response_model=EmbedResponse | CohereEmbedResponse,
@@ -40,8 +42,9 @@ async def embed(body: EmbedBody, request: Request):
     answered in Cohere's v1 shape."""
     if isinstance(body, CohereV1EmbedRequest):
         return await cohere.embed_v1(body, request)
-    engine, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
+    call = http_call(request)
+    engine, vectors, result = await embedded(call, body.model, body.texts, body.dimensions,
                                              body.prompt_name, body.truncation, body.normalize,
                                              iterations=body.iterations)
-    return reply(request, {"model": engine.name, "embeddings": vectors, "usage": usage(result)},
+    return reply(call, {"model": engine.name, "embeddings": vectors, "usage": usage(result)},
                  result)

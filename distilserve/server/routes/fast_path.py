@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.routing import Match
 
 from distilserve.server import errors
+from distilserve.server.core.inference import client_closed
 from distilserve.server.core.refusals import Refusal
 
 
@@ -94,7 +95,7 @@ class FastPath:
         except HTTPException as e:  # the body limit, passed while reading a chunked body
             return await errors.http_error(e)(scope, receive, send)
         except ClientDisconnect:  # gone before its body arrived
-            return await errors.api_error(errors.client_closed())(scope, receive, send)
+            return await errors.api_error(client_closed())(scope, receive, send)
         if validate is None:  # the route reads the body itself (the request keeps it)
             return await self._answer(route.endpoint(**scope["path_params"], request=request),
                                       scope, receive, send)

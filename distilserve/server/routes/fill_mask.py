@@ -14,9 +14,10 @@ from fastapi import APIRouter, Request
 
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry
+from distilserve.server.core.inference import Call, check_answer_size, check_limits, infer
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
-from distilserve.server.errors import ApiError
-from distilserve.server.routes.common import check_answer_size, check_limits, infer, reply, service
+from distilserve.server.routes.common import http_call, reply
 from distilserve.server.schemas import FillMaskRequest, FillMaskResponse
 
 router = APIRouter(tags=["fill-mask"])
@@ -24,40 +25,41 @@ router = APIRouter(tags=["fill-mask"])
 
 @router.post("/v1/fill-mask", response_model=FillMaskResponse, responses=errors.INFERENCE)
 async def fill_mask(body: FillMaskRequest, request: Request):
-    engine, results, result = await filled(body, request)
-    return reply(request, {"model": engine.name, "results": results}, result)
+    call = http_call(request)
+    engine, results, result = await filled(body, call)
+    return reply(call, {"model": engine.name, "results": results}, result)
 
 
-async def filled(body: FillMaskRequest, request: Request
+async def filled(body: FillMaskRequest, call: Call
                  ) -> tuple[Engine, list[list[list[dict]]], Result]:
     """The fill-mask model, per input and per mask token its likeliest tokens, and the run
     (also POST /'s, the Hugging Face Inference API's body, and the Open Inference
     Protocol's)."""
-    engine = registry.pick(service(request), "fill-mask", body.model)
+    engine = registry.pick(call.service, "fill-mask", body.model)
     texts = body.texts
-    check_limits(request, texts)
+    check_limits(call, texts)
     for i, text in enumerate(texts):
         if engine.text.mask_token not in text:
-            raise ApiError(422, "invalid_request", f"input {i} has no {engine.text.mask_token}: "
-                           f"the mask token of model {engine.name!r}, which fill-mask fills")
+            raise Refusal("invalid", f"input {i} has no {engine.text.mask_token}: the mask "
+                          f"token of model {engine.name!r}, which fill-mask fills")
     targets = None
     if body.target_list is not None:
         targets = engine.text.target_ids(body.target_list)
         if not targets:
-            raise ApiError(422, "invalid_request", "targets: none has a token in model "
-                           f"{engine.name!r}'s vocabulary")
+            raise Refusal("invalid", "targets: none has a token in model "
+                          f"{engine.name!r}'s vocabulary")
     # each answer holds its input's tokens (the sequence with the mask filled)
     masks = sum(min(text.count(engine.text.mask_token), engine.max_length) for text in texts)
     k = min(body.top_k, engine.text.vocab_size if targets is None else len(targets))
     check_answer_size(engine, masks * k, engine.max_length, "tokens",
                       f"answers ({masks} masks x top_k {k})")
-    result = await infer(request, engine, texts, body.truncation, iterations=body.iterations)
+    result = await infer(call, engine, texts, body.truncation, iterations=body.iterations)
 
     def each(i: int, logits, encoding) -> list[list[dict]]:
         if engine.text.mask_id not in encoding.ids:
-            raise ApiError(422, "invalid_request", f"input {i}: its {engine.text.mask_token} was "
-                           f"cut, past model {engine.name!r}'s max_length "
-                           f"({engine.max_length} tokens)")
+            raise Refusal("invalid", f"input {i}: its {engine.text.mask_token} was cut, "
+                          f"past model {engine.name!r}'s max_length "
+                          f"({engine.max_length} tokens)")
         return postprocess.fill_mask(logits, encoding.ids, engine.text.mask_id, body.top_k, targets,
                                      engine.text.text_of)
 

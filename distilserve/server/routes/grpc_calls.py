@@ -1,8 +1,7 @@
 """What the gRPC services share (distilserve/server/routes/grpc_server.py serves them): a
-call runs the HTTP route's function (Rpcs.answer), with the same models, queue, limits
-and metrics, and an error becomes the gRPC status of its HTTP one (CODES: google.rpc's
-mapping), with the same message; Retry-After, where HTTP sends it, is trailing
-metadata."""
+call is the core's Call (Rpcs.answer), run on the same models, queue, limits and metrics
+as an HTTP request; a refusal becomes its gRPC status (CODES), with the same message, and
+its retry-after the trailing metadata HTTP's header would be."""
 
 from __future__ import annotations
 
@@ -12,40 +11,45 @@ import logging
 import time
 
 import grpc
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from distilserve.server import logs
-from distilserve.server.connections import DISCONNECT, ClientWatch
+from distilserve.server.core.inference import Call
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.errors import ApiError
-from distilserve.server.metrics import STARTED
 from distilserve.server.middleware import ApiKey
-from distilserve.server.routes.common import service
-from distilserve.server.tracing import SPAN
 
 log = logging.getLogger("distilserve")
-# an HTTP status's gRPC code (google.rpc.Code's mapping to HTTP)
-CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
-         404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.INVALID_ARGUMENT,
-         415: grpc.StatusCode.INVALID_ARGUMENT, 422: grpc.StatusCode.INVALID_ARGUMENT,
-         429: grpc.StatusCode.RESOURCE_EXHAUSTED, 499: grpc.StatusCode.CANCELLED,
-         501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE}
+# the core's refusals' gRPC codes (core/refusals.py's REASONS)
+CODES = {"not_found": grpc.StatusCode.NOT_FOUND, "wrong_task": grpc.StatusCode.INVALID_ARGUMENT,
+         "ambiguous": grpc.StatusCode.INVALID_ARGUMENT,
+         "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+         "too_large": grpc.StatusCode.INVALID_ARGUMENT,
+         "input_too_long": grpc.StatusCode.INVALID_ARGUMENT,
+         "not_finite": grpc.StatusCode.INVALID_ARGUMENT,
+         "overloaded": grpc.StatusCode.RESOURCE_EXHAUSTED,
+         "unavailable": grpc.StatusCode.UNAVAILABLE,
+         "client_closed": grpc.StatusCode.CANCELLED}
+# a refusal said in HTTP's words (ApiError), by its status: google.rpc.Code's mapping
+HTTP_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,
+              404: grpc.StatusCode.NOT_FOUND, 413: grpc.StatusCode.INVALID_ARGUMENT,
+              415: grpc.StatusCode.INVALID_ARGUMENT, 422: grpc.StatusCode.INVALID_ARGUMENT,
+              429: grpc.StatusCode.RESOURCE_EXHAUSTED, 499: grpc.StatusCode.CANCELLED,
+              501: grpc.StatusCode.UNIMPLEMENTED, 503: grpc.StatusCode.UNAVAILABLE}
 
 
-def http_request(app: FastAPI, path: str) -> Request:
-    """A Request of ``app`` for a call to ``path``, as an HTTP route's, so that the
-    routes' functions run as they do for HTTP."""
-    return Request({"type": "http", "app": app, "method": "POST", "path": path,
-                    "headers": [], STARTED: time.perf_counter(),
-                    "extensions": {DISCONNECT: ClientWatch()}})
+def code(refusal: Refusal) -> grpc.StatusCode:
+    """The gRPC status code of a refusal."""
+    if isinstance(refusal, ApiError):
+        return HTTP_CODES.get(refusal.status, grpc.StatusCode.INTERNAL)
+    return CODES.get(refusal.reason, grpc.StatusCode.INTERNAL)
 
 
 async def refuse(context: grpc.aio.ServicerContext, refusal: Refusal):
-    """Ends the call with ``refusal``'s gRPC status and message (its headers as trailing
-    metadata)."""
-    error = ApiError.of(refusal)
-    await context.abort(CODES.get(error.status, grpc.StatusCode.INTERNAL), error.message,
-                        tuple((k.lower(), v) for k, v in (error.headers or {}).items()))
+    """Ends the call with ``refusal``'s gRPC status and message (its retry-after as
+    trailing metadata)."""
+    retry = () if refusal.retry_after is None else (("retry-after", str(refusal.retry_after)),)
+    await context.abort(code(refusal), refusal.message, retry)
 
 
 class Rpcs:
@@ -58,51 +62,52 @@ class Rpcs:
     def __init__(self, app: FastAPI, key: str | None):
         self.app, self.key = app, key and key.encode()
 
+    @property
+    def service(self):
+        return self.app.state.service
+
     async def answer(self, method: str, context: grpc.aio.ServicerContext, run):
-        """``await run(request)``, ``request`` a Request of the app (http_request: with the
-        same X-Request-Id rule), once the API key is checked; counted in the metrics under
-        the method's path with the HTTP status it would have had, and a span where traced
-        (DISTILSERVE_OTLP_ENDPOINT). Anything but a Refusal is logged and raised as a
-        500's."""
+        """``await run(call)``, ``call`` the core's Call (its X-Request-Id as HTTP's), once
+        the API key is checked; counted in the metrics under the method's path with the
+        HTTP status it would have had, and a span where traced (DISTILSERVE_OTLP_ENDPOINT).
+        Anything but a Refusal is logged and raised as a 500's."""
         route = f"/{self.SERVICE}/{method}"
         sent = dict(context.invocation_metadata() or ())
         logs.REQUEST_ID.set(logs.request_id(sent.get("x-request-id", "")))
-        request, status, counted = http_request(self.app, route), 500, False
+        status, said, counted = 500, grpc.StatusCode.INTERNAL, False
         tracing = self.app.state.tracing if method not in self.PUBLIC else None
-        if tracing is not None:  # (scope[SPAN]: where a model's run records its times)
-            request.scope[SPAN] = span = tracing.start_rpc(self.SERVICE, method, sent)
+        span = None if tracing is None else tracing.start_rpc(self.SERVICE, method, sent)
+        call = Call(self.service, span=span)  # (the task is cancelled if the client goes)
         try:
             if self.key is not None and method not in self.PUBLIC \
                     and not ApiKey.accepts(self.key, sent.get("authorization", "")):
                 raise ApiError(401, "unauthorized", "missing or wrong API key: send "
                                "'authorization: Bearer KEY' metadata")
-            answer = await run(request)
-            status = 200
+            answer = await run(call)
+            status, said = 200, grpc.StatusCode.OK
             return answer
         except Refusal as e:
-            status = ApiError.of(e).status
+            status, said = ApiError.of(e).status, code(e)
             raise
         except asyncio.CancelledError:  # the client went (or its deadline passed)
-            status = 499
+            status, said = 499, grpc.StatusCode.CANCELLED
             raise
         except grpc.aio.AbortError:  # a message that does not decode (Guard counted it)
-            status, counted = 400, True
+            status, said, counted = 400, grpc.StatusCode.INVALID_ARGUMENT, True
             raise
         except Exception as e:
             log.exception("%s failed", route)
             raise ApiError(500, "internal_error", f"{type(e).__name__}: {e}") from e
         finally:
             if not counted:
-                service(request).metrics.observe_request(
-                    route, status, time.perf_counter() - request.scope[STARTED])
+                call.service.metrics.observe_request(route, status,
+                                                     time.perf_counter() - call.started)
             if tracing is not None:
-                code = grpc.StatusCode.OK if status == 200 else CODES.get(
-                    status, grpc.StatusCode.INTERNAL)
-                tracing.end_rpc(span, code.value[0], status)
+                tracing.end_rpc(span, said.value[0], status)
 
 
 def unary(method):
-    """A servicer's method ``method(self, message, request, context)`` as the RPC of its
+    """A servicer's method ``method(self, message, call, context)`` as the RPC of its
     name (Rpcs.answer's), a Refusal answered as its gRPC status."""
     @functools.wraps(method)
     async def rpc(self: Rpcs, message, context: grpc.aio.ServicerContext):

@@ -10,16 +10,15 @@ same process (each worker's, sharing the port) and on the same event loop, servi
 - server reflection (grpcurl and Postman list and call the services without their
   .proto files).
 
-The first two run the HTTP routes' functions
-(distilserve/server/routes/grpc_calls.py): the same models, queue,
-limits and metrics (a call counted under its method's path, ``/tei.v1.Embed/Embed``, with
-the HTTP status it would have had). An error is the gRPC status of its HTTP one (CODES:
-google.rpc's mapping) with the same message; Retry-After, where HTTP sends it, is
-trailing metadata. With DISTILSERVE_API_KEY every call needs ``authorization: Bearer KEY``
-metadata but the probes (Health, the protocol's ServerLive and ServerReady) and
-reflection, which are public, as /ready is. The key is checked before a message is read
-(Guard); a message that does not decode is INVALID_ARGUMENT, logged in a line at most
-every LOG_EVERY seconds."""
+The first two run the core's calls as the HTTP routes do
+(distilserve/server/routes/grpc_calls.py): the same models, queue, limits and metrics (a
+call counted under its method's path, ``/tei.v1.Embed/Embed``, with the HTTP status it
+would have had). A refusal is its gRPC status (grpc_calls.CODES) with the same message;
+its retry-after, where HTTP sends Retry-After, is trailing metadata. With
+DISTILSERVE_API_KEY every call needs ``authorization: Bearer KEY`` metadata but the probes
+(Health, the protocol's ServerLive and ServerReady) and reflection, which are public, as
+/ready is. The key is checked before a message is read (Guard); a message that does not
+decode is INVALID_ARGUMENT, logged in a line at most every LOG_EVERY seconds."""
 
 from __future__ import annotations
 
@@ -33,12 +32,11 @@ from fastapi import FastAPI
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from distilserve.server.core import registry
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.errors import ApiError
 from distilserve.server.middleware import ApiKey
-from distilserve.server.routes import health
-from distilserve.server.routes.common import service
-from distilserve.server.routes.grpc_calls import http_request, refuse
+from distilserve.server.routes.grpc_calls import refuse
 from distilserve.server.service import Service
 from distilserve.server.settings import Settings
 
@@ -64,10 +62,9 @@ class Health(health_pb2_grpc.HealthServicer):
     async def status(self, name: str) -> int:
         if name not in self.services:
             return health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
-        request = http_request(self.app, "/grpc.health.v1.Health/Check")
-        ready = isinstance(await health.ready(request), dict)  # else /ready's 503
-        return (health_pb2.HealthCheckResponse.SERVING
-                if ready and self.services[name](service(request))
+        svc = self.app.state.service
+        ready = registry.unready(svc) is None  # as /ready's 200
+        return (health_pb2.HealthCheckResponse.SERVING if ready and self.services[name](svc)
                 else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def Check(self, message, context: grpc.aio.ServicerContext):

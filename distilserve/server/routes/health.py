@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from distilserve.server import errors
+from distilserve.server.core import registry
 from distilserve.server.routes.common import service
 
 router = APIRouter(tags=["health"])
@@ -40,13 +41,8 @@ async def ready(request: Request):
     if svc.draining:
         return JSONResponse(errors.body("unavailable", "shutting down"), 503,
                             headers={"Retry-After": "2"})
-    status = svc.status
-    if svc.ready and svc.failures and svc.settings.require_all_models:
-        status = "models failed to load (DISTILSERVE_REQUIRE_ALL_MODELS): " + "; ".join(
-            f"{name}: {why}" for name, why in sorted(svc.failures.items()))
-    elif svc.ready and (nothing := svc.nothing_to_serve()) is not None:
-        status = nothing
-    elif svc.ready:
+    status = registry.unready(svc)
+    if status is None:
         return {"status": "ready", "models": sorted(svc.engines), "failed": svc.failures}
     return JSONResponse({**errors.body("unavailable", f"not ready: {status}"),
                          "status": status}, 503, headers={"Retry-After": "2"})

@@ -13,9 +13,10 @@ from fastapi import APIRouter, Request
 from distilserve.models import entities as spans
 from distilserve.server import errors
 from distilserve.server.core import registry
+from distilserve.server.core.inference import Call, check_limits, infer
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
-from distilserve.server.errors import ApiError
-from distilserve.server.routes.common import check_limits, infer, reply, service
+from distilserve.server.routes.common import http_call, reply
 from distilserve.server.schemas import NerRequest, NerResponse
 
 router = APIRouter(tags=["ner"])
@@ -23,22 +24,23 @@ router = APIRouter(tags=["ner"])
 
 @router.post("/v1/ner", response_model=NerResponse, responses=errors.INFERENCE)
 async def ner(body: NerRequest, request: Request):
-    engine, results, result = await recognised(body, request)
-    return reply(request, {"model": engine.name, "results": results}, result)
+    call = http_call(request)
+    engine, results, result = await recognised(body, call)
+    return reply(call, {"model": engine.name, "results": results}, result)
 
 
-async def recognised(body: NerRequest, request: Request
+async def recognised(body: NerRequest, call: Call
                      ) -> tuple[Engine, list[list[dict]], Result]:
     """The NER model, each input's entities and the run (also POST /'s, the Hugging Face
     Inference API's body, and the Open Inference Protocol's)."""
-    engine = registry.pick(service(request), "ner", body.model)
-    check_limits(request, body.texts)
+    engine = registry.pick(call.service, "ner", body.model)
+    check_limits(call, body.texts)
     texts, ignore = body.texts, tuple(body.ignore_labels)
     if body.stride is None:
-        result = await infer(request, engine, texts, body.truncation,
+        result = await infer(call, engine, texts, body.truncation,
                              iterations=body.iterations)
     else:
-        result = await infer(request, engine, texts, None, _windows(engine, body.stride),
+        result = await infer(call, engine, texts, None, _windows(engine, body.stride),
                              iterations=body.iterations)
     results = await asyncio.to_thread(  # postprocessing off the event loop
         lambda: [entities(engine, text, output, body.aggregation_strategy, ignore)
@@ -50,9 +52,9 @@ def _windows(engine: Engine, stride: int) -> tuple[int, int]:
     """Windows of the model's max_length tokens, each ``stride`` over the one before (a 422
     unless that leaves each window something new)."""
     if stride >= engine.text.room:
-        raise ApiError(422, "invalid_request", f"stride {stride}: model {engine.name!r} "
-                       f"reads windows of {engine.text.room} tokens of text (its max_length, "
-                       f"{engine.max_length}, less its special tokens); stride must be less")
+        raise Refusal("invalid", f"stride {stride}: model {engine.name!r} reads windows "
+                      f"of {engine.text.room} tokens of text (its max_length, "
+                      f"{engine.max_length}, less its special tokens); stride must be less")
     return engine.max_length, stride
 
 

@@ -41,11 +41,13 @@ from pydantic import ValidationError
 
 from distilserve.server import errors, tensors
 from distilserve.server.core import postprocess, registry
+from distilserve.server.core.inference import Call, embedded
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
 from distilserve.server.routes import classify, health
-from distilserve.server.routes.common import embedded, reply, service, timing
+from distilserve.server.routes.common import http_call, reply, service, timing
 from distilserve.server.routes.fill_mask import filled
 from distilserve.server.routes.ner import recognised
 from distilserve.server.routes.oip_schemas import (
@@ -85,12 +87,16 @@ HEADER_LENGTH = "inference-header-content-length"
 
 @router.get("/v2", response_model=OipServerMetadata, responses=errors.responses(401))
 async def server_metadata(request: Request):
-    return {"name": "distilserve", "version": request.app.version,
+    return server_described(service(request), request.app.version)
+
+
+def server_described(svc, version: str) -> dict:
+    """The server's metadata: its name, version and the protocol's extensions served."""
+    return {"name": "distilserve", "version": version,
             # model_repository: its index, and loading and unloading by request
             "extensions": ["binary_tensor_data", "classification", "model_configuration",
                            "parameters", "statistics"] + (
-                ["model_repository"] if service(request).settings.model_control == "explicit"
-                else [])}
+                ["model_repository"] if svc.settings.model_control == "explicit" else [])}
 
 
 @router.api_route("/v2/health/live", methods=health.PROBE)
@@ -148,7 +154,11 @@ OUTPUTS = {  # a task's outputs, described
             responses=errors.responses(401, 404, 422, 503))
 async def model_metadata(model_name: str, request: Request):
     """The model's inputs and outputs: names, datatypes and shapes (-1: any size)."""
-    engine = registry.pick_any(service(request), model_name)
+    return metadata(registry.pick_any(service(request), model_name))
+
+
+def metadata(engine: Engine) -> dict:
+    """A model's metadata (model_metadata's)."""
     inputs = [{"name": name, "datatype": tensors.BYTES, "shape": [-1]}
               for name in INPUTS[engine.task]]
     backend = engine.describe()["backend"]
@@ -164,8 +174,12 @@ async def model_config(model_name: str, request: Request):
     tensors as config.pbtxt says them, and how the service batches the model. A text is
     one string per input, dims [1] (whole tensors [N, 1]), which the model takes as
     [N] (``reshape``: a tensor of [N] is taken too)."""
-    engine = registry.pick_any(service(request), model_name)
-    settings = service(request).settings
+    return configuration(registry.pick_any(service(request), model_name),
+                         service(request).settings)
+
+
+def configuration(engine: Engine, settings) -> dict:
+    """A model's configuration (model_config's)."""
     described = engine.describe()
     device, backend = described["device"], described["backend"]
     batch_size, batch_tokens = engine.batch_limits
@@ -176,13 +190,13 @@ async def model_config(model_name: str, request: Request):
         return {"name": tensor["name"], "data_type": "TYPE_" + kind,
                 **({"dims": dims} if dims else {"dims": [1], "reshape": {"shape": []}})}
 
-    metadata = await model_metadata(model_name, request)
+    tensors_of = metadata(engine)
     gpu = [int(device.partition(":")[2] or 0)] if device.startswith("cuda") else []
     return {
-        "name": engine.name, "platform": metadata["platform"],
+        "name": engine.name, "platform": tensors_of["platform"],
         "backend": BACKENDS.get(backend, backend), "max_batch_size": batch_size,
-        "input": [config(t) for t in metadata["inputs"]],
-        "output": [config(t) for t in metadata["outputs"]],
+        "input": [config(t) for t in tensors_of["inputs"]],
+        "output": [config(t) for t in tensors_of["outputs"]],
         "dynamic_batching": {
             "max_queue_delay_microseconds": round(settings.max_wait_ms * 1000),
             "default_queue_policy": {"max_queue_size": settings.max_queue}},
@@ -220,22 +234,23 @@ async def model_infer(model_name: str, request: Request):
         raise ApiError(422, "invalid_request", errors.unparseable(_utf8(header) or e)) from None
     except tensors.TensorError as e:
         raise ApiError(422, "invalid_request", str(e)) from None
-    call, outputs, result = await inferred(request, engine, sent, data)
-    everything = call.parameters.get("binary_data_output") is True
-    asked = {o.name: o.parameters for o in call.outputs or ()}
+    call = http_call(request)
+    asking, outputs, result = await inferred(call, engine, sent, data)
+    everything = asking.parameters.get("binary_data_output") is True
+    asked = {o.name: o.parameters for o in asking.outputs or ()}
     binary = {name for name in outputs if asked.get(name, {}).get("binary_data",
                                                                   everything) is True}
     answer, data = tensors.response(
-        {"model_name": engine.name, **({"id": call.id} if call.id is not None else {})},
+        {"model_name": engine.name, **({"id": asking.id} if asking.id is not None else {})},
         outputs, binary)
     if not data:
-        return reply(request, answer, result)
+        return reply(call, answer, result)
     head = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(head + data, media_type=BINARY,
-                    headers={**timing(request, result), HEADER_LENGTH: str(len(head))})
+                    headers={**timing(call, result), HEADER_LENGTH: str(len(head))})
 
 
-async def inferred(request: Request, engine: Engine, sent, data: memoryview
+async def inferred(call: Call, engine: Engine, sent, data: memoryview
                    ) -> tuple[OipInferRequest, dict, Result]:
     """An inference request (``sent``: its JSON, as sent; ``data``: its inputs' binary
     data) run on the engine: the request as read, its outputs (name -> value, those it
@@ -243,18 +258,18 @@ async def inferred(request: Request, engine: Engine, sent, data: memoryview
     classification asks) and the run. For the HTTP route above and gRPC's ModelInfer
     (distilserve/server/routes/oip_grpc.py)."""
     try:
-        call = OipInferRequest.model_validate(sent)
-        wanted = _wanted(engine, call)
+        asking = OipInferRequest.model_validate(sent)
+        wanted = _wanted(engine, asking)
         raw = sent["inputs"]  # as sent (validated)
         texts = _texts(engine, raw, dict(zip((t["name"] for t in raw),
                                              tensors.binary_parts(raw, data))))
     except ValidationError as e:
-        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
+        raise Refusal("invalid", errors.invalid(e.errors())) from None
     except tensors.TensorError as e:
-        raise ApiError(422, "invalid_request", str(e)) from None
-    outputs, result = await RUN[engine.task](request, engine, texts, call.parameters)
-    asked = {o.name: o.parameters for o in call.outputs or ()}
-    return call, {name: _classified(engine, outputs[name],
+        raise Refusal("invalid", str(e)) from None
+    outputs, result = await RUN[engine.task](call, engine, texts, asking.parameters)
+    asked = {o.name: o.parameters for o in asking.outputs or ()}
+    return asking, {name: _classified(engine, outputs[name],
                                     asked.get(name, {}).get("classification"))
                   for name in wanted}, result
 
@@ -268,33 +283,33 @@ def _utf8(text: bytes) -> UnicodeDecodeError | None:
     return None
 
 
-def _wanted(engine: Engine, call: OipInferRequest) -> list[str]:
+def _wanted(engine: Engine, asking: OipInferRequest) -> list[str]:
     """The outputs the request asks for (default: all of the model's), said before it runs:
     a 422 for an output the model does not give, and for what Triton's extensions ask of
     a tensor that is not served here (shared memory; classification of anything but a
     classifier's scores)."""
     gives = [output["name"] for output in OUTPUTS[engine.task](engine)]
-    wanted = [o.name for o in call.outputs] if call.outputs else gives
+    wanted = [o.name for o in asking.outputs] if asking.outputs else gives
     if unknown := [name for name in wanted if name not in gives]:
-        raise ApiError(422, "invalid_request", f"outputs {', '.join(unknown)}: model "
-                       f"{engine.name!r} gives {', '.join(gives)}")
-    for tensor in (*call.inputs, *(call.outputs or ())):
+        raise Refusal("invalid", f"outputs {', '.join(unknown)}: model "
+                      f"{engine.name!r} gives {', '.join(gives)}")
+    for tensor in (*asking.inputs, *(asking.outputs or ())):
         if any(key.startswith("shared_memory") for key in tensor.parameters):
-            raise ApiError(422, "invalid_request", f"{tensor.name}: shared memory (Triton's "
-                           "extension) is not served here: send and ask for tensors as "
-                           "JSON or binary data")
-    for output in call.outputs or ():
+            raise Refusal("invalid", f"{tensor.name}: shared memory (Triton's "
+                          "extension) is not served here: send and ask for tensors as "
+                          "JSON or binary data")
+    for output in asking.outputs or ():
         k = output.parameters.get("classification")
         if k is None:
             continue
         if output.name != "scores" or engine.task != "classify":
-            raise ApiError(422, "invalid_request", f"{output.name}: classification {k!r}: "
-                           "the classification extension takes a classifier's scores "
-                           f"only; model {engine.name!r} does {engine.task}")
+            raise Refusal("invalid", f"{output.name}: classification {k!r}: "
+                          "the classification extension takes a classifier's scores "
+                          f"only; model {engine.name!r} does {engine.task}")
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= len(engine.labels):
-            raise ApiError(422, "invalid_request", f"{output.name}: classification {k!r}: "
-                           "the number of best classes, 1 to the model's "
-                           f"{len(engine.labels)}")
+            raise Refusal("invalid", f"{output.name}: classification {k!r}: "
+                          "the number of best classes, 1 to the model's "
+                          f"{len(engine.labels)}")
     return wanted
 
 
@@ -330,43 +345,42 @@ def _options(model, engine: Engine, texts: list, parameters: dict):
                                      "inputs": [list(t) if isinstance(t, tuple) else t
                                                 for t in texts]})
     except ValidationError as e:
-        raise ApiError(422, "invalid_request",
-                       "parameters: " + errors.invalid(e.errors())) from None
+        raise Refusal("invalid", "parameters: " + errors.invalid(e.errors())) from None
 
 
-async def _embed(request: Request, engine: Engine, texts: list, parameters: dict):
+async def _embed(call: Call, engine: Engine, texts: list, parameters: dict):
     body = _options(EmbedRequest, engine, texts, parameters)
-    _, vectors, result = await embedded(request, engine.name, body.texts, body.dimensions,
+    _, vectors, result = await embedded(call, engine.name, body.texts, body.dimensions,
                                         body.prompt_name, body.truncation, body.normalize,
                                         iterations=body.iterations)
     return {"embedding": vectors}, result
 
 
-async def _classify(request: Request, engine: Engine, texts: list, parameters: dict):
+async def _classify(call: Call, engine: Engine, texts: list, parameters: dict):
     body = _options(ClassifyRequest, engine, texts, parameters)
-    _, result = await classify.run(body, request)
+    _, result = await classify.run(body, call)
     scores = [postprocess.label_scores(logits, engine.labels, engine.multi_label,
                                        body.function) for logits in result.outputs]
     return {"scores": np.stack(scores),
             "label": [engine.labels[int(s.argmax())] for s in scores]}, result
 
 
-async def _ner(request: Request, engine: Engine, texts: list, parameters: dict):
+async def _ner(call: Call, engine: Engine, texts: list, parameters: dict):
     _, results, result = await recognised(_options(NerRequest, engine, texts, parameters),
-                                          request)
+                                          call)
     return {"entities": [orjson.dumps(r).decode() for r in results]}, result
 
 
-async def _qa(request: Request, engine: Engine, pairs: list, parameters: dict):
+async def _qa(call: Call, engine: Engine, pairs: list, parameters: dict):
     body = _options(QaRequest, engine, [{"question": question, "context": context}
                                         for question, context in pairs], parameters)
-    _, results, result = await answered(body, request)
+    _, results, result = await answered(body, call)
     return {"answers": [orjson.dumps(r).decode() for r in results]}, result
 
 
-async def _fill_mask(request: Request, engine: Engine, texts: list, parameters: dict):
+async def _fill_mask(call: Call, engine: Engine, texts: list, parameters: dict):
     _, results, result = await filled(_options(FillMaskRequest, engine, texts, parameters),
-                                      request)
+                                      call)
     return {"tokens": [orjson.dumps(r).decode() for r in results]}, result
 
 
@@ -380,19 +394,19 @@ def _versioned(route: APIRoute):
 
     async def versioned(model_name: str, model_version: str, request: Request):
         if model_version != VERSION:  # its 404 (the route looks the model up itself)
-            served_version(request, model_name, model_version)
+            served_version(service(request), model_name, model_version)
         return await endpoint(model_name, request)
 
     return versioned
 
 
-def served_version(request: Request, name: str, version: str) -> Engine:
+def served_version(svc, name: str, version: str) -> Engine:
     """The served model ``name`` at ``version`` (only VERSION is served): an unknown model's
-    404, else another version's."""
-    engine = registry.pick_any(service(request), name)
+    refusal, else another version's."""
+    engine = registry.pick_any(svc, name)
     if version != VERSION:
-        raise ApiError(404, "model_not_found", f"model {name!r} has one version, {VERSION}, "
-                       f"not {version!r}")
+        raise Refusal("not_found", f"model {name!r} has one version, {VERSION}, not "
+                      f"{version!r}")
     return engine
 
 

@@ -3,8 +3,8 @@
 tritonclient.grpc, KServe's InferenceGRPCClient; on the gRPC port
 (distilserve/server/routes/grpc_server.py: the API key, errors and metrics there).
 
-Each call runs the HTTP routes' functions (distilserve/server/routes/oip.py): the same models and
-tensors, parameters, queue, limits and metrics. Texts come as BYTES tensors, in
+Each call runs as the HTTP routes run theirs (distilserve/server/routes/oip.py): the same models
+and tensors, parameters, queue, limits and metrics. Texts come as BYTES tensors, in
 ``raw_input_contents`` (tritonclient's way: each element's length in 4 bytes, then its
 UTF-8) or in ``contents.bytes_contents``; outputs go back in ``raw_output_contents``, as
 Triton sends them. The timing headers (x-total-time, ..., server-timing) are an answer's
@@ -24,91 +24,93 @@ import asyncio
 import functools
 
 import grpc
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from google.protobuf.json_format import ParseDict
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from distilserve.server import tensors
+from distilserve.server.core import registry
+from distilserve.server.core.inference import Call
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
-from distilserve.server.routes import health, oip, oip_repository
-from distilserve.server.routes.common import service, timing
+from distilserve.server.routes import oip, oip_repository
+from distilserve.server.routes.common import timing
 from distilserve.server.routes.grpc_calls import Rpcs, unary
 
 SERVICE = "inference.GRPCInferenceService"
 
 
 class Inference(Rpcs, service_pb2_grpc.GRPCInferenceServiceServicer):
-    """The protocol's RPCs, each running the HTTP route that does the same."""
+    """The protocol's RPCs, each answered as the HTTP route that does the same."""
 
     SERVICE = SERVICE
     PUBLIC = frozenset({"ServerLive", "ServerReady"})  # as /v2/health/live and /ready
 
     @unary
-    async def ServerLive(self, message, request, context):
+    async def ServerLive(self, message, call, context):
         return service_pb2.ServerLiveResponse(live=True)
 
     @unary
-    async def ServerReady(self, message, request, context):
-        ready = isinstance(await health.ready(request), dict)  # else /ready's 503
+    async def ServerReady(self, message, call, context):
+        ready = registry.unready(call.service) is None
         return service_pb2.ServerReadyResponse(ready=ready)
 
     @unary
-    async def ServerMetadata(self, message, request, context):
-        return ParseDict(await oip.server_metadata(request), service_pb2.ServerMetadataResponse())
+    async def ServerMetadata(self, message, call, context):
+        return ParseDict(oip.server_described(call.service, self.app.version),
+                         service_pb2.ServerMetadataResponse())
 
     @unary
-    async def ModelReady(self, message, request, context):
+    async def ModelReady(self, message, call, context):
         try:
-            _model(request, message.name, message.version)
+            _model(call, message.name, message.version)
         except Refusal:  # not served (or not yet), or another version
             return service_pb2.ModelReadyResponse(ready=False)
         return service_pb2.ModelReadyResponse(ready=True)
 
     @unary
-    async def ModelMetadata(self, message, request, context):
-        _model(request, message.name, message.version)
-        return ParseDict(await oip.model_metadata(message.name, request),
+    async def ModelMetadata(self, message, call, context):
+        return ParseDict(oip.metadata(_model(call, message.name, message.version)),
                          service_pb2.ModelMetadataResponse())
 
     @unary
-    async def ModelConfig(self, message, request, context):
-        _model(request, message.name, message.version)
-        config = await oip.model_config(message.name, request)
+    async def ModelConfig(self, message, call, context):
+        config = oip.configuration(_model(call, message.name, message.version),
+                                   call.settings)
         return service_pb2.ModelConfigResponse(
             config=ParseDict(config, model_config_pb2.ModelConfig()))
 
     @unary
-    async def ModelStatistics(self, message, request, context):
+    async def ModelStatistics(self, message, call, context):
         if message.name:
-            engine = _model(request, message.name, message.version)
+            engine = _model(call, message.name, message.version)
             names = [engine.name]
         else:
-            names = sorted(service(request).engines)
-        return ParseDict({"model_stats": service(request).metrics.statistics(names)},
+            names = sorted(call.service.engines)
+        return ParseDict({"model_stats": call.service.metrics.statistics(names)},
                          service_pb2.ModelStatisticsResponse())
 
     @unary
-    async def RepositoryIndex(self, message, request, context):
-        return ParseDict({"models": oip_repository.index(service(request), message.ready)},
+    async def RepositoryIndex(self, message, call, context):
+        return ParseDict({"models": oip_repository.index(call.service, message.ready)},
                          service_pb2.RepositoryIndexResponse())
 
     @unary
-    async def RepositoryModelLoad(self, message, request, context):
-        await oip_repository.loaded(service(request), message.model_name,
-                         _parameters(message.parameters))
+    async def RepositoryModelLoad(self, message, call, context):
+        await oip_repository.loaded(call.service, message.model_name,
+                                    _parameters(message.parameters))
         return service_pb2.RepositoryModelLoadResponse()
 
     @unary
-    async def RepositoryModelUnload(self, message, request, context):
-        await oip_repository.unloaded(service(request), message.model_name)
+    async def RepositoryModelUnload(self, message, call, context):
+        await oip_repository.unloaded(call.service, message.model_name)
         return service_pb2.RepositoryModelUnloadResponse()
 
     @unary
-    async def ModelInfer(self, message, request, context):
-        answer, timed = await _inferred(message, request)
+    async def ModelInfer(self, message, call, context):
+        answer, timed = await _inferred(message, call)
         context.set_trailing_metadata(tuple(timed.items()))
         return answer
 
@@ -143,14 +145,14 @@ class Inference(Rpcs, service_pb2_grpc.GRPCInferenceServiceServicer):
             reading.cancel()
 
 
-def _model(request: Request, name: str, version: str) -> Engine:
+def _model(call: Call, name: str, version: str) -> Engine:
     """The served model ``name`` at ``version`` (none: its one version, VERSION)."""
-    return oip.served_version(request, name, version or VERSION)
+    return oip.served_version(call.service, name, version or VERSION)
 
 
 def _refused(name: str, why: str):
     """The RPC ``name``, not served: UNIMPLEMENTED, saying ``why``."""
-    async def refused(self, message, request, context):
+    async def refused(self, message, call, context):
         raise ApiError(501, "not_implemented", f"{name}: {why}")
 
     refused.__name__ = name
@@ -164,24 +166,24 @@ for _name in (f"{kind}SharedMemory{op}" for kind in ("System", "Cuda")
     setattr(Inference, _name, _refused(_name, SHARED_MEMORY))
 
 
-async def _inferred(message: service_pb2.ModelInferRequest, request: Request
+async def _inferred(message: service_pb2.ModelInferRequest, call: Call
                     ) -> tuple[service_pb2.ModelInferResponse, dict[str, str]]:
     """A ModelInferRequest run as the HTTP route runs its body (oip.inferred): the answer,
     its outputs in raw_output_contents, and the timing headers' values."""
-    engine = _model(request, message.model_name, message.model_version)
+    engine = _model(call, message.model_name, message.model_version)
     try:
         sent = _sent(message)
     except tensors.TensorError as e:
-        raise ApiError(422, "invalid_request", str(e)) from None
+        raise Refusal("invalid", str(e)) from None
     _, outputs, result = await oip.inferred(
-        request, engine, sent, memoryview(b"".join(message.raw_input_contents)))
+        call, engine, sent, memoryview(b"".join(message.raw_input_contents)))
     answer = service_pb2.ModelInferResponse(model_name=engine.name, model_version=VERSION,
                                             id=message.id)
     for name, value in outputs.items():
         tensor, raw = tensors.encoded(name, value, binary=True)
         answer.outputs.add(name=name, datatype=tensor["datatype"], shape=tensor["shape"])
         answer.raw_output_contents.append(raw)
-    return answer, timing(request, result)
+    return answer, timing(call, result)
 
 
 def _parameters(parameters) -> dict:

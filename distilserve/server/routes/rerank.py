@@ -10,15 +10,9 @@ from fastapi import APIRouter, Request
 
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry
+from distilserve.server.core.inference import Call, check_limits, infer, usage, with_prompt
 from distilserve.server.engine import Engine, Result
-from distilserve.server.routes.common import (
-    check_limits,
-    infer,
-    reply,
-    service,
-    usage,
-    with_prompt,
-)
+from distilserve.server.routes.common import http_call, reply
 from distilserve.server.routes.tei_schemas import TeiRerankRequest
 from distilserve.server.schemas import RerankRequest, RerankResponse
 
@@ -28,30 +22,31 @@ router = APIRouter(tags=["rerank"])
 @router.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True,
              responses=errors.INFERENCE)
 async def rerank(body: RerankRequest, request: Request):
-    engine, scores, result = await scored(body, request)
-    return reply(request, {"model": engine.name, "usage": usage(result), "results":
+    call = http_call(request)
+    engine, scores, result = await scored(body, call)
+    return reply(call, {"model": engine.name, "usage": usage(result), "results":
                            postprocess.ranked(scores, body.document_texts, body.top_n,
                                               body.return_documents)}, result)
 
 
-async def scored(body: RerankRequest | TeiRerankRequest, request: Request
+async def scored(body: RerankRequest | TeiRerankRequest, call: Call
                  ) -> tuple[Engine, np.ndarray, Result]:
     """The reranking model, each document's score [N], and the run (also TEI's /rerank)."""
-    engine = registry.pick(service(request), "rerank", body.model)
+    engine = registry.pick(call.service, "rerank", body.model)
     documents = body.document_texts
-    check_limits(request, body.texts, len(documents), "documents",  # the query: not counted
+    check_limits(call, body.texts, len(documents), "documents",  # the query: not counted
                  body.name_of)
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         texts = (with_prompt(engine, [body.query], _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
-        result = await infer(request, engine, texts, body.truncation, named=body.name_of,
+        result = await infer(call, engine, texts, body.truncation, named=body.name_of,
                              iterations=body.iterations)
         # [1 + N, D]: the query, then the documents
         vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)
         if engine.sparse:  # SPLADE ranks by dot product
             return engine, vectors[1:] @ vectors[0], result
         return engine, postprocess.cosine_ranking(vectors[0], vectors[1:]), result
-    result = await infer(request, engine, [(body.query, d) for d in documents], body.truncation,
+    result = await infer(call, engine, [(body.query, d) for d in documents], body.truncation,
                          named=lambda k: f"document {k} (with the query)",
                          iterations=body.iterations)
     # [N]: the relevant label's score as /v1/classify gives it (the batch's label scores,

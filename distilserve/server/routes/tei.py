@@ -24,22 +24,20 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry
-from distilserve.server.core.refusals import Refusal
-from distilserve.server.engine import Engine, Result
-from distilserve.server.routes import rerank as v1
-from distilserve.server.routes.classify import classified, zero_shot
-from distilserve.server.routes.common import (
+from distilserve.server.core.inference import (
+    Call,
     check_answer_size,
     check_limits,
     embedded,
     infer,
-    reply,
-    service,
     with_prompt,
 )
-from distilserve.server.routes.fill_mask import filled
-from distilserve.server.routes.ner import recognised
-from distilserve.server.routes.qa import answered
+from distilserve.server.core.refusals import Refusal
+from distilserve.server.engine import Engine, Result
+from distilserve.server.routes import hf_inference as hf
+from distilserve.server.routes import rerank as v1
+from distilserve.server.routes.classify import classified
+from distilserve.server.routes.common import http_call, reply, service
 from distilserve.server.routes.tei_schemas import (
     HfFillMaskRequest,
     HfQaRequest,
@@ -60,11 +58,7 @@ from distilserve.server.routes.tei_schemas import (
     TeiVertexResponse,
 )
 from distilserve.server.schemas import (
-    ClassifyRequest,
     EmbedRequest,
-    FillMaskRequest,
-    NerRequest,
-    QaRequest,
     RerankRequest,
     RerankResponse,
     Score,
@@ -75,53 +69,53 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 # each route's answer and its run, for the route, the root and /vertex -----------------
-async def embedding(body: EmbedRequest, request: Request) -> tuple[np.ndarray, Result]:
-    _, vectors, result = await embedded(request, body.model, body.texts, body.dimensions,
+async def embedding(body: EmbedRequest, call: Call) -> tuple[np.ndarray, Result]:
+    _, vectors, result = await embedded(call, body.model, body.texts, body.dimensions,
                                         body.prompt_name, body.truncation, body.normalize,
                                         iterations=body.iterations)
     return vectors, result
 
 
-async def token_vectors(body: TeiInputsRequest, request: Request
+async def token_vectors(body: TeiInputsRequest, call: Call
                         ) -> tuple[list[np.ndarray], Result]:
     """/embed_all's answer: each input's token vectors [T_i, D]."""
-    engine = registry.pick(service(request), "token embeddings", body.model)
-    check_limits(request, body.texts)
+    engine = registry.pick(call.service, "token embeddings", body.model)
+    check_limits(call, body.texts)
     check_answer_size(engine, len(body.texts), engine.max_length * engine.dimensions,
                       f"numbers: {engine.max_length} tokens of {engine.dimensions}")
-    result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
+    result = await infer(call, engine, with_prompt(engine, body.texts, body.prompt_name),
                          body.truncation)
     return result.outputs, result
 
 
-async def sparse_vectors(body: TeiInputsRequest, request: Request
+async def sparse_vectors(body: TeiInputsRequest, call: Call
                          ) -> tuple[list[list[dict]], Result]:
     """/embed_sparse's answer: each input's non-zero entries, {index, value}."""
-    engine = registry.pick(service(request), "sparse embeddings", body.model)
-    check_limits(request, body.texts)
+    engine = registry.pick(call.service, "sparse embeddings", body.model)
+    check_limits(call, body.texts)
     check_answer_size(engine, len(body.texts), 2 * engine.dimensions)  # index and value
-    result = await infer(request, engine, with_prompt(engine, body.texts, body.prompt_name),
+    result = await infer(call, engine, with_prompt(engine, body.texts, body.prompt_name),
                          body.truncation)
     return [postprocess.sparse(v) for v in result.outputs], result
 
 
-async def similarities(body: TeiSimilarityRequest, request: Request
+async def similarities(body: TeiSimilarityRequest, call: Call
                        ) -> tuple[np.ndarray, Result]:
     parameters = body.parameters or TeiSimilarityParameters()
     _, vectors, result = await embedded(
-        request, body.model, body.texts, None, parameters.prompt_name, parameters.truncation,
+        call, body.model, body.texts, None, parameters.prompt_name, parameters.truncation,
         named=body.name_of)
     return vectors[1:] @ vectors[0], result  # unit length: the cosines
 
 
-async def predictions(body: TeiPredictRequest, request: Request) -> tuple[list, Result]:
-    _, results, result = await classified(body, request,
+async def predictions(body: TeiPredictRequest, call: Call) -> tuple[list, Result]:
+    _, results, result = await classified(body, call,
                                           body.parameters and body.parameters.top_k)
     return results if body.batch else results[0], result
 
 
-async def ranks(body: TeiRerankRequest, request: Request) -> tuple[list[dict], Result]:
-    _, scores, result = await v1.scored(body, request)
+async def ranks(body: TeiRerankRequest, call: Call) -> tuple[list[dict], Result]:
+    _, scores, result = await v1.scored(body, call)
     return ranked(scores, body.document_texts, body.return_text), result
 
 
@@ -132,67 +126,10 @@ def ranked(scores: np.ndarray, texts: list[str], return_text: bool) -> list[dict
             for r in postprocess.ranked(scores, texts, None, False)]
 
 
-def _as(model, body, **fields):
-    """A root body's options as the /v1 route's request ``model`` (its ``parameters``, the
-    Hugging Face Inference API's, given in ``fields``: None is the route's default)."""
-    try:
-        return model.model_validate({
-            "model": body.model, "inputs": body.inputs,
-            **body.model_dump(include={"truncate", "truncation_direction"}),
-            **{key: value for key, value in fields.items() if value is not None}})
-    except ValidationError as e:
-        raise errors.ApiError(422, "invalid_request",
-                              "parameters: " + errors.invalid(e.errors())) from None
-
-
-async def zero_shot_answers(body: HfZeroShotRequest, request: Request
-                            ) -> tuple[dict | list[dict], Result]:
-    """The zero-shot-classification pipeline's answer: per text, its sequence and the
-    candidate labels with their scores, highest first; a list of them for a list."""
-    parameters = body.parameters
-    _, results, result = await zero_shot(_as(
-        ClassifyRequest, body, candidate_labels=parameters.candidate_labels,
-        hypothesis_template=parameters.hypothesis_template,
-        multi_label=parameters.multi_label), request)
-    answers = [{"sequence": text, "labels": [r["label"] for r in ranked],
-                "scores": [r["score"] for r in ranked]}
-               for text, ranked in zip(body.texts, results)]
-    return answers[0] if isinstance(body.inputs, str) else answers, result
-
-
-async def token_answers(body: HfTokenRequest, request: Request) -> tuple[list, Result]:
-    """The token-classification pipeline's answer: a text's entities (/v1/ner's); a list
-    of them for a list."""
-    options = {} if body.parameters is None else body.parameters.model_dump()
-    _, results, result = await recognised(_as(NerRequest, body, **options), request)
-    return results[0] if isinstance(body.inputs, str) else results, result
-
-
-async def fill_mask_answers(body: HfFillMaskRequest, request: Request
-                            ) -> tuple[list, Result]:
-    """The fill-mask pipeline's answer: a text's likeliest tokens (a list of them per mask
-    where it has several, as /v1/fill-mask's); a list of those for a list."""
-    options = {} if body.parameters is None else body.parameters.model_dump()
-    _, results, result = await filled(_as(FillMaskRequest, body, **options), request)
-    each = [masks[0] if len(masks) == 1 else masks for masks in results]
-    return each[0] if isinstance(body.inputs, str) else each, result
-
-
-async def qa_answers(body: HfQaRequest, request: Request) -> tuple[list | dict, Result]:
-    """The question-answering pipeline's answer: an input's answers (/v1/qa's), or the one
-    where there is one; a list of them for a list."""
-    parameters = body.parameters
-    options = {} if parameters is None else parameters.model_dump(exclude={
-        "max_question_len"})  # (the pipeline's, unused with a fast tokenizer)
-    _, results, result = await answered(_as(QaRequest, body, **options), request)
-    each = [found[0] if len(found) == 1 else found for found in results]
-    return each if isinstance(body.inputs, list) else each[0], result
-
-
 ANSWERS = {EmbedRequest: embedding, TeiSimilarityRequest: similarities,
            TeiPredictRequest: predictions, TeiRerankRequest: ranks,
-           HfZeroShotRequest: zero_shot_answers, HfTokenRequest: token_answers,
-           HfQaRequest: qa_answers, HfFillMaskRequest: fill_mask_answers}
+           HfZeroShotRequest: hf.zero_shot_answers, HfTokenRequest: hf.token_answers,
+           HfQaRequest: hf.qa_answers, HfFillMaskRequest: hf.fill_mask_answers}
 # the body of POST /, by what its model does
 ROOT_BODIES = {"embed": TypeAdapter(TeiRootRequest), "classify": TypeAdapter(TeiPredictRequest),
                "rerank": TypeAdapter(TeiRerankRequest),
@@ -222,7 +159,7 @@ PARAMETERS = {kind: _parameter_names(*bodies) for kind, bodies in {
     "ner": (HfTokenRequest,), "qa": (HfQaRequest,), "fill-mask": (HfFillMaskRequest,)}.items()}
 
 
-def _check_parameters(request: Request, engine: Engine, kind: str, body: dict) -> None:
+def _check_parameters(svc, engine: Engine, kind: str, body: dict) -> None:
     """A 400 for ``parameters`` that the body of ``kind`` (``engine``'s) has not: another
     task's, sent where this model answers; it names the URLs of the served models whose
     task takes them (/models/NAME)."""
@@ -230,7 +167,7 @@ def _check_parameters(request: Request, engine: Engine, kind: str, body: dict) -
     foreign = sorted(set(parameters) - PARAMETERS[kind]) if isinstance(parameters, dict) else []
     if not foreign:
         return
-    takers = [f"/models/{other.name}" for other in service(request).engines.values()
+    takers = [f"/models/{other.name}" for other in svc.engines.values()
               if any(set(foreign) <= PARAMETERS[k] for k in (other.task, "zero_shot")
                      if k != "zero_shot" or other.entailment is not None)]
     raise errors.ApiError(400, "invalid_request", f"parameters {', '.join(foreign)} are not "
@@ -239,7 +176,7 @@ def _check_parameters(request: Request, engine: Engine, kind: str, body: dict) -
                              "no served model's task takes them"))
 
 
-def parse_root(body: dict, request: Request):
+def parse_root(body: dict, svc):
     """POST /'s body, as the route doing what its model does takes it: the model named in
     ``model``, else the only one, else the one embedding model; an embedding model's body
     is /embed's or /similarity's, a classifier's /predict's, or /rerank's when it has a
@@ -250,11 +187,11 @@ def parse_root(body: dict, request: Request):
     name = name if isinstance(name, str) else None
     parameters = body.get("parameters")
     if isinstance(parameters, dict) and "candidate_labels" in parameters:
-        engine, kind = registry.pick(service(request), "zero-shot", name), "zero_shot"
+        engine, kind = registry.pick(svc, "zero-shot", name), "zero_shot"
     else:
-        engine = registry.pick_root(service(request), name)
+        engine = registry.pick_root(svc, name)
         kind = _kind(engine, body)
-        _check_parameters(request, engine, kind, body)
+        _check_parameters(svc, engine, kind, body)
     return _parsed(kind, {"model": engine.name, **body})
 
 
@@ -269,14 +206,15 @@ def _parsed(kind: str, body: dict):
     try:
         return ROOT_BODIES[kind].validate_python(body)
     except ValidationError as e:
-        raise errors.ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
+        raise Refusal("invalid", errors.invalid(e.errors())) from None
 
 
 # the routes -------------------------------------------------------------------------
 @router.post("/embed", response_model=list[list[float]], responses=errors.INFERENCE)
 async def embed(body: EmbedRequest, request: Request):
     """/v1/embed's request; the embeddings alone, one list per input."""
-    return reply(request, *await embedding(body, request))
+    call = http_call(request)
+    return reply(call, *await embedding(body, call))
 
 
 @router.post("/embed_all", response_model=list[list[list[float]]], responses=errors.INFERENCE)
@@ -285,7 +223,8 @@ async def embed_all(body: TeiInputsRequest, request: Request):
     model's last hidden states): a list of them per input. For an embedding model exported
     with --token-embeddings; each input counted at max_length tokens in the answer's bound
     (check_answer_size)."""
-    return reply(request, *await token_vectors(body, request))
+    call = http_call(request)
+    return reply(call, *await token_vectors(body, call))
 
 
 @router.post("/embed_sparse", response_model=list[list[TeiSparseValue]],
@@ -293,13 +232,15 @@ async def embed_all(body: TeiInputsRequest, request: Request):
 async def embed_sparse(body: TeiInputsRequest, request: Request):
     """Each input's SPLADE embedding as its non-zero entries, {index, value}, in index
     order: for a SPLADE model (a masked-language model exported with --pooling splade)."""
-    return reply(request, *await sparse_vectors(body, request))
+    call = http_call(request)
+    return reply(call, *await sparse_vectors(body, call))
 
 
 @router.post("/similarity", response_model=list[float], responses=errors.INFERENCE)
 async def similarity(body: TeiSimilarityRequest, request: Request):
     """The cosine of source_sentence's embedding with each sentence's, in order."""
-    return reply(request, *await similarities(body, request))
+    call = http_call(request)
+    return reply(call, *await similarities(body, call))
 
 
 @router.post("/predict", response_model=list[Score] | list[list[Score]],
@@ -307,7 +248,8 @@ async def similarity(body: TeiSimilarityRequest, request: Request):
 async def predict(body: TeiPredictRequest, request: Request):
     """Every label's score, highest first: a list for a text or a pair, a list of them for
     a batch."""
-    return reply(request, *await predictions(body, request))
+    call = http_call(request)
+    return reply(call, *await predictions(body, call))
 
 
 @router.post("/rerank", response_model=list[TeiRank] | RerankResponse,
@@ -318,7 +260,8 @@ async def rerank(body: TeiRerankBody, request: Request):
     /v1/rerank."""
     if isinstance(body, RerankRequest):
         return await v1.rerank(body, request)
-    return reply(request, *await ranks(body, request))
+    call = http_call(request)
+    return reply(call, *await ranks(body, call))
 
 
 # POST / (and SageMaker's /invocations) as TEI serves its one model there: the body of the
@@ -335,8 +278,9 @@ async def root(body: dict, request: Request):
     """The route's answer for the model parse_root chooses: an embedding model's /embed or
     /similarity (huggingface_hub's feature_extraction, sentence_similarity), a
     classifier's /predict (its text_classification) or /rerank."""
-    parsed = parse_root(body, request)
-    return reply(request, *await ANSWERS[type(parsed)](parsed, request))
+    call = http_call(request)
+    parsed = parse_root(body, call.service)
+    return reply(call, *await ANSWERS[type(parsed)](parsed, call))
 
 
 @router.post("/models/{model_name}", response_model=TeiAnswer,
@@ -362,12 +306,13 @@ async def inference_api(model_name: str, request: Request):
         registry.pick(service(request), "zero-shot", engine.name)  # an NLI model, or a 400 saying so
     else:
         kind = _kind(engine, body)
-        _check_parameters(request, engine, kind, body)
+        _check_parameters(service(request), engine, kind, body)
     parsed = _parsed(kind, {**body, "model": engine.name})
-    answer, result = await ANSWERS[type(parsed)](parsed, request)
+    call = http_call(request)
+    answer, result = await ANSWERS[type(parsed)](parsed, call)
     if isinstance(parsed, TeiPredictRequest) and not parsed.batch:
         answer = [answer]
-    return reply(request, answer, result)
+    return reply(call, answer, result)
 
 
 @router.post("/vertex", response_model=TeiVertexResponse, response_model_exclude_none=True,
@@ -376,17 +321,18 @@ async def vertex(body: TeiVertexRequest, request: Request):
     """Vertex AI's prediction request (deploy with the predict route /vertex): each
     instance a body POST / takes, run together; an instance refused refuses them all,
     named by its index."""
-    check_limits(request, [], len(body.instances), "instances")
+    call = http_call(request)
+    check_limits(call, [], len(body.instances), "instances")
     parsed = []
     for i, instance in enumerate(body.instances):
         try:
-            parsed.append(parse_root(instance, request))
+            parsed.append(parse_root(instance, call.service))
         except Refusal as e:
             raise _instance(i, e) from None
 
     async def run(i: int, instance):
         try:
-            return await ANSWERS[type(instance)](instance, request)
+            return await ANSWERS[type(instance)](instance, call)
         except Refusal as e:
             raise _instance(i, e) from None
 
@@ -396,14 +342,16 @@ async def vertex(body: TeiVertexRequest, request: Request):
     except ExceptionGroup as failed:
         raise failed.exceptions[0] from None
     answers = [task.result() for task in runs]
-    return reply(request, {"predictions": [answer for answer, _ in answers]},
+    return reply(call, {"predictions": [answer for answer, _ in answers]},
                  together([result for _, result in answers]))
 
 
-def _instance(i: int, refusal: Refusal) -> errors.ApiError:
-    error = errors.ApiError.of(refusal)
-    return errors.ApiError(error.status, error.kind, f"instances.{i}: {error.message}",
-                           error.headers)
+def _instance(i: int, refusal: Refusal) -> Refusal:
+    """``refusal`` naming the instance it refuses."""
+    message = f"instances.{i}: {refusal.message}"
+    if isinstance(refusal, errors.ApiError):
+        return errors.ApiError(refusal.status, refusal.kind, message, refusal.headers)
+    return Refusal(refusal.reason, message, refusal.retry_after)
 
 
 def together(results: list[Result]) -> Result:
@@ -419,17 +367,18 @@ def together(results: list[Result]) -> Result:
             responses=errors.responses(400, 401, 404, 422, 503))
 async def info(request: Request, model: str | None = None):
     """The model named in ``model``, else the one POST / serves, described as TEI does."""
-    return described(request, registry.pick_root(service(request), model))
+    return described(registry.pick_root(service(request), model), service(request).settings,
+                     request.app.version)
 
 
-def described(request: Request, engine) -> dict:
+def described(engine, settings, version: str) -> dict:
     """``engine`` as TEI's /info describes its model (a NER or question-answering model:
     a 400, TEI has none)."""
     if engine.task not in ("embed", "classify"):  # (NER, question answering, fill-mask)
         raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does "
                               f"{engine.task}, which TEI's /info does not describe: GET "
                               f"/v1/models/{engine.name}")
-    described, settings = engine.describe(), service(request).settings
+    described = engine.describe()
     batch_size, batch_tokens = engine.batch_limits
     if engine.task == "embed":
         kind = {"embedding": {"pooling": described.get("pooling")}}
@@ -442,5 +391,5 @@ def described(request: Request, engine) -> dict:
             "max_concurrent_requests": settings.max_connections,
             "max_input_length": engine.max_length, "max_batch_tokens": batch_tokens,
             "max_batch_requests": batch_size, "max_client_batch_size": settings.max_inputs,
-            "auto_truncate": True, "tokenization_workers": 1, "version": request.app.version,
+            "auto_truncate": True, "tokenization_workers": 1, "version": version,
             "sha": None, "docker_label": None}

@@ -4,8 +4,8 @@ same services and messages, compiled when the gRPC port starts (grpcio-tools). O
 gRPC port (distilserve/server/routes/grpc_server.py: the API key, errors, metrics, health checks and
 reflection there).
 
-Each RPC runs the HTTP routes' functions (distilserve/server/routes/tei.py, ...) on its one input,
-and answers as TEI's gRPC server does:
+Each RPC runs the functions TEI's HTTP routes run (distilserve/server/routes/tei.py, ...) on its
+one input, as the core's Call, and answers as TEI's gRPC server does:
 - the model: TEI serves one; here the one named in the call's ``model`` metadata, else
   the one TEI's HTTP route would take (Embed: the one embedding model, EmbedSparse the one
   SPLADE model, Predict the one classifier, Rerank the one cross-encoder else the one
@@ -33,16 +33,15 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from pydantic import BaseModel, ValidationError
 
 from distilserve.server import errors
 from distilserve.server.core import registry
+from distilserve.server.core.inference import Call, check_limits
 from distilserve.server.core.refusals import Refusal
-from distilserve.server.errors import ApiError
-from distilserve.server.metrics import STARTED
 from distilserve.server.routes import tei
-from distilserve.server.routes.common import check_limits, service, timing
+from distilserve.server.routes.common import timing
 from distilserve.server.routes.grpc_calls import Rpcs, refuse, unary
 from distilserve.server.routes.rerank import scored
 from distilserve.server.routes.tei_schemas import (
@@ -92,91 +91,91 @@ def _body(model: type[BaseModel], message, name: str | None, **fields) -> BaseMo
     try:
         return model.model_validate({"model": name, **fields})
     except ValidationError as e:
-        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
+        raise Refusal("invalid", errors.invalid(e.errors())) from None
 
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
 
 
-def _metadata(request: Request, result) -> pb.Metadata:
+def _metadata(call: Call, result) -> pb.Metadata:
     return pb.Metadata(compute_chars=result.characters, compute_tokens=result.tokens,
-                       total_time_ns=_ns(time.perf_counter() - request.scope[STARTED]),
+                       total_time_ns=_ns(time.perf_counter() - call.started),
                        tokenization_time_ns=_ns(result.tokenize_s),
                        queue_time_ns=_ns(result.queued_s),
                        inference_time_ns=_ns(result.inference_s))
 
 
-async def _embed(message, request: Request, name: str | None):
+async def _embed(message, call: Call, name: str | None):
     body = _body(EmbedRequest, message, name, inputs=message.inputs,
                  normalize=message.normalize)
-    vectors, result = await tei.embedding(body, request)
+    vectors, result = await tei.embedding(body, call)
     return pb.EmbedResponse(embeddings=vectors[0].tolist(),
-                            metadata=_metadata(request, result)), result
+                            metadata=_metadata(call, result)), result
 
 
-async def _embed_sparse(message, request: Request, name: str | None):
+async def _embed_sparse(message, call: Call, name: str | None):
     body = _body(TeiInputsRequest, message, name, inputs=message.inputs)
-    values, result = await tei.sparse_vectors(body, request)
+    values, result = await tei.sparse_vectors(body, call)
     return pb.EmbedSparseResponse(sparse_embeddings=[pb.SparseValue(**v) for v in values[0]],
-                                  metadata=_metadata(request, result)), result
+                                  metadata=_metadata(call, result)), result
 
 
-async def _embed_all(message, request: Request, name: str | None):
+async def _embed_all(message, call: Call, name: str | None):
     body = _body(TeiInputsRequest, message, name, inputs=message.inputs)
-    vectors, result = await tei.token_vectors(body, request)
+    vectors, result = await tei.token_vectors(body, call)
     return pb.EmbedAllResponse(
         token_embeddings=[pb.TokenEmbedding(embeddings=v.tolist()) for v in vectors[0]],
-        metadata=_metadata(request, result)), result
+        metadata=_metadata(call, result)), result
 
 
-async def _predicted(body: TeiPredictRequest, request: Request):
-    scores, result = await tei.predictions(body, request)  # highest first
+async def _predicted(body: TeiPredictRequest, call: Call):
+    scores, result = await tei.predictions(body, call)  # highest first
     return pb.PredictResponse(predictions=[pb.Prediction(label=s["label"], score=s["score"])
                                            for s in scores],
-                              metadata=_metadata(request, result)), result
+                              metadata=_metadata(call, result)), result
 
 
-async def _predict(message, request: Request, name: str | None):
+async def _predict(message, call: Call, name: str | None):
     return await _predicted(_body(TeiPredictRequest, message, name, inputs=message.inputs,
-                                  raw_scores=message.raw_scores), request)
+                                  raw_scores=message.raw_scores), call)
 
 
-async def _predict_pair(message, request: Request, name: str | None):
+async def _predict_pair(message, call: Call, name: str | None):
     if len(message.inputs) not in (1, 2):
-        raise ApiError(422, "invalid_request", "inputs: a text or a pair of texts, not "
-                       f"{len(message.inputs)} texts")
+        raise Refusal("invalid", "inputs: a text or a pair of texts, not "
+                      f"{len(message.inputs)} texts")
     inputs = list(message.inputs)
     return await _predicted(_body(TeiPredictRequest, message, name,
                                   inputs=inputs if len(inputs) == 2 else inputs[0],
-                                  raw_scores=message.raw_scores), request)
+                                  raw_scores=message.raw_scores), call)
 
 
 def _ranks(ranked: list[dict]) -> list:
     return [pb.Rank(**r) for r in ranked]
 
 
-async def _rerank(message, request: Request, name: str | None):
+async def _rerank(message, call: Call, name: str | None):
     body = _body(TeiRerankRequest, message, name, query=message.query,
                  texts=list(message.texts), raw_scores=message.raw_scores,
                  return_text=message.return_text)
-    ranked, result = await tei.ranks(body, request)
-    return pb.RerankResponse(ranks=_ranks(ranked), metadata=_metadata(request, result)), result
+    ranked, result = await tei.ranks(body, call)
+    return pb.RerankResponse(ranks=_ranks(ranked), metadata=_metadata(call, result)), result
 
 
-async def _tokenize(message, request: Request, name: str | None):
+async def _tokenize(message, call: Call, name: str | None):
     body = _body(TokenizeRequest, message, name, inputs=message.inputs,
                  add_special_tokens=message.add_special_tokens)
-    tokens = (await tokenized(request, body))[0]
+    tokens = (await tokenized(call, body))[0]
     return pb.EncodeResponse(tokens=[pb.SimpleToken(**{k: v for k, v in t.items()
                                                         if v is not None})
                                      for t in tokens]), None
 
 
-async def _decode(message, request: Request, name: str | None):
+async def _decode(message, call: Call, name: str | None):
     body = _body(DecodeRequest, message, name, ids=list(message.ids),
                  skip_special_tokens=message.skip_special_tokens)
-    return pb.DecodeResponse(text=(await decoded(request, body))[0]), None
+    return pb.DecodeResponse(text=(await decoded(call, body))[0]), None
 
 
 # the services --------------------------------------------------------------------------
@@ -185,18 +184,18 @@ def _model(context: grpc.aio.ServicerContext) -> str | None:
     return dict(context.invocation_metadata() or ()).get("model")
 
 
-async def _run(run, message, request: Request, context: grpc.aio.ServicerContext):
+async def _run(run, message, call: Call, context: grpc.aio.ServicerContext):
     """``run``'s answer to ``message``, and its timing headers (none for a run without a
     model's: Tokenize's)."""
-    answer, result = await run(message, request, _model(context))
-    return answer, None if result is None else timing(request, result)
+    answer, result = await run(message, call, _model(context))
+    return answer, None if result is None else timing(call, result)
 
 
 def _rpcs(name: str, run) -> tuple:
     """The unary RPC ``name`` and its stream ``name + "Stream"``, a message answered by
-    ``run(message, request, model) -> (answer, the model's Result or None)``."""
-    async def one(self, message, request, context):
-        answer, headers = await _run(run, message, request, context)
+    ``run(message, call, model) -> (answer, the model's Result or None)``."""
+    async def one(self, message, call, context):
+        answer, headers = await _run(run, message, call, context)
         if headers:
             await context.send_initial_metadata(tuple(headers.items()))
         return answer
@@ -244,8 +243,9 @@ class Info(_Tei, pb_grpc.InfoServicer):
     SERVICE = "tei.v1.Info"
 
     @unary
-    async def Info(self, message, request, context):
-        described = tei.described(request, registry.pick_root(service(request), _model(context)))
+    async def Info(self, message, call, context):
+        described = tei.described(registry.pick_root(call.service, _model(context)),
+                                  call.settings, self.app.version)
         kind = MODEL_TYPES[next(iter(described.pop("model_type")))]  # its only key
         fields = pb.InfoResponse.DESCRIPTOR.fields_by_name
         return pb.InfoResponse(
@@ -271,14 +271,14 @@ class Rerank(_Tei, pb_grpc.RerankServicer):
     Rerank, _ = _rpcs("Rerank", _rerank)
 
     @unary
-    async def RerankStream(self, messages, request, context):
+    async def RerankStream(self, messages, call, context):
         """The stream's (query, text) pairs ranked together: each query's texts scored
         as /rerank scores them (one run per query, side by side), indices in the order
         sent."""
         sent = [message async for message in messages]
         if not sent:
-            raise ApiError(422, "invalid_request", "the stream sent no (query, text) pairs")
-        check_limits(request, [m.text for m in sent], what="texts")
+            raise Refusal("invalid", "the stream sent no (query, text) pairs")
+        check_limits(call, [m.text for m in sent], what="texts")
         first, name = sent[0], _model(context)
         queries: dict[str, list[int]] = {}
         for i, message in enumerate(sent):
@@ -286,15 +286,15 @@ class Rerank(_Tei, pb_grpc.RerankServicer):
         async with asyncio.TaskGroup() as group:
             runs = [group.create_task(scored(_body(
                 TeiRerankRequest, first, name, query=query,
-                texts=[sent[i].text for i in indices], raw_scores=first.raw_scores), request))
+                texts=[sent[i].text for i in indices], raw_scores=first.raw_scores), call))
                 for query, indices in queries.items()]
         scores = np.empty(len(sent), dtype=np.float32)
         for indices, run in zip(queries.values(), runs):
             scores[indices] = run.result()[1]
         ranked = tei.ranked(scores, [m.text for m in sent], first.return_text)
         result = tei.together([run.result()[2] for run in runs])
-        metadata = _metadata(request, result)
-        await context.send_initial_metadata(tuple(timing(request, result).items()))
+        metadata = _metadata(call, result)
+        await context.send_initial_metadata(tuple(timing(call, result).items()))
         return pb.RerankResponse(ranks=_ranks(ranked), metadata=metadata)
 
 

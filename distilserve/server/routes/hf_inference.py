@@ -1,0 +1,80 @@
+"""The Hugging Face Inference API's tasks that TEI's own routes have not, answered at POST /
+and /models/NAME (distilserve/server/routes/tei.py): zero-shot classification, token
+classification, fill-mask and question answering, each the /v1 route's run with the
+Inference API's body and answer."""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+
+from distilserve.server import errors
+from distilserve.server.core.inference import Call
+from distilserve.server.core.refusals import Refusal
+from distilserve.server.core.runner import Result
+from distilserve.server.routes.classify import zero_shot
+from distilserve.server.routes.fill_mask import filled
+from distilserve.server.routes.ner import recognised
+from distilserve.server.routes.qa import answered
+from distilserve.server.routes.tei_schemas import (
+    HfFillMaskRequest,
+    HfQaRequest,
+    HfTokenRequest,
+    HfZeroShotRequest,
+)
+from distilserve.server.schemas import ClassifyRequest, FillMaskRequest, NerRequest, QaRequest
+
+
+def _as(model, body, **fields):
+    """A root body's options as the /v1 route's request ``model`` (its ``parameters``, the
+    Hugging Face Inference API's, given in ``fields``: None is the route's default)."""
+    try:
+        return model.model_validate({
+            "model": body.model, "inputs": body.inputs,
+            **body.model_dump(include={"truncate", "truncation_direction"}),
+            **{key: value for key, value in fields.items() if value is not None}})
+    except ValidationError as e:
+        raise Refusal("invalid", "parameters: " + errors.invalid(e.errors())) from None
+
+
+async def zero_shot_answers(body: HfZeroShotRequest, call: Call
+                            ) -> tuple[dict | list[dict], Result]:
+    """The zero-shot-classification pipeline's answer: per text, its sequence and the
+    candidate labels with their scores, highest first; a list of them for a list."""
+    parameters = body.parameters
+    _, results, result = await zero_shot(_as(
+        ClassifyRequest, body, candidate_labels=parameters.candidate_labels,
+        hypothesis_template=parameters.hypothesis_template,
+        multi_label=parameters.multi_label), call)
+    answers = [{"sequence": text, "labels": [r["label"] for r in ranked],
+                "scores": [r["score"] for r in ranked]}
+               for text, ranked in zip(body.texts, results)]
+    return answers[0] if isinstance(body.inputs, str) else answers, result
+
+
+async def token_answers(body: HfTokenRequest, call: Call) -> tuple[list, Result]:
+    """The token-classification pipeline's answer: a text's entities (/v1/ner's); a list
+    of them for a list."""
+    options = {} if body.parameters is None else body.parameters.model_dump()
+    _, results, result = await recognised(_as(NerRequest, body, **options), call)
+    return results[0] if isinstance(body.inputs, str) else results, result
+
+
+async def fill_mask_answers(body: HfFillMaskRequest, call: Call
+                            ) -> tuple[list, Result]:
+    """The fill-mask pipeline's answer: a text's likeliest tokens (a list of them per mask
+    where it has several, as /v1/fill-mask's); a list of those for a list."""
+    options = {} if body.parameters is None else body.parameters.model_dump()
+    _, results, result = await filled(_as(FillMaskRequest, body, **options), call)
+    each = [masks[0] if len(masks) == 1 else masks for masks in results]
+    return each[0] if isinstance(body.inputs, str) else each, result
+
+
+async def qa_answers(body: HfQaRequest, call: Call) -> tuple[list | dict, Result]:
+    """The question-answering pipeline's answer: an input's answers (/v1/qa's), or the one
+    where there is one; a list of them for a list."""
+    parameters = body.parameters
+    options = {} if parameters is None else parameters.model_dump(exclude={
+        "max_question_len"})  # (the pipeline's, unused with a fast tokenizer)
+    _, results, result = await answered(_as(QaRequest, body, **options), call)
+    each = [found[0] if len(found) == 1 else found for found in results]
+    return each if isinstance(body.inputs, list) else each[0], result
