@@ -40,13 +40,13 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
 from distilserve.server import errors, tensors
-from distilserve.server.core import postprocess, registry
+from distilserve.server.core import postprocess, registry, tasks
 from distilserve.server.core.inference import Call, embedded
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
-from distilserve.server.routes import classify, health
+from distilserve.server.routes import health
 from distilserve.server.routes.common import http_call, reply, service, timing
 from distilserve.server.routes.fill_mask import filled
 from distilserve.server.routes.ner import recognised
@@ -358,7 +358,8 @@ async def _embed(call: Call, engine: Engine, texts: list, parameters: dict):
 
 async def _classify(call: Call, engine: Engine, texts: list, parameters: dict):
     body = _options(ClassifyRequest, engine, texts, parameters)
-    _, result = await classify.run(body, call)
+    _, result = await tasks.logits(call, body.model, body.texts, body.truncation,
+                                   body.iterations)
     scores = [postprocess.label_scores(logits, engine.labels, engine.multi_label,
                                        body.function) for logits in result.outputs]
     return {"scores": np.stack(scores),

@@ -23,20 +23,16 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from distilserve.server import errors
-from distilserve.server.core import postprocess, registry
+from distilserve.server.core import postprocess, registry, tasks
 from distilserve.server.core.inference import (
     Call,
-    check_answer_size,
     check_limits,
     embedded,
-    infer,
-    with_prompt,
 )
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
 from distilserve.server.routes import hf_inference as hf
 from distilserve.server.routes import rerank as v1
-from distilserve.server.routes.classify import classified
 from distilserve.server.routes.common import http_call, reply, service
 from distilserve.server.routes.tei_schemas import (
     HfFillMaskRequest,
@@ -79,24 +75,17 @@ async def embedding(body: EmbedRequest, call: Call) -> tuple[np.ndarray, Result]
 async def token_vectors(body: TeiInputsRequest, call: Call
                         ) -> tuple[list[np.ndarray], Result]:
     """/embed_all's answer: each input's token vectors [T_i, D]."""
-    engine = registry.pick(call.service, "token embeddings", body.model)
-    check_limits(call, body.texts)
-    check_answer_size(engine, len(body.texts), engine.max_length * engine.dimensions,
-                      f"numbers: {engine.max_length} tokens of {engine.dimensions}")
-    result = await infer(call, engine, with_prompt(engine, body.texts, body.prompt_name),
-                         body.truncation)
-    return result.outputs, result
+    _, vectors, result = await tasks.token_vectors(call, body.model, body.texts,
+                                                   body.truncation, body.prompt_name)
+    return vectors, result
 
 
 async def sparse_vectors(body: TeiInputsRequest, call: Call
                          ) -> tuple[list[list[dict]], Result]:
     """/embed_sparse's answer: each input's non-zero entries, {index, value}."""
-    engine = registry.pick(call.service, "sparse embeddings", body.model)
-    check_limits(call, body.texts)
-    check_answer_size(engine, len(body.texts), 2 * engine.dimensions)  # index and value
-    result = await infer(call, engine, with_prompt(engine, body.texts, body.prompt_name),
-                         body.truncation)
-    return [postprocess.sparse(v) for v in result.outputs], result
+    _, values, result = await tasks.sparse_vectors(call, body.model, body.texts,
+                                                   body.truncation, body.prompt_name)
+    return values, result
 
 
 async def similarities(body: TeiSimilarityRequest, call: Call
@@ -109,8 +98,9 @@ async def similarities(body: TeiSimilarityRequest, call: Call
 
 
 async def predictions(body: TeiPredictRequest, call: Call) -> tuple[list, Result]:
-    _, results, result = await classified(body, call,
-                                          body.parameters and body.parameters.top_k)
+    _, results, result = await tasks.classify(
+        call, body.model, body.texts, body.truncation, body.function,
+        body.parameters and body.parameters.top_k, body.iterations)
     return results if body.batch else results[0], result
 
 

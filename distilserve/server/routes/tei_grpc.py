@@ -37,7 +37,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ValidationError
 
 from distilserve.server import errors
-from distilserve.server.core import registry
+from distilserve.server.core import registry, tasks
 from distilserve.server.core.inference import Call, check_limits
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.routes import tei
@@ -49,7 +49,6 @@ from distilserve.server.routes.tei_schemas import (
     TeiPredictRequest,
     TeiRerankRequest,
 )
-from distilserve.server.routes.tokenize import decoded, tokenized
 from distilserve.server.schemas import DecodeRequest, EmbedRequest, TokenizeRequest
 
 
@@ -166,7 +165,8 @@ async def _rerank(message, call: Call, name: str | None):
 async def _tokenize(message, call: Call, name: str | None):
     body = _body(TokenizeRequest, message, name, inputs=message.inputs,
                  add_special_tokens=message.add_special_tokens)
-    tokens = (await tokenized(call, body))[0]
+    tokens = (await tasks.tokens(call, body.model, body.texts, body.add_special_tokens,
+                                 body.prompt_name))[0]
     return pb.EncodeResponse(tokens=[pb.SimpleToken(**{k: v for k, v in t.items()
                                                         if v is not None})
                                      for t in tokens]), None
@@ -175,7 +175,8 @@ async def _tokenize(message, call: Call, name: str | None):
 async def _decode(message, call: Call, name: str | None):
     body = _body(DecodeRequest, message, name, ids=list(message.ids),
                  skip_special_tokens=message.skip_special_tokens)
-    return pb.DecodeResponse(text=(await decoded(call, body))[0]), None
+    texts = await tasks.decode(call, body.model, body.texts, body.skip_special_tokens)
+    return pb.DecodeResponse(text=texts[0]), None
 
 
 # the services --------------------------------------------------------------------------
