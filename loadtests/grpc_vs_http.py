@@ -26,7 +26,7 @@ import psutil
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from distilserve.models import samples
-from distilserve.server.routes.tei_grpc import pb, pb_grpc
+from distilserve.server.routes.tei.grpc_services import pb, pb_grpc
 from loadtests import lightload
 from loadtests.run import free_port, repository_or_default, start_server, unallocated_port
 

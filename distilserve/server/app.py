@@ -25,23 +25,15 @@ from distilserve.server.engine_process import front_end
 from distilserve.server.engine_process.supervisor import ENGINE_SOCKET
 from distilserve.server.metrics import Metrics
 from distilserve.server.middleware import ApiKey, BodyLimit, Decompress, Gzip, RequestId, RequestMetrics
-from distilserve.server.routes import (
-    classify,
-    cohere,
-    embed,
-    fill_mask,
-    health,
-    ner,
-    oip,
-    oip_errors,
-    oip_repository,
-    qa,
-    rerank,
-    tei,
-    tokenize,
-)
-from distilserve.server.routes import models as models_route
+from distilserve.server.routes import health
+from distilserve.server.routes.cohere import http_routes as cohere
 from distilserve.server.routes.fast_path import FastPath
+from distilserve.server.routes.native import classify, embed, fill_mask, ner, qa, rerank, tokenize
+from distilserve.server.routes.native import models as models_route
+from distilserve.server.routes.oip import errors as oip_errors
+from distilserve.server.routes.oip import http_routes as oip
+from distilserve.server.routes.oip import repository as oip_repository
+from distilserve.server.routes.tei import http_routes as tei
 from distilserve.server.service import Service, build_and_load
 from distilserve.server.settings import Settings
 from distilserve.server.tracing import Tracing

@@ -27,12 +27,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
 from distilserve.server.ray_deployments import Ingress
-from distilserve.server.routes import oip_grpc, tei_grpc
 from distilserve.server.routes.grpc_server import Health
+from distilserve.server.routes.oip import grpc_services as oip_grpc
+from distilserve.server.routes.tei import grpc_services as tei_grpc
 
 # Ray Serve pickles a call's message between the proxy and the ingress, by its class's
 # module, and tritonclient's messages name theirs as generated: "grpc_service_pb2" (tei.v1's
-# "tei_pb2" is imported so by distilserve/server/routes/tei_grpc.py)
+# "tei_pb2" is imported so by distilserve/server/routes/tei/grpc_services.py)
 sys.modules.setdefault("grpc_service_pb2", service_pb2)
 sys.modules.setdefault("model_config_pb2", model_config_pb2)
 

@@ -1,6 +1,7 @@
-"""End to end: the Open Inference Protocol's routes (distilserve/server/routes/oip.py) give what the
-/v1 routes give, as tensors, to tritonclient's HTTP client (binary tensor data, its
-default, and JSON) and to a plain JSON client as KServe's examples send it."""
+"""End to end: the Open Inference Protocol's routes
+(distilserve/server/routes/oip/http_routes.py) give what the /v1 routes give, as
+tensors, to tritonclient's HTTP client (binary tensor data, its default, and JSON) and
+to a plain JSON client as KServe's examples send it."""
 
 from __future__ import annotations
 

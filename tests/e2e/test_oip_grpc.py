@@ -1,6 +1,7 @@
-"""End to end: the Open Inference Protocol over gRPC (distilserve/server/routes/oip_grpc.py) gives what
-its HTTP routes give, to tritonclient's gRPC client and to a plain stub of the protocol's
-service; errors are gRPC statuses with the HTTP routes' messages."""
+"""End to end: the Open Inference Protocol over gRPC
+(distilserve/server/routes/oip/grpc_services.py) gives what its HTTP routes give, to
+tritonclient's gRPC client and to a plain stub of the protocol's service; errors are
+gRPC statuses with the HTTP routes' messages."""
 
 from __future__ import annotations
 

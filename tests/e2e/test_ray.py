@@ -125,7 +125,7 @@ def test_ray_serve_answers_grpc_as_the_grpc_port_does(ray_serve, repository):
     import tritonclient.grpc as triton
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from distilserve.server.routes.tei_grpc import pb, pb_grpc
+    from distilserve.server.routes.tei.grpc_services import pb, pb_grpc
 
     def texts(values):
         tensor = triton.InferInput("text", [len(values)], "BYTES")

@@ -1,4 +1,4 @@
-"""End to end: Text Embeddings Inference's own routes (distilserve/server/routes/tei.py) and
+"""End to end: Text Embeddings Inference's own routes (distilserve/server/routes/tei/http_routes.py) and
 Infinity's give what the /v1 routes give, in their shapes, and the clients written for
 TEI work against them."""
 

@@ -1,6 +1,7 @@
-"""End to end: Text Embeddings Inference's gRPC API (distilserve/server/routes/tei_grpc.py) gives what
-TEI's HTTP routes give, through stubs generated from tei.proto; the gRPC port's health
-checks and reflection (distilserve/server/routes/grpc_server.py)."""
+"""End to end: Text Embeddings Inference's gRPC API
+(distilserve/server/routes/tei/grpc_services.py) gives what TEI's HTTP routes give,
+through stubs generated from tei.proto; the gRPC port's health checks and reflection
+(distilserve/server/routes/grpc_server.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
-from distilserve.server.routes.tei_grpc import SERVING, pb, pb_grpc
+from distilserve.server.routes.tei.grpc_services import SERVING, pb, pb_grpc
 from tests.conftest import running_server, unallocated_port
 
 HEADERS = {"Authorization": "Bearer sekret"}

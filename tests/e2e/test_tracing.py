@@ -92,7 +92,7 @@ def test_each_grpc_call_is_a_span_of_the_callers_trace(tiny_checkpoints, tmp_pat
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-    from distilserve.server.routes.tei_grpc import pb, pb_grpc
+    from distilserve.server.routes.tei.grpc_services import pb, pb_grpc
     from tests.conftest import unallocated_port
 
     endpoint, spans = collector

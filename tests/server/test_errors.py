@@ -6,8 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from distilserve.server.errors import invalid
-from distilserve.server.routes.tei_schemas import TeiRerankRequest, TeiSimilarityRequest
-from distilserve.server.schemas import EmbeddingsRequest, RerankRequest
+from distilserve.server.routes.native.schemas import EmbeddingsRequest, RerankRequest
+from distilserve.server.routes.tei.schemas import TeiRerankRequest, TeiSimilarityRequest
 
 
 def message(model, body: dict) -> str:

@@ -23,7 +23,7 @@ from distilserve.server.middleware import (
     RequestMetrics,
     takes_gzip,
 )
-from distilserve.server.routes import embed
+from distilserve.server.routes.native import embed
 
 
 async def echo(scope, receive, send):

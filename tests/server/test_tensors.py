@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tritonclient.utils import deserialize_bytes_tensor, serialize_byte_tensor
 
-from distilserve.server import tensors
+from distilserve.server.routes.oip import tensors
 
 TEXTS = ["The cat sat.", "Ünïcödé ✓", ""]
 

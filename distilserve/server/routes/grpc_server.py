@@ -2,9 +2,9 @@
 same process (each worker's, sharing the port) and on the same event loop, serving
 
 - the Open Inference Protocol, ``inference.GRPCInferenceService`` (KServe's V2 gRPC API,
-  Triton's): distilserve/server/routes/oip_grpc.py;
+  Triton's): distilserve/server/routes/oip/grpc_services.py;
 - Text Embeddings Inference's API, ``tei.v1``'s Info, Embed, Predict, Rerank and
-  Tokenize: distilserve/server/routes/tei_grpc.py;
+  Tokenize: distilserve/server/routes/tei/grpc_services.py;
 - gRPC's health checking, ``grpc.health.v1.Health`` (Kubernetes' gRPC probes,
   grpc_health_probe, Envoy's and the load balancers' checks): Health, below;
 - server reflection (grpcurl and Postman list and call the services without their
@@ -53,7 +53,7 @@ class Health(health_pb2_grpc.HealthServicer):
     (Check) or SERVICE_UNKNOWN (Watch), as the protocol says."""
 
     def __init__(self, app: FastAPI, names: list[str]):
-        from distilserve.server.routes import tei_grpc
+        from distilserve.server.routes.tei import grpc_services as tei_grpc
 
         self.app = app
         self.services: dict[str, Callable[[Service], bool]] = {
@@ -192,7 +192,8 @@ def _address(settings: Settings) -> str:
 async def start(app: FastAPI, settings: Settings) -> grpc.aio.Server:
     """The gRPC server of ``app`` on DISTILSERVE_GRPC_PORT, started (messages up to
     DISTILSERVE_MAX_BODY_BYTES; the workers of ``--workers N`` share the port)."""
-    from distilserve.server.routes import oip_grpc, tei_grpc
+    from distilserve.server.routes.oip import grpc_services as oip_grpc
+    from distilserve.server.routes.tei import grpc_services as tei_grpc
 
     key = settings.bearer_key()
     public = {f"/{health_pb2.DESCRIPTOR.services_by_name['Health'].full_name}/",

@@ -8,8 +8,9 @@ import asyncio
 import pytest
 from fastapi import APIRouter
 
-from distilserve.server.routes import embed, oip
 from distilserve.server.routes.fast_path import FastPath
+from distilserve.server.routes.native import embed
+from distilserve.server.routes.oip import http_routes as oip
 
 ROUTES = [*embed.router.routes, *oip.router.routes]  # GET routes too: passed over
 

@@ -1,4 +1,4 @@
-"""distilserve/server/routes/oip_errors.py's OipErrors: the protocol's routes' errors in
+"""distilserve/server/routes/oip/errors.py's OipErrors: the protocol's routes' errors in
 its shape, whole however they were sent; other routes' and answers that are not errors as they are."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from distilserve.server.routes.oip_errors import OipErrors
+from distilserve.server.routes.oip.errors import OipErrors
 
 ERROR = json.dumps({"error": {"type": "invalid_request", "message": "bad"}}).encode()
 

@@ -14,7 +14,7 @@ from distilserve.server import errors
 from distilserve.server.core import tasks
 from distilserve.server.core.inference import Call
 from distilserve.server.routes.common import http_call, reply
-from distilserve.server.schemas import FillMaskRequest, FillMaskResponse
+from distilserve.server.routes.native.schemas import FillMaskRequest, FillMaskResponse
 
 router = APIRouter(tags=["fill-mask"])
 

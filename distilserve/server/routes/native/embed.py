@@ -8,10 +8,10 @@ from fastapi import APIRouter, Request
 from distilserve.server import errors
 from distilserve.server.core import postprocess
 from distilserve.server.core.inference import embedded, usage
-from distilserve.server.routes import cohere
-from distilserve.server.routes.cohere_schemas import CohereEmbedResponse, CohereV1EmbedRequest, EmbedBody
+from distilserve.server.routes.cohere import http_routes as cohere
+from distilserve.server.routes.cohere.schemas import CohereEmbedResponse, CohereV1EmbedRequest, EmbedBody
 from distilserve.server.routes.common import http_call, reply
-from distilserve.server.schemas import (
+from distilserve.server.routes.native.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
     EmbedResponse,

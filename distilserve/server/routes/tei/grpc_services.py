@@ -1,10 +1,10 @@
 """Text Embeddings Inference's gRPC API (``tei.v1``'s Info, Embed, Predict, Rerank and
-Tokenize), for the clients generated from TEI's tei.proto: distilserve/server/routes/tei.proto has the
+Tokenize), for the clients generated from TEI's tei.proto: distilserve/server/routes/tei/tei.proto has the
 same services and messages, compiled when the gRPC port starts (grpcio-tools). On the
 gRPC port (distilserve/server/routes/grpc_server.py: the API key, errors, metrics, health checks and
 reflection there).
 
-Each RPC runs the functions TEI's HTTP routes run (distilserve/server/routes/tei.py, ...) on its
+Each RPC runs the functions TEI's HTTP routes run (distilserve/server/routes/tei/http_routes.py, ...) on its
 one input, as the core's Call, and answers as TEI's gRPC server does:
 - the model: TEI serves one; here the one named in the call's ``model`` metadata, else
   the one TEI's HTTP route would take (Embed: the one embedding model, EmbedSparse the one
@@ -40,16 +40,16 @@ from distilserve.server import errors
 from distilserve.server.core import registry, tasks
 from distilserve.server.core.inference import Call, check_limits
 from distilserve.server.core.refusals import Refusal
-from distilserve.server.routes import tei
 from distilserve.server.routes.common import timing
 from distilserve.server.routes.grpc_calls import Rpcs, refuse, unary
-from distilserve.server.routes.rerank import scored
-from distilserve.server.routes.tei_schemas import (
+from distilserve.server.routes.native.rerank import scored
+from distilserve.server.routes.native.schemas import DecodeRequest, EmbedRequest, TokenizeRequest
+from distilserve.server.routes.tei import http_routes as tei
+from distilserve.server.routes.tei.schemas import (
     TeiInputsRequest,
     TeiPredictRequest,
     TeiRerankRequest,
 )
-from distilserve.server.schemas import DecodeRequest, EmbedRequest, TokenizeRequest
 
 
 def _compiled():

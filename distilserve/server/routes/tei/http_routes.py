@@ -31,10 +31,16 @@ from distilserve.server.core.inference import (
 )
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
-from distilserve.server.routes import hf_inference as hf
-from distilserve.server.routes import rerank as v1
 from distilserve.server.routes.common import http_call, reply, service
-from distilserve.server.routes.tei_schemas import (
+from distilserve.server.routes.native import rerank as v1
+from distilserve.server.routes.native.schemas import (
+    EmbedRequest,
+    RerankRequest,
+    RerankResponse,
+    Score,
+)
+from distilserve.server.routes.tei import hf_inference as hf
+from distilserve.server.routes.tei.schemas import (
     HfFillMaskRequest,
     HfQaRequest,
     HfTokenRequest,
@@ -52,12 +58,6 @@ from distilserve.server.routes.tei_schemas import (
     TeiSparseValue,
     TeiVertexRequest,
     TeiVertexResponse,
-)
-from distilserve.server.schemas import (
-    EmbedRequest,
-    RerankRequest,
-    RerankResponse,
-    Score,
 )
 
 router = APIRouter(tags=["Text Embeddings Inference"])

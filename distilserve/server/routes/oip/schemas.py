@@ -1,5 +1,5 @@
 """The Open Inference Protocol's bodies (KServe's V2, Triton's HTTP/REST API), which
-distilserve/server/routes/oip.py takes and answers."""
+distilserve/server/routes/oip/http_routes.py takes and answers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
-from distilserve.server.schemas import Body
+from distilserve.server.routes.native.schemas import Body
 
 # a tensor's or a request's parameters: scalars by name (null: none)
 OipParameters = Annotated[dict[str, str | int | float | bool],

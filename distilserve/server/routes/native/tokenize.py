@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 from distilserve.server import errors
 from distilserve.server.core import tasks
 from distilserve.server.routes.common import http_call
-from distilserve.server.schemas import DecodeRequest, Token, TokenizeRequest
+from distilserve.server.routes.native.schemas import DecodeRequest, Token, TokenizeRequest
 
 router = APIRouter(tags=["tokenize"])
 # never queued: no 429

@@ -9,8 +9,8 @@ from distilserve.server import errors
 from distilserve.server.core import tasks
 from distilserve.server.core.inference import Call, usage
 from distilserve.server.routes.common import http_call, reply
-from distilserve.server.routes.tei_schemas import InfinityClassifyRequest, InfinityClassifyResponse
-from distilserve.server.schemas import ClassifyRequest, ClassifyResponse
+from distilserve.server.routes.native.schemas import ClassifyRequest, ClassifyResponse
+from distilserve.server.routes.tei.schemas import InfinityClassifyRequest, InfinityClassifyResponse
 
 router = APIRouter(tags=["classification"])
 

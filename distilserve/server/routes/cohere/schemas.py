@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
-from distilserve.server.schemas import Body, Dimensions, EmbedRequest
+from distilserve.server.routes.native.schemas import Body, Dimensions, EmbedRequest
 
 CohereInputType = Literal["search_document", "search_query", "classification", "clustering"]
 INPUT_TYPE = ("the model's prompt it is put behind, where it has one: query, document (or "

@@ -11,14 +11,14 @@ from fastapi import APIRouter, Request
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry
 from distilserve.server.core.inference import Call, embedded, usage
-from distilserve.server.routes import rerank as v1_rerank
-from distilserve.server.routes.cohere_schemas import (
+from distilserve.server.routes.cohere.schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
     CohereV1EmbedRequest,
 )
 from distilserve.server.routes.common import http_call, reply
-from distilserve.server.schemas import (
+from distilserve.server.routes.native import rerank as v1_rerank
+from distilserve.server.routes.native.schemas import (
     RerankRequest,
 )
 

@@ -12,7 +12,7 @@ from distilserve.server import errors
 from distilserve.server.core import tasks
 from distilserve.server.core.inference import Call
 from distilserve.server.routes.common import http_call, reply
-from distilserve.server.schemas import NerRequest, NerResponse
+from distilserve.server.routes.native.schemas import NerRequest, NerResponse
 
 router = APIRouter(tags=["ner"])
 

@@ -1,5 +1,5 @@
 """The bodies of Text Embeddings Inference's routes and of the Hugging Face Inference
-API's at POST / and /models/NAME (distilserve/server/routes/tei.py), and Infinity's
+API's at POST / and /models/NAME (distilserve/server/routes/tei/http_routes.py), and Infinity's
 /classify: each a /v1 body in TEI's, the Inference API's or Infinity's shape."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from distilserve.server.schemas import (
+from distilserve.server.routes.native.schemas import (
     FUNCTION,
     Body,
     Count,

@@ -1,6 +1,6 @@
 """Triton's repository extension over the Open Inference Protocol: the repository index
 (every model folder and its state) and, with DISTILSERVE_MODEL_CONTROL=explicit, its
-models loaded and unloaded by request. The gRPC twins (distilserve/server/routes/oip_grpc.py)
+models loaded and unloaded by request. The gRPC twins (distilserve/server/routes/oip/grpc_services.py)
 run the same functions."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from distilserve.server import errors
 from distilserve.server.errors import ApiError
 from distilserve.server.routes.common import service
-from distilserve.server.routes.oip_schemas import (
+from distilserve.server.routes.oip.schemas import (
     OipControlRequest,
     OipIndexRequest,
     OipRepositoryModel,

@@ -3,7 +3,7 @@
 tritonclient.grpc, KServe's InferenceGRPCClient; on the gRPC port
 (distilserve/server/routes/grpc_server.py: the API key, errors and metrics there).
 
-Each call runs as the HTTP routes run theirs (distilserve/server/routes/oip.py): the same models
+Each call runs as the HTTP routes run theirs (distilserve/server/routes/oip/http_routes.py): the same models
 and tensors, parameters, queue, limits and metrics. Texts come as BYTES tensors, in
 ``raw_input_contents`` (tritonclient's way: each element's length in 4 bytes, then its
 UTF-8) or in ``contents.bytes_contents``; outputs go back in ``raw_output_contents``, as
@@ -28,16 +28,17 @@ from fastapi import FastAPI
 from google.protobuf.json_format import ParseDict
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from distilserve.server import tensors
 from distilserve.server.core import registry
 from distilserve.server.core.inference import Call
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
-from distilserve.server.routes import oip, oip_repository
 from distilserve.server.routes.common import timing
 from distilserve.server.routes.grpc_calls import Rpcs, unary
+from distilserve.server.routes.oip import http_routes as oip
+from distilserve.server.routes.oip import repository as oip_repository
+from distilserve.server.routes.oip import tensors
 
 SERVICE = "inference.GRPCInferenceService"
 

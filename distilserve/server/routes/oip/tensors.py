@@ -1,6 +1,6 @@
 """The Open Inference Protocol's tensors (KServe's V2 protocol, Triton's HTTP/REST API), as
 JSON and as Triton's binary tensor data extension. Pure functions, tested without a server;
-distilserve/server/routes/oip.py serves them.
+distilserve/server/routes/oip/http_routes.py serves them.
 
 A tensor is ``{"name", "datatype", "shape", "data"}``, its data in row-major order. With
 the binary extension the body is the JSON header and then the tensors' bytes, one after

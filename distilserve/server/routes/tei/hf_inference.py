@@ -1,5 +1,5 @@
 """The Hugging Face Inference API's tasks that TEI's own routes have not, answered at POST /
-and /models/NAME (distilserve/server/routes/tei.py): zero-shot classification, token
+and /models/NAME (distilserve/server/routes/tei/http_routes.py): zero-shot classification, token
 classification, fill-mask and question answering, each the /v1 route's run with the
 Inference API's body and answer."""
 
@@ -11,17 +11,17 @@ from distilserve.server import errors
 from distilserve.server.core.inference import Call
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.core.runner import Result
-from distilserve.server.routes.classify import zero_shot
-from distilserve.server.routes.fill_mask import filled
-from distilserve.server.routes.ner import recognised
-from distilserve.server.routes.qa import answered
-from distilserve.server.routes.tei_schemas import (
+from distilserve.server.routes.native.classify import zero_shot
+from distilserve.server.routes.native.fill_mask import filled
+from distilserve.server.routes.native.ner import recognised
+from distilserve.server.routes.native.qa import answered
+from distilserve.server.routes.native.schemas import ClassifyRequest, FillMaskRequest, NerRequest, QaRequest
+from distilserve.server.routes.tei.schemas import (
     HfFillMaskRequest,
     HfQaRequest,
     HfTokenRequest,
     HfZeroShotRequest,
 )
-from distilserve.server.schemas import ClassifyRequest, FillMaskRequest, NerRequest, QaRequest
 
 
 def _as(model, body, **fields):

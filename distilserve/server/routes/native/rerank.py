@@ -11,8 +11,8 @@ from distilserve.server import errors
 from distilserve.server.core import postprocess, tasks
 from distilserve.server.core.inference import Call, usage
 from distilserve.server.routes.common import http_call, reply
-from distilserve.server.routes.tei_schemas import TeiRerankRequest
-from distilserve.server.schemas import RerankRequest, RerankResponse
+from distilserve.server.routes.native.schemas import RerankRequest, RerankResponse
+from distilserve.server.routes.tei.schemas import TeiRerankRequest
 
 router = APIRouter(tags=["rerank"])
 

@@ -20,16 +20,16 @@ it input-0). The request's ``parameters`` are the options of the route that does
 stride; top_k, max_answer_len, handle_impossible_answer, align_to_words, max_seq_len,
 doc_stride; top_k, targets; truncate, truncation_direction); the models, queue, limits,
 errors and timing headers are those of the /v1 routes (their functions run them). Tensors
-come and go as JSON or as Triton's binary tensor data (distilserve/server/tensors.py); a classifier's
-scores also as Triton's classification extension gives them (an output's
+come and go as JSON or as Triton's binary tensor data (tensors.py, beside this file); a
+classifier's scores also as Triton's classification extension gives them (an output's
 ``classification``: its k best classes). Triton's repository index and model control are
-distilserve/server/routes/oip_repository.py's; its
+distilserve/server/routes/oip/repository.py's; its
 statistics are the /metrics series of each model (distilserve/server/metrics.py), and its model
 configuration says what a model takes and gives and how the service batches it. One
 version of each model is served, version 1: a model's routes answer at its /versions/1
 paths too. Not served: Triton's shared-memory extensions (shared memory is refused). The
-same protocol over gRPC runs these functions: distilserve/server/routes/oip_grpc.py. An error is the
-service's, in the protocol's shape, ``{"error": "message"}`` (distilserve/server/routes/oip_errors.py)."""
+same protocol over gRPC runs these functions: distilserve/server/routes/oip/grpc_services.py. An error is the
+service's, in the protocol's shape, ``{"error": "message"}`` (distilserve/server/routes/oip/errors.py)."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
 
-from distilserve.server import errors, tensors
+from distilserve.server import errors
 from distilserve.server.core import postprocess, registry, tasks
 from distilserve.server.core.inference import Call, embedded
 from distilserve.server.core.refusals import Refusal
@@ -48,9 +48,18 @@ from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
 from distilserve.server.routes import health
 from distilserve.server.routes.common import http_call, reply, service, timing
-from distilserve.server.routes.fill_mask import filled
-from distilserve.server.routes.ner import recognised
-from distilserve.server.routes.oip_schemas import (
+from distilserve.server.routes.native.fill_mask import filled
+from distilserve.server.routes.native.ner import recognised
+from distilserve.server.routes.native.qa import answered
+from distilserve.server.routes.native.schemas import (
+    ClassifyRequest,
+    EmbedRequest,
+    FillMaskRequest,
+    NerRequest,
+    QaRequest,
+)
+from distilserve.server.routes.oip import tensors
+from distilserve.server.routes.oip.schemas import (
     OipInferRequest,
     OipInferResponse,
     OipModelConfig,
@@ -58,14 +67,6 @@ from distilserve.server.routes.oip_schemas import (
     OipServerMetadata,
     OipStatistics,
     inlined,
-)
-from distilserve.server.routes.qa import answered
-from distilserve.server.schemas import (
-    ClassifyRequest,
-    EmbedRequest,
-    FillMaskRequest,
-    NerRequest,
-    QaRequest,
 )
 
 router = APIRouter(tags=["open inference protocol"])
@@ -256,7 +257,7 @@ async def inferred(call: Call, engine: Engine, sent, data: memoryview
     data) run on the engine: the request as read, its outputs (name -> value, those it
     asks for, in the model's order or the request's; a classifier's scores as its
     classification asks) and the run. For the HTTP route above and gRPC's ModelInfer
-    (distilserve/server/routes/oip_grpc.py)."""
+    (distilserve/server/routes/oip/grpc_services.py)."""
     try:
         asking = OipInferRequest.model_validate(sent)
         wanted = _wanted(engine, asking)
@@ -339,7 +340,8 @@ def _texts(engine: Engine, raw: list[dict], binary: dict) -> list:
 
 def _options(model, engine: Engine, texts: list, parameters: dict):
     """The request's parameters as the options of the route that does the task (a
-    ``model`` of distilserve/server/schemas.py), its inputs the texts (pairs as two-item lists)."""
+    ``model`` of distilserve/server/routes/native/schemas.py), its inputs the texts (pairs
+    as two-item lists)."""
     try:
         return model.model_validate({**parameters, "model": engine.name,
                                      "inputs": [list(t) if isinstance(t, tuple) else t

@@ -1,0 +1,1 @@
+"""Cohere's API (v1 and v2 embed, v2 rerank)."""
