@@ -47,6 +47,14 @@ def _on_client_gone(request: Request, callback: Callable[[], None]) -> Callable[
     return waiting.cancel
 
 
+async def model_results(request: Request, run, body) -> Response:
+    """``run(body, call)``'s (model, results, run) answered as the native task routes
+    answer: {"model", "results"}."""
+    call = http_call(request)
+    engine, results, result = await run(body, call)
+    return reply(call, {"model": engine.name, "results": results}, result)
+
+
 def reply(call: Call, payload, result: Result) -> Response:
     """``payload`` as the JSON response, and where its time went in TEI's headers:
     x-total-time (since the request arrived; x-compute-time the same), x-tokenization-time,

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from distilserve.server import errors
 from distilserve.server.core import tasks
 from distilserve.server.core.inference import Call
-from distilserve.server.routes.common import http_call, reply
+from distilserve.server.routes.common import model_results
 from distilserve.server.routes.native.schemas import FillMaskRequest, FillMaskResponse
 
 router = APIRouter(tags=["fill-mask"])
@@ -21,9 +21,7 @@ router = APIRouter(tags=["fill-mask"])
 
 @router.post("/v1/fill-mask", response_model=FillMaskResponse, responses=errors.INFERENCE)
 async def fill_mask(body: FillMaskRequest, request: Request):
-    call = http_call(request)
-    engine, results, result = await filled(body, call)
-    return reply(call, {"model": engine.name, "results": results}, result)
+    return await model_results(request, filled, body)
 
 
 def filled(body: FillMaskRequest, call: Call):

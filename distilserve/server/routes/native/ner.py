@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from distilserve.server import errors
 from distilserve.server.core import tasks
 from distilserve.server.core.inference import Call
-from distilserve.server.routes.common import http_call, reply
+from distilserve.server.routes.common import model_results
 from distilserve.server.routes.native.schemas import NerRequest, NerResponse
 
 router = APIRouter(tags=["ner"])
@@ -19,9 +19,7 @@ router = APIRouter(tags=["ner"])
 
 @router.post("/v1/ner", response_model=NerResponse, responses=errors.INFERENCE)
 async def ner(body: NerRequest, request: Request):
-    call = http_call(request)
-    engine, results, result = await recognised(body, call)
-    return reply(call, {"model": engine.name, "results": results}, result)
+    return await model_results(request, recognised, body)
 
 
 def recognised(body: NerRequest, call: Call):

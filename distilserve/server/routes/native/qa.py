@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from distilserve.server import errors
 from distilserve.server.core import tasks
 from distilserve.server.core.inference import Call
-from distilserve.server.routes.common import http_call, reply
+from distilserve.server.routes.common import model_results
 from distilserve.server.routes.native.schemas import QaRequest, QaResponse
 
 router = APIRouter(tags=["question answering"])
@@ -19,9 +19,7 @@ router = APIRouter(tags=["question answering"])
 
 @router.post("/v1/qa", response_model=QaResponse, responses=errors.INFERENCE)
 async def qa(body: QaRequest, request: Request):
-    call = http_call(request)
-    engine, results, result = await answered(body, call)
-    return reply(call, {"model": engine.name, "results": results}, result)
+    return await model_results(request, answered, body)
 
 
 def answered(body: QaRequest, call: Call):
