@@ -18,7 +18,8 @@ from distilserve.server.core.refusals import Refusal
 
 # the core's refusals in HTTP's words: reason -> (status, the error type in the body)
 HTTP = {"not_found": (404, "model_not_found"), "wrong_task": (400, "wrong_task"),
-        "ambiguous": (400, "invalid_request"), "invalid": (422, "invalid_request"),
+        "ambiguous": (400, "invalid_request"), "bad_request": (400, "invalid_request"),
+        "invalid": (422, "invalid_request"),
         "too_large": (413, "payload_too_large"), "input_too_long": (413, "input_too_long"),
         "not_finite": (422, "not_finite"), "overloaded": (429, "overloaded"),
         "unavailable": (503, "unavailable"), "client_closed": (499, "client_closed")}

@@ -15,7 +15,7 @@ from pathlib import Path
 from stat import S_ISDIR
 
 from distilserve.models.io.manifest import FILE as MANIFEST
-from distilserve.server import errors
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, ModelLoadError, on_daemon_thread, open_engine
 from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
@@ -66,28 +66,27 @@ class Service:
 
     def _controlled(self, name: str) -> Path:
         """The folder of the model ``name`` of the repository, to load or unload by
-        request: a 400 unless DISTILSERVE_MODEL_CONTROL is explicit, a 503 while the
-        repository is read, a 404 for a name that is not one of its folders (nothing
-        outside it is ever read)."""
+        request: refused unless DISTILSERVE_MODEL_CONTROL is explicit, unavailable while
+        the repository is read, not found for a name that is not one of its folders
+        (nothing outside it is ever read)."""
         if self.settings.model_control != "explicit":
-            raise errors.ApiError(400, "invalid_request", "loading and unloading models by "
-                                  "request needs DISTILSERVE_MODEL_CONTROL=explicit (the "
-                                  "service serves its repository as it is, or as "
-                                  "DISTILSERVE_POLL_SECONDS finds it)")
+            raise Refusal("bad_request", "loading and unloading models by request needs "
+                          "DISTILSERVE_MODEL_CONTROL=explicit (the service serves its "
+                          "repository as it is, or as DISTILSERVE_POLL_SECONDS finds it)")
         if self.draining or not self.ready:
-            raise errors.ApiError(503, "unavailable", "the service is shutting down" if
-                                  self.draining else "the model repository is still being "
-                                  "read; retry shortly", {"Retry-After": "2"})
+            raise Refusal("unavailable", "the service is shutting down" if self.draining
+                          else "the model repository is still being read; retry shortly",
+                          retry_after=2)
         folders = {folder.name: folder for folder in model_folders(self.repository)}
         if name not in folders:
-            raise errors.ApiError(404, "model_not_found", f"no model folder {name!r} in the "
-                                  f"repository; folders: {', '.join(folders) or 'none'}")
+            raise Refusal("not_found", f"no model folder {name!r} in the repository; "
+                          f"folders: {', '.join(folders) or 'none'}")
         return folders[name]
 
     async def load(self, name: str) -> None:
         """Triton's explicit model control: the repository's folder ``name`` loaded and
         served, in place of the one served before (which finishes what was queued for it).
-        One that fails to load is a 400 with the reason, listed UNAVAILABLE unless the
+        One that fails to load is refused with the reason, listed UNAVAILABLE unless the
         one before is still served."""
         folder = self._controlled(name)
         async with self.controlling:
@@ -97,8 +96,8 @@ class Service:
                 log.error("model %s not loaded by request: %s", name, failure(e))
                 if name not in self.engines:
                     self.failures[name] = self.said(failure(e))
-                raise errors.ApiError(400, "invalid_request", f"model {name!r} failed to "
-                                      f"load: {self.said(failure(e))}") from None
+                raise Refusal("bad_request", f"model {name!r} failed to load: "
+                              f"{self.said(failure(e))}") from None
             await put_in_place(self, engine)
             freeze_long_lived(thaw=True)
 
@@ -122,12 +121,12 @@ class Service:
 
     async def unload(self, name: str) -> None:
         """Triton's explicit model control: the model ``name`` no longer served (what was
-        queued for it answered first); one not served is a 404."""
+        queued for it answered first); one not served is not found."""
         self._controlled(name)
         async with self.controlling:
             gone = self.engines.pop(name, None)
             if gone is None:
-                raise errors.ApiError(404, "model_not_found", f"model {name!r} is not served")
+                raise Refusal("not_found", f"model {name!r} is not served")
             log.info("model %s unloaded by request", name)
             await gone.stop()
             freeze_long_lived(thaw=True)

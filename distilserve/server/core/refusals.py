@@ -8,6 +8,7 @@ REASONS = (
     "not_found",  # no served model of that name, or none that can do it
     "wrong_task",  # the named model cannot do it
     "ambiguous",  # several served models can and none is named
+    "bad_request",  # what the service will not do as asked (a model's load that failed, ...)
     "invalid",  # a value the model or the service cannot take
     "too_large",  # more inputs, characters or answer than the limits allow
     "input_too_long",  # an input longer than the model reads, and not to be cut

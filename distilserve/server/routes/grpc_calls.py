@@ -23,6 +23,7 @@ log = logging.getLogger("distilserve")
 # the core's refusals' gRPC codes (core/refusals.py's REASONS)
 CODES = {"not_found": grpc.StatusCode.NOT_FOUND, "wrong_task": grpc.StatusCode.INVALID_ARGUMENT,
          "ambiguous": grpc.StatusCode.INVALID_ARGUMENT,
+         "bad_request": grpc.StatusCode.INVALID_ARGUMENT,
          "invalid": grpc.StatusCode.INVALID_ARGUMENT,
          "too_large": grpc.StatusCode.INVALID_ARGUMENT,
          "input_too_long": grpc.StatusCode.INVALID_ARGUMENT,

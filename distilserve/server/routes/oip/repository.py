@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from distilserve.server import errors
-from distilserve.server.errors import ApiError
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.routes.common import service
 from distilserve.server.routes.oip.schemas import (
     OipControlRequest,
@@ -35,7 +35,7 @@ async def repository_index(request: Request):
     try:
         ready = OipIndexRequest.model_validate_json(body or b"{}").ready
     except ValidationError as e:
-        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
+        raise Refusal("invalid", errors.invalid(e.errors())) from None
     return index(service(request), ready)
 
 
@@ -80,9 +80,9 @@ async def loaded(svc, name: str, parameters: dict) -> dict:
     the folder's files: refused), and its state after it (also gRPC's
     RepositoryModelLoad)."""
     if parameters:
-        raise ApiError(422, "invalid_request", f"parameters {', '.join(parameters)}: a "
-                       "model's configuration or files by request are not served; the "
-                       "repository's folder is loaded as it is")
+        raise Refusal("invalid", f"parameters {', '.join(parameters)}: a model's "
+                      "configuration or files by request are not served; the "
+                      "repository's folder is loaded as it is")
     await svc.load(name)
     return {"name": name, "state": "READY"}
 
@@ -98,4 +98,4 @@ async def _control_body(request: Request) -> OipControlRequest:
     try:
         return OipControlRequest.model_validate_json(await request.body() or b"{}")
     except ValidationError as e:
-        raise ApiError(422, "invalid_request", errors.invalid(e.errors())) from None
+        raise Refusal("invalid", errors.invalid(e.errors())) from None

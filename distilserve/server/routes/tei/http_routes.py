@@ -160,10 +160,10 @@ def _check_parameters(svc, engine: Engine, kind: str, body: dict) -> None:
     takers = [f"/models/{other.name}" for other in svc.engines.values()
               if any(set(foreign) <= PARAMETERS[k] for k in (other.task, "zero_shot")
                      if k != "zero_shot" or other.entailment is not None)]
-    raise errors.ApiError(400, "invalid_request", f"parameters {', '.join(foreign)} are not "
-                          f"{TASKS[kind]}'s, which model {engine.name!r} does here; "
-                          + (f"post them to {' or '.join(takers)}" if takers else
-                             "no served model's task takes them"))
+    raise Refusal("bad_request", f"parameters {', '.join(foreign)} are not {TASKS[kind]}'s, "
+                  f"which model {engine.name!r} does here; "
+                  + (f"post them to {' or '.join(takers)}" if takers else
+                     "no served model's task takes them"))
 
 
 def parse_root(body: dict, svc):
@@ -365,9 +365,8 @@ def described(engine, settings, version: str) -> dict:
     """``engine`` as TEI's /info describes its model (a NER or question-answering model:
     a 400, TEI has none)."""
     if engine.task not in ("embed", "classify"):  # (NER, question answering, fill-mask)
-        raise errors.ApiError(400, "wrong_task", f"model {engine.name!r} does "
-                              f"{engine.task}, which TEI's /info does not describe: GET "
-                              f"/v1/models/{engine.name}")
+        raise Refusal("wrong_task", f"model {engine.name!r} does {engine.task}, which TEI's "
+                      f"/info does not describe: GET /v1/models/{engine.name}")
     described = engine.describe()
     batch_size, batch_tokens = engine.batch_limits
     if engine.task == "embed":
