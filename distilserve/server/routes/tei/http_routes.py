@@ -4,9 +4,10 @@ LlamaIndex's TextEmbeddingsInference): POST /embed, /embed_all, /embed_sparse,
 /similarity, /predict and /rerank with TEI's bodies, POST / (and SageMaker's /invocations)
 as TEI serves its one model there (and, where TEI serves none, as the Hugging Face
 Inference API serves an NLI model's zero-shot classification, a NER model, a
-question-answering model and a fill-mask model), POST /vertex (Vertex AI's instances, each a body of /), and
-GET /info. The models, queue, limits, errors and timing headers are those of the /v1
-routes (their functions run them); only the bodies' shapes are TEI's. /rerank also takes
+question-answering model and a fill-mask model), POST /vertex (Vertex AI's instances,
+each a body of /), and GET /info. The models, queue, limits, errors and timing headers
+are those of the /v1 routes (the core's pipelines, core/tasks.py, run both); only the
+bodies' shapes are TEI's. /rerank also takes
 the body that Infinity and vLLM take at that path (Cohere's, with ``documents``) and
 answers it as /v1/rerank. (/tokenize, /decode and /embeddings sit beside their /v1 twins,
 in their own files; GET / and /ping, TEI's and SageMaker's health checks, beside
@@ -24,11 +25,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry, tasks
-from distilserve.server.core.inference import (
-    Call,
-    check_limits,
-    embedded,
-)
+from distilserve.server.core.inference import Call, check_limits, embedded
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
 from distilserve.server.routes.common import http_call, reply, service
