@@ -1,6 +1,7 @@
 """Cohere's API: v2 (``cohere.ClientV2(base_url=...)``) /v2/embed and /v2/rerank, and v1
 (``cohere.Client``) embed, whose body /v1/embed takes (v1's rerank is /v1/rerank's own),
-run by the /v1 routes' functions (the same models, queue, limits and errors)."""
+run by the core's pipelines as the /v1 routes are (the same models, queue, limits and
+errors)."""
 
 from __future__ import annotations
 
