@@ -10,13 +10,16 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
 
+from distilserve.server import errors
 from distilserve.server.core.inference import numbered
+from distilserve.server.core.refusals import Refusal
 
 Strategy = Literal["none", "simple", "first", "average", "max"]
 ZERO_SHOT_TEMPLATE = "This example is {}."  # transformers' zero-shot-classification's
@@ -33,6 +36,16 @@ def _check_unicode(text: str, what: str) -> None:
         raise PydanticCustomError("invalid_text", "{what} is not valid Unicode: a lone "
                                   "surrogate at character {at}",
                                   {"what": what, "at": e.start}) from None
+
+
+def with_options(body_type: type[BaseModel], model: str | None, inputs, options: dict):
+    """A /v1 body of ``body_type`` for ``inputs``, its options another protocol's
+    parameters (the Open Inference Protocol's, the Hugging Face Inference API's); refused
+    naming the parameters that are not the route's."""
+    try:
+        return body_type.model_validate({**options, "model": model, "inputs": inputs})
+    except ValidationError as e:
+        raise Refusal("invalid", "parameters: " + errors.invalid(e.errors())) from None
 
 
 def leading(first: str, then: str) -> Callable[[int], str]:

@@ -57,6 +57,7 @@ from distilserve.server.routes.native.schemas import (
     FillMaskRequest,
     NerRequest,
     QaRequest,
+    with_options,
 )
 from distilserve.server.routes.oip import tensors
 from distilserve.server.routes.oip.schemas import (
@@ -338,16 +339,11 @@ def _texts(engine: Engine, raw: list[dict], binary: dict) -> list:
     return list(zip(by_name[first], by_name[second]))
 
 
-def _options(model, engine: Engine, texts: list, parameters: dict):
-    """The request's parameters as the options of the route that does the task (a
-    ``model`` of distilserve/server/routes/native/schemas.py), its inputs the texts (pairs
-    as two-item lists)."""
-    try:
-        return model.model_validate({**parameters, "model": engine.name,
-                                     "inputs": [list(t) if isinstance(t, tuple) else t
-                                                for t in texts]})
-    except ValidationError as e:
-        raise Refusal("invalid", "parameters: " + errors.invalid(e.errors())) from None
+def _options(body_type, engine: Engine, texts: list, parameters: dict):
+    """The request's parameters as the options of the /v1 route that does the task, its
+    inputs the texts (pairs as two-item lists)."""
+    return with_options(body_type, engine.name,
+                        [list(t) if isinstance(t, tuple) else t for t in texts], parameters)
 
 
 async def _embed(call: Call, engine: Engine, texts: list, parameters: dict):

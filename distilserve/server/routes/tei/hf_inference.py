@@ -5,17 +5,19 @@ Inference API's body and answer."""
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
-from distilserve.server import errors
 from distilserve.server.core.inference import Call
-from distilserve.server.core.refusals import Refusal
 from distilserve.server.core.runner import Result
 from distilserve.server.routes.native.classify import zero_shot
 from distilserve.server.routes.native.fill_mask import filled
 from distilserve.server.routes.native.ner import recognised
 from distilserve.server.routes.native.qa import answered
-from distilserve.server.routes.native.schemas import ClassifyRequest, FillMaskRequest, NerRequest, QaRequest
+from distilserve.server.routes.native.schemas import (
+    ClassifyRequest,
+    FillMaskRequest,
+    NerRequest,
+    QaRequest,
+    with_options,
+)
 from distilserve.server.routes.tei.schemas import (
     HfFillMaskRequest,
     HfQaRequest,
@@ -24,16 +26,12 @@ from distilserve.server.routes.tei.schemas import (
 )
 
 
-def _as(model, body, **fields):
-    """A root body's options as the /v1 route's request ``model`` (its ``parameters``, the
+def _as(body_type, body, **fields):
+    """A root body's options as the /v1 route's body ``body_type`` (its ``parameters``, the
     Hugging Face Inference API's, given in ``fields``: None is the route's default)."""
-    try:
-        return model.model_validate({
-            "model": body.model, "inputs": body.inputs,
-            **body.model_dump(include={"truncate", "truncation_direction"}),
-            **{key: value for key, value in fields.items() if value is not None}})
-    except ValidationError as e:
-        raise Refusal("invalid", "parameters: " + errors.invalid(e.errors())) from None
+    return with_options(body_type, body.model, body.inputs, {
+        **body.model_dump(include={"truncate", "truncation_direction"}),
+        **{key: value for key, value in fields.items() if value is not None}})
 
 
 async def zero_shot_answers(body: HfZeroShotRequest, call: Call
