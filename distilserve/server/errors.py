@@ -9,7 +9,7 @@ from typing import get_args
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic_core.core_schema import ErrorType
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
@@ -151,6 +151,12 @@ def http_error(exc: StarletteHTTPException) -> JSONResponse:
             413: "payload_too_large"}.get(exc.status_code, "http_error")
     return JSONResponse(body(kind, str(exc.detail)), exc.status_code,
                         headers=getattr(exc, "headers", None))
+
+
+def refused(error: ValidationError, prefix: str = "") -> Refusal:
+    """A value that did not validate as a body (or, with ``prefix``, as its parameters),
+    refused naming each field as ``invalid`` says it."""
+    return Refusal("invalid", prefix + invalid(error.errors()))
 
 
 def invalid(errors: list[dict]) -> str:

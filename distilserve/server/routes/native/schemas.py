@@ -19,7 +19,6 @@ from pydantic_core import PydanticCustomError
 
 from distilserve.server import errors
 from distilserve.server.core.inference import numbered
-from distilserve.server.core.refusals import Refusal
 
 Strategy = Literal["none", "simple", "first", "average", "max"]
 ZERO_SHOT_TEMPLATE = "This example is {}."  # transformers' zero-shot-classification's
@@ -45,7 +44,7 @@ def with_options(body_type: type[BaseModel], model: str | None, inputs, options:
     try:
         return body_type.model_validate({**options, "model": model, "inputs": inputs})
     except ValidationError as e:
-        raise Refusal("invalid", "parameters: " + errors.invalid(e.errors())) from None
+        raise errors.refused(e, "parameters: ") from None
 
 
 def leading(first: str, then: str) -> Callable[[int], str]:

@@ -266,7 +266,7 @@ async def inferred(call: Call, engine: Engine, sent, data: memoryview
         texts = _texts(engine, raw, dict(zip((t["name"] for t in raw),
                                              tensors.binary_parts(raw, data))))
     except ValidationError as e:
-        raise Refusal("invalid", errors.invalid(e.errors())) from None
+        raise errors.refused(e) from None
     except tensors.TensorError as e:
         raise Refusal("invalid", str(e)) from None
     outputs, result = await RUN[engine.task](call, engine, texts, asking.parameters)

@@ -35,7 +35,7 @@ async def repository_index(request: Request):
     try:
         ready = OipIndexRequest.model_validate_json(body or b"{}").ready
     except ValidationError as e:
-        raise Refusal("invalid", errors.invalid(e.errors())) from None
+        raise errors.refused(e) from None
     return index(service(request), ready)
 
 
@@ -98,4 +98,4 @@ async def _control_body(request: Request) -> OipControlRequest:
     try:
         return OipControlRequest.model_validate_json(await request.body() or b"{}")
     except ValidationError as e:
-        raise Refusal("invalid", errors.invalid(e.errors())) from None
+        raise errors.refused(e) from None

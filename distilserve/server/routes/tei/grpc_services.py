@@ -90,7 +90,7 @@ def _body(model: type[BaseModel], message, name: str | None, **fields) -> BaseMo
     try:
         return model.model_validate({"model": name, **fields})
     except ValidationError as e:
-        raise Refusal("invalid", errors.invalid(e.errors())) from None
+        raise errors.refused(e) from None
 
 
 def _ns(seconds: float) -> int:

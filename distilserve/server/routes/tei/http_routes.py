@@ -193,7 +193,7 @@ def _parsed(kind: str, body: dict):
     try:
         return ROOT_BODIES[kind].validate_python(body)
     except ValidationError as e:
-        raise Refusal("invalid", errors.invalid(e.errors())) from None
+        raise errors.refused(e) from None
 
 
 # the routes -------------------------------------------------------------------------
