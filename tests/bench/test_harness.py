@@ -93,7 +93,7 @@ def test_a_gpu_report_names_each_dtypes_gemm_rate():
 
 
 @pytest.mark.slow  # the harness's worker processes
-def test_a_dtype_a_family_does_not_run_in_leaves_its_rows_out(tmp_path):
+def test_a_dtype_a_family_does_not_run_in_leaves_its_rows_out(tmp_path, fixed_gemm_rates):
     """Every row in fp16 (as on a GPU; torch runs fp16 on the CPU too): CMOW has no fp16,
     so its row is left out and said so, not recorded as a failure."""
     said = []
@@ -115,7 +115,7 @@ def _graphs_run(tmp_path, device: str) -> list[dict]:
 
 
 @pytest.mark.slow  # the harness's worker processes
-def test_cuda_graphs_without_a_gpu_are_a_clear_error(tmp_path, capsys):
+def test_cuda_graphs_without_a_gpu_are_a_clear_error(tmp_path, capsys, fixed_gemm_rates):
     assert main(["bench", "--quick", "--cuda-graphs", "--output", str(tmp_path)]) == 2
     assert "--cuda-graphs needs a GPU (--device cuda)" in capsys.readouterr().err
     [result] = _graphs_run(tmp_path, "cpu")  # the worker says so too
@@ -133,7 +133,8 @@ def test_cuda_graphs_get_a_column_of_their_own(tmp_path):
 
 
 @pytest.mark.slow  # the harness's worker processes
-def test_depths_measure_each_recursive_row_at_every_depth_with_a_students_fidelity(tmp_path):
+def test_depths_measure_each_recursive_row_at_every_depth_with_a_students_fidelity(
+        tmp_path, fixed_gemm_rates):
     """--depths: the recursive rows at iterations 1 to theirs, the loop kept (onnx) and the
     checkpoint (torch), fewer iterations fewer FLOPs; a distilled student's fidelity at
     each depth from its distillation record; the report's table and chart."""

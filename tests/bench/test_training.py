@@ -30,7 +30,8 @@ def test_fewer_reuses_keep_fewer_activations_and_step_faster():
 
 
 @pytest.mark.slow  # the harness's worker processes
-def test_the_harness_writes_the_fine_tuning_rows_table_and_chart(tmp_path):
+def test_the_harness_writes_the_fine_tuning_rows_table_and_chart(tmp_path,
+                                                                fixed_gemm_rates):
     opts = harness.Options(output=tmp_path, batch_size=8, length=16, repeats=2, threads=1,
                            training=True, training_rows=list(harness.QUICK_TRAINING_ROWS[:2]))
     results = harness.measure_all(opts, lambda said: None)
