@@ -176,6 +176,7 @@ def test_bench_refuses_what_it_cannot_measure_before_measuring(args, words, caps
     ("bench", ["--repeats", "x"], "argument --repeats: 'x' is not a whole number"),
     ("distill", ["bert", "--steps", "0"], "argument --steps: 0 is less than 1"),
     ("distill", ["bert", "--lr", "nan"], "argument --lr: nan is not a finite number over 0"),
+    ("distill", ["bert", "--sentences", "999"], "argument --sentences: 999 is less than 1000"),
 ])
 def test_numbers_out_of_range_are_argparses_one_line_error(command, args, words, capsys,
                                                            tmp_path):

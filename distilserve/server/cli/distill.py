@@ -27,6 +27,10 @@ def add(sub) -> None:
                       help="sentences per step")
     dist.add_argument("--lr", type=positive, default=3e-4, help="peak learning rate")
     dist.add_argument("--teacher", type=Path, help="a local checkpoint (default: MiniLM)")
+    dist.add_argument("--sentences", type=at_least(1000), default=60_000,
+                      help="sentences to read from installed docstrings, a tenth of them "
+                      "held out (read once, then kept in the cache; fewer start sooner, "
+                      "for a short run)")
     dist.add_argument("--any-depth", action="store_true",
                       help="minialbert, falbert: train every depth, 1 to the student's, to "
                       "give embeddings (the output loss at every iteration's exit), for "
@@ -50,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     opts = distill.Options(family=args.family, output=args.output, preset=args.preset,
                            steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                            lr=args.lr, teacher=args.teacher, cache_dir=Settings().cache_dir,
-                           any_depth=args.any_depth)
+                           any_depth=args.any_depth, corpus_limit=args.sentences)
     with status("distilling") as progress:
         try:
             record = distill.distill(opts, progress)
@@ -67,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
             from distilserve.server.embedded_default import ensure_default_repository
 
             target = ensure_default_repository(Settings().cache_dir) / args.family
-            # CMOW's matrix products grow with length (norm ~1e3 at 60 tokens, ~1e16 at
-            # 250, then they swamp the embedding): served at the length it was trained on
+            # CMOW's matrix products grow with length until they swamp the embedding:
+            # served at the length it was trained on
             length = opts.max_length if args.family == "cmow" else 256
             export.export(args.output, target, "onnx", max_length=length, progress=progress,
                           force=True)
