@@ -212,6 +212,10 @@ async def answer(call: Call, model: str | None, pairs: list[tuple[str, str]], to
     overlapping windows of ``max_seq_len`` tokens, ``doc_stride`` over each other."""
     engine = registry.pick(call.service, "qa", model)
     check_limits(call, pairs)
+    for i, (question, context) in enumerate(pairs):
+        if not question or not context:  # (the pipeline's refusal too)
+            raise Refusal("invalid", f"input {i}: its {'context' if question else 'question'}"
+                          " is empty")
     size = max_seq_len or min(engine.max_length, WINDOW)
     if size > engine.max_length:
         raise Refusal("invalid", f"max_seq_len {size} is more than model {engine.name!r}'s "

@@ -48,10 +48,11 @@ def _on_client_gone(request: Request, callback: Callable[[], None]) -> Callable[
 
 
 async def model_results(request: Request, run, body) -> Response:
-    """``run(body, call)``'s (model, results, run) answered as the native task routes
-    answer: {"model", "results"}."""
+    """``run(call, model, texts, options)``'s (model, results, run) for a body that holds
+    its options (routes/options.py), answered as the native task routes answer:
+    {"model", "results"}."""
     call = http_call(request)
-    engine, results, result = await run(body, call)
+    engine, results, result = await run(call, body.model, body.texts, body)
     return reply(call, {"model": engine.name, "results": results}, result)
 
 

@@ -8,7 +8,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag, field_validator
 from pydantic_core import PydanticCustomError
 
-from distilserve.server.routes.native.schemas import Body, Dimensions, EmbedRequest
+from distilserve.server.routes.native.schemas import Body, EmbedRequest
+from distilserve.server.routes.options import Dimensions
 
 CohereInputType = Literal["search_document", "search_query", "classification", "clustering"]
 INPUT_TYPE = ("the model's prompt it is put behind, where it has one: query, document (or "

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request
 from distilserve.server import errors
 from distilserve.server.core import postprocess
 from distilserve.server.core.inference import embedded, usage
+from distilserve.server.routes import options
 from distilserve.server.routes.cohere import http_routes as cohere
 from distilserve.server.routes.cohere.schemas import CohereEmbedResponse, CohereV1EmbedRequest, EmbedBody
 from distilserve.server.routes.common import http_call, reply
@@ -43,8 +44,6 @@ async def embed(body: EmbedBody, request: Request):
     if isinstance(body, CohereV1EmbedRequest):
         return await cohere.embed_v1(body, request)
     call = http_call(request)
-    engine, vectors, result = await embedded(call, body.model, body.texts, body.dimensions,
-                                             body.prompt_name, body.truncation, body.normalize,
-                                             iterations=body.iterations)
+    engine, vectors, result = await options.embed(call, body.model, body.texts, body)
     return reply(call, {"model": engine.name, "embeddings": vectors, "usage": usage(result)},
                  result)

@@ -11,8 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors
-from distilserve.server.core import tasks
-from distilserve.server.core.inference import Call
+from distilserve.server.routes import options
 from distilserve.server.routes.common import model_results
 from distilserve.server.routes.native.schemas import FillMaskRequest, FillMaskResponse
 
@@ -21,11 +20,4 @@ router = APIRouter(tags=["fill-mask"])
 
 @router.post("/v1/fill-mask", response_model=FillMaskResponse, responses=errors.INFERENCE)
 async def fill_mask(body: FillMaskRequest, request: Request):
-    return await model_results(request, filled, body)
-
-
-def filled(body: FillMaskRequest, call: Call):
-    """/v1/fill-mask's body run (also the Hugging Face Inference API's and the Open
-    Inference Protocol's, as /v1/fill-mask's options)."""
-    return tasks.fill(call, body.model, body.texts, body.truncation, body.top_k,
-                      body.target_list, body.iterations)
+    return await model_results(request, options.fill, body)

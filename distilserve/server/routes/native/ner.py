@@ -9,8 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors
-from distilserve.server.core import tasks
-from distilserve.server.core.inference import Call
+from distilserve.server.routes import options
 from distilserve.server.routes.common import model_results
 from distilserve.server.routes.native.schemas import NerRequest, NerResponse
 
@@ -19,12 +18,4 @@ router = APIRouter(tags=["ner"])
 
 @router.post("/v1/ner", response_model=NerResponse, responses=errors.INFERENCE)
 async def ner(body: NerRequest, request: Request):
-    return await model_results(request, recognised, body)
-
-
-def recognised(body: NerRequest, call: Call):
-    """/v1/ner's body run (also the Hugging Face Inference API's and the Open Inference
-    Protocol's, as /v1/ner's options)."""
-    return tasks.recognise(call, body.model, body.texts, body.truncation,
-                           body.aggregation_strategy, tuple(body.ignore_labels), body.stride,
-                           body.iterations)
+    return await model_results(request, options.recognise, body)

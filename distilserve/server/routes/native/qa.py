@@ -9,8 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors
-from distilserve.server.core import tasks
-from distilserve.server.core.inference import Call
+from distilserve.server.routes import options
 from distilserve.server.routes.common import model_results
 from distilserve.server.routes.native.schemas import QaRequest, QaResponse
 
@@ -19,12 +18,4 @@ router = APIRouter(tags=["question answering"])
 
 @router.post("/v1/qa", response_model=QaResponse, responses=errors.INFERENCE)
 async def qa(body: QaRequest, request: Request):
-    return await model_results(request, answered, body)
-
-
-def answered(body: QaRequest, call: Call):
-    """/v1/qa's body run (also the Hugging Face Inference API's and the Open Inference
-    Protocol's, as /v1/qa's options)."""
-    return tasks.answer(call, body.model, body.texts, body.top_k, body.max_answer_len,
-                        body.handle_impossible_answer, body.align_to_words,
-                        body.max_seq_len, body.doc_stride, body.iterations)
+    return await model_results(request, options.answer, body)

@@ -18,8 +18,9 @@ A request with one input takes it as the texts whatever its name (KServe's examp
 it input-0). The request's ``parameters`` are the options of the route that does the task
 (normalize, dimensions, prompt_name; raw_scores, function_to_apply; aggregation_strategy,
 stride; top_k, max_answer_len, handle_impossible_answer, align_to_words, max_seq_len,
-doc_stride; top_k, targets; truncate, truncation_direction); the models, queue, limits,
-errors and timing headers are those of the /v1 routes (their functions run them). Tensors
+doc_stride; top_k, targets; truncate, truncation_direction: routes/options.py); the
+models, queue, limits, errors and timing headers are those of the /v1 routes (the same core
+calls run them). Tensors
 come and go as JSON or as Triton's binary tensor data (tensors.py, beside this file); a
 classifier's scores also as Triton's classification extension gives them (an output's
 ``classification``: its k best classes). Triton's repository index and model control are
@@ -41,24 +42,13 @@ from pydantic import ValidationError
 
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry, tasks
-from distilserve.server.core.inference import Call, embedded
+from distilserve.server.core.inference import Call
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
 from distilserve.server.errors import ApiError
 from distilserve.server.metrics import VERSION
-from distilserve.server.routes import health
+from distilserve.server.routes import health, options
 from distilserve.server.routes.common import http_call, reply, service, timing
-from distilserve.server.routes.native.fill_mask import filled
-from distilserve.server.routes.native.ner import recognised
-from distilserve.server.routes.native.qa import answered
-from distilserve.server.routes.native.schemas import (
-    ClassifyRequest,
-    EmbedRequest,
-    FillMaskRequest,
-    NerRequest,
-    QaRequest,
-    with_options,
-)
 from distilserve.server.routes.oip import tensors
 from distilserve.server.routes.oip.schemas import (
     OipInferRequest,
@@ -68,6 +58,14 @@ from distilserve.server.routes.oip.schemas import (
     OipServerMetadata,
     OipStatistics,
     inlined,
+)
+from distilserve.server.routes.options import (
+    ClassifyOptions,
+    EmbedOptions,
+    FillMaskOptions,
+    NerOptions,
+    QaOptions,
+    parameters,
 )
 
 router = APIRouter(tags=["open inference protocol"])
@@ -339,47 +337,36 @@ def _texts(engine: Engine, raw: list[dict], binary: dict) -> list:
     return list(zip(by_name[first], by_name[second]))
 
 
-def _options(body_type, engine: Engine, texts: list, parameters: dict):
-    """The request's parameters as the options of the /v1 route that does the task, its
-    inputs the texts (pairs as two-item lists)."""
-    return with_options(body_type, engine.name,
-                        [list(t) if isinstance(t, tuple) else t for t in texts], parameters)
-
-
-async def _embed(call: Call, engine: Engine, texts: list, parameters: dict):
-    body = _options(EmbedRequest, engine, texts, parameters)
-    _, vectors, result = await embedded(call, engine.name, body.texts, body.dimensions,
-                                        body.prompt_name, body.truncation, body.normalize,
-                                        iterations=body.iterations)
+async def _embed(call: Call, engine: Engine, texts: list, given: dict):
+    _, vectors, result = await options.embed(call, engine.name, texts,
+                                             parameters(EmbedOptions, given))
     return {"embedding": vectors}, result
 
 
-async def _classify(call: Call, engine: Engine, texts: list, parameters: dict):
-    body = _options(ClassifyRequest, engine, texts, parameters)
-    _, result = await tasks.logits(call, body.model, body.texts, body.truncation,
-                                   body.iterations)
+async def _classify(call: Call, engine: Engine, texts: list, given: dict):
+    o = parameters(ClassifyOptions, given)
+    _, result = await tasks.logits(call, engine.name, texts, o.truncation, o.iterations)
     scores = [postprocess.label_scores(logits, engine.labels, engine.multi_label,
-                                       body.function) for logits in result.outputs]
+                                       o.function) for logits in result.outputs]
     return {"scores": np.stack(scores),
             "label": [engine.labels[int(s.argmax())] for s in scores]}, result
 
 
-async def _ner(call: Call, engine: Engine, texts: list, parameters: dict):
-    _, results, result = await recognised(_options(NerRequest, engine, texts, parameters),
-                                          call)
+async def _ner(call: Call, engine: Engine, texts: list, given: dict):
+    _, results, result = await options.recognise(call, engine.name, texts,
+                                                 parameters(NerOptions, given))
     return {"entities": [orjson.dumps(r).decode() for r in results]}, result
 
 
-async def _qa(call: Call, engine: Engine, pairs: list, parameters: dict):
-    body = _options(QaRequest, engine, [{"question": question, "context": context}
-                                        for question, context in pairs], parameters)
-    _, results, result = await answered(body, call)
+async def _qa(call: Call, engine: Engine, pairs: list, given: dict):
+    _, results, result = await options.answer(call, engine.name, pairs,
+                                              parameters(QaOptions, given))
     return {"answers": [orjson.dumps(r).decode() for r in results]}, result
 
 
-async def _fill_mask(call: Call, engine: Engine, texts: list, parameters: dict):
-    _, results, result = await filled(_options(FillMaskRequest, engine, texts, parameters),
-                                      call)
+async def _fill_mask(call: Call, engine: Engine, texts: list, given: dict):
+    _, results, result = await options.fill(call, engine.name, texts,
+                                            parameters(FillMaskOptions, given))
     return {"tokens": [orjson.dumps(r).decode() for r in results]}, result
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field
 
-from distilserve.server.routes.native.schemas import Body
+from distilserve.server.routes.options import CONFIG
 
 # a tensor's or a request's parameters: scalars by name (null: none)
 OipParameters = Annotated[dict[str, str | int | float | bool],
@@ -18,7 +18,7 @@ class OipTensor(BaseModel):
     """A tensor: row-major ``data`` (nested or flat), or with Triton's binary extension
     ``parameters.binary_data_size`` bytes after the JSON header."""
 
-    model_config = Body.model_config
+    model_config = CONFIG
     name: str
     datatype: str = Field(description="BYTES for texts (each UTF-8), FP32 for numbers")
     shape: list[int]
@@ -27,7 +27,7 @@ class OipTensor(BaseModel):
 
 
 class OipRequestedOutput(BaseModel):
-    model_config = Body.model_config
+    model_config = CONFIG
     name: str
     parameters: OipParameters = Field(
         {}, description='{"binary_data": true}: this output as binary data; '
@@ -35,7 +35,7 @@ class OipRequestedOutput(BaseModel):
 
 
 class OipInferRequest(BaseModel):
-    model_config = Body.model_config
+    model_config = CONFIG
     id: str | None = None
     parameters: OipParameters = Field(
         {}, description="the route's options (normalize, dimensions, prompt_name, "
@@ -77,7 +77,7 @@ class OipServerMetadata(BaseModel):
 class OipIndexRequest(BaseModel):
     """Triton's repository index: an empty body, or ``{"ready": true}``."""
 
-    model_config = Body.model_config
+    model_config = CONFIG
     ready: bool = Field(False, description="the models served alone")
 
 
@@ -85,7 +85,7 @@ class OipControlRequest(BaseModel):
     """Triton's load and unload: an empty body, or its ``parameters`` (a load's config and
     files are refused; an unload's unload_dependents is taken: a model has none)."""
 
-    model_config = Body.model_config
+    model_config = CONFIG
     parameters: OipParameters = {}
 
 

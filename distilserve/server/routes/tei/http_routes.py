@@ -28,6 +28,7 @@ from distilserve.server.core import postprocess, registry, tasks
 from distilserve.server.core.inference import Call, check_limits, embedded
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.engine import Engine, Result
+from distilserve.server.routes import options
 from distilserve.server.routes.common import http_call, reply, service
 from distilserve.server.routes.native import rerank as v1
 from distilserve.server.routes.native.schemas import (
@@ -63,9 +64,7 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 # each route's answer and its run, for the route, the root and /vertex -----------------
 async def embedding(body: EmbedRequest, call: Call) -> tuple[np.ndarray, Result]:
-    _, vectors, result = await embedded(call, body.model, body.texts, body.dimensions,
-                                        body.prompt_name, body.truncation, body.normalize,
-                                        iterations=body.iterations)
+    _, vectors, result = await options.embed(call, body.model, body.texts, body)
     return vectors, result
 
 

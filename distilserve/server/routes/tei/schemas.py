@@ -9,25 +9,28 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag
 
 from distilserve.server.routes.native.schemas import (
-    FUNCTION,
     Body,
-    Count,
-    Deep,
     EmbedRequest,
-    Fill,
     FillMaskToken,
-    Function,
     QaAnswer,
     Questions,
     RerankRequest,
     Score,
-    Scored,
-    Strategy,
     Texts,
     Truncated,
-    Truncation,
     Usage,
     leading,
+)
+from distilserve.server.routes.options import (
+    CONFIG,
+    FUNCTION,
+    Count,
+    Deep,
+    Fill,
+    Function,
+    Scored,
+    Strategy,
+    Truncation,
 )
 
 
@@ -47,7 +50,7 @@ Sequence = Annotated[list[str], Field(min_length=1, max_length=2)]
 
 
 class HfClassifyParameters(BaseModel):
-    model_config = Body.model_config
+    model_config = CONFIG
     top_k: Count | None = Field(None, description="the N most likely labels (default all)")
     function_to_apply: Function | None = Field(None, description=FUNCTION)
 
@@ -103,7 +106,7 @@ class TeiInputsRequest(Truncated):
 
 
 class TeiSimilarityInputs(BaseModel):
-    model_config = Body.model_config
+    model_config = CONFIG
     source_sentence: str
     sentences: Annotated[list[str], Field(min_length=1)] = Field(
         description="the texts compared with source_sentence")
@@ -187,7 +190,7 @@ class TeiRank(BaseModel):
 # the Hugging Face Inference API's bodies at POST / (huggingface_hub's InferenceClient) for
 # what TEI does not do there: zero-shot and token classification, question answering
 class HfZeroShotParameters(BaseModel):
-    model_config = Body.model_config
+    model_config = CONFIG
     candidate_labels: Annotated[list[str], Field(min_length=1)]
     hypothesis_template: str | None = None  # (ClassifyRequest's default)
     multi_label: bool | None = None
@@ -208,7 +211,7 @@ class HfZeroShotAnswer(BaseModel):
 
 
 class HfQaParameters(BaseModel):
-    model_config = Body.model_config
+    model_config = CONFIG
     top_k: Count | None = None  # (None: QaRequest's default)
     max_answer_len: Count | None = None
     handle_impossible_answer: bool | None = None
@@ -226,7 +229,7 @@ class HfQaRequest(Questions):
 
 
 class HfTokenParameters(BaseModel):
-    model_config = Body.model_config
+    model_config = CONFIG
     aggregation_strategy: Strategy | None = None  # (NerRequest's default)
     ignore_labels: list[str] | None = None  # (None: NerRequest's default)
     stride: int | None = None
@@ -250,7 +253,7 @@ TeiAnswer = (list[list[float]] | list[float] | list[Score] | list[list[Score]] |
 class TeiVertexRequest(BaseModel):
     """Vertex AI's prediction request, as TEI takes it at /vertex."""
 
-    model_config = Body.model_config
+    model_config = CONFIG
     instances: Annotated[list[dict], Field(min_length=1)] = Field(
         description="each a body POST / takes")
 
