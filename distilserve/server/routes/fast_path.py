@@ -19,11 +19,8 @@ digits, nesting too deep for the parser) is answered here: 422, where FastAPI wo
 
 from __future__ import annotations
 
-import inspect
 import json
-from typing import get_type_hints
 
-from pydantic import TypeAdapter
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
@@ -50,30 +47,31 @@ def replay(body: bytes, receive):
 
 class FastPath:
     def __init__(self, app, routes: list):
-        """``routes``: the app's. It takes their POST routes, each f(body, request) (the
-        body validated here) or, with the model's name in its path, f(model_name, (its
-        version,) request) (the route reads its own body); one that runs no model,
-        f(request), it leaves to FastAPI."""
+        """``routes``: the app's. It takes their POST routes as FastAPI reads them (their
+        ``dependant``): one with a body and the request, f(body, request), whose body it
+        validates with FastAPI's own field; one with the model's name in its path and the
+        request, f(model_name, (its version,) request), which reads its own body. One that
+        takes the request alone (it runs no model) it leaves to FastAPI."""
         self.app = app
-        # path -> FastAPI's route (the metrics read its label from it) and what validates
-        # its body (a model, or a union of them: TypeAdapter)
+        # path -> FastAPI's route (the metrics read its label from it) and its body's field
         self.routes, self.named = {}, []
         for route in (r for r in routes if "POST" in getattr(r, "methods", ())):
-            parameters = list(inspect.signature(route.endpoint).parameters)
-            if parameters == ["body", "request"]:
-                body = get_type_hints(route.endpoint, include_extras=True)["body"]
-                self.routes[route.path] = route, TypeAdapter(body).validate_python
-            elif parameters[-1:] == ["request"] and "model_name" in parameters \
-                    and set(parameters[:-1]) == set(route.param_convertors):
+            d = route.dependant
+            names = [p.name for p in d.path_params]
+            other = (d.query_params or d.header_params or d.cookie_params or d.dependencies
+                     or d.request_param_name is None or len(d.body_params) > 1)
+            if not other and d.body_params and not names:
+                self.routes[route.path] = route, d.body_params[0]
+            elif not other and "model_name" in names and not d.body_params:
                 self.named.append(route)
-            elif parameters != ["request"]:  # f(request): FastAPI's (no model runs)
+            elif other or d.body_params or names:  # the request alone: FastAPI's
                 raise TypeError(f"POST {route.path}: the fast path takes f(body, request) "
                                 f"or f(model_name, <the path's other parameters>, request), "
-                                f"FastAPI f(request), not f({', '.join(parameters)})")
+                                f"FastAPI f(request)")
 
     def _named(self, scope) -> tuple | None:
         """The route of ``named`` whose path this is (its path parameters put in the
-        scope, as FastAPI's routing does), and None for what validates its body."""
+        scope, as FastAPI's routing does), and None for its body (it reads its own)."""
         for route in self.named:
             match, child = route.matches(scope)
             if match is Match.FULL:
@@ -87,7 +85,7 @@ class FastPath:
         entry = self.routes.get(scope["path"]) or self._named(scope)
         if entry is None or not errors.json_content_type(Headers(scope=scope)):
             return await self.app(scope, receive, send)
-        route, validate = entry
+        route, field = entry
         scope["route"] = route
         request = Request(scope, receive)
         try:
@@ -96,8 +94,9 @@ class FastPath:
             return await errors.http_error(e)(scope, receive, send)
         except ClientDisconnect:  # gone before its body arrived
             return await errors.api_error(client_closed())(scope, receive, send)
-        if validate is None:  # the route reads the body itself (the request keeps it)
-            return await self._answer(route.endpoint(**scope["path_params"], request=request),
+        taken = {route.dependant.request_param_name: request}
+        if field is None:  # the route reads the body itself (the request keeps it)
+            return await self._answer(route.endpoint(**scope["path_params"], **taken),
                                       scope, receive, send)
         try:
             parsed = json.loads(raw)
@@ -105,10 +104,12 @@ class FastPath:
             response = errors.api_error(errors.ApiError(422, "invalid_request", errors.unparseable(e)))
             return await response(scope, receive, send)
         try:
-            body = validate(parsed)
-        except Exception:  # invalid, or nested too deep to validate: FastAPI says why
+            body, problems = field.validate(parsed)
+        except Exception:  # nested too deep to validate: FastAPI says why
+            problems = True
+        if problems:  # FastAPI's own 422
             return await self.app(scope, replay(raw, receive), send)
-        await self._answer(route.endpoint(body, request), scope, receive, send)
+        await self._answer(route.endpoint(**{field.name: body}, **taken), scope, receive, send)
 
     @staticmethod
     async def _answer(answering, scope, receive, send) -> None:
