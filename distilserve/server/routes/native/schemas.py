@@ -38,6 +38,8 @@ def leading(first: str, then: str) -> Callable[[int], str]:
 
 # one input as the model's own vocabulary ids, no special tokens
 TokenIds = list[Annotated[int, Field(ge=0, le=LARGEST), BeforeValidator(whole_number)]]
+
+
 class Body(BaseModel):
     """A request body: strictly typed, naming its model (or none), its texts numbered as
     the client sent them."""

@@ -14,23 +14,23 @@ numbers (or texts) out:
     fill-mask text BYTES [N]                  tokens BYTES [N] (each input's
                                               /v1/fill-mask tokens, as JSON)
 
-A request with one input takes it as the texts whatever its name (KServe's examples call
-it input-0). The request's ``parameters`` are the options of the route that does the task
+A request with one input takes it as the texts whatever its name (KServe's examples call it
+input-0). The request's ``parameters`` are the options of the route that does the task
 (normalize, dimensions, prompt_name; raw_scores, function_to_apply; aggregation_strategy,
 stride; top_k, max_answer_len, handle_impossible_answer, align_to_words, max_seq_len,
-doc_stride; top_k, targets; truncate, truncation_direction: routes/options.py); the
-models, queue, limits, errors and timing headers are those of the /v1 routes (the same core
-calls run them). Tensors
-come and go as JSON or as Triton's binary tensor data (tensors.py, beside this file); a
-classifier's scores also as Triton's classification extension gives them (an output's
-``classification``: its k best classes). Triton's repository index and model control are
-distilserve/server/routes/oip/repository.py's; its
-statistics are the /metrics series of each model (distilserve/server/metrics.py), and its model
-configuration says what a model takes and gives and how the service batches it. One
-version of each model is served, version 1: a model's routes answer at its /versions/1
-paths too. Not served: Triton's shared-memory extensions (shared memory is refused). The
-same protocol over gRPC runs these functions: distilserve/server/routes/oip/grpc_services.py. An error is the
-service's, in the protocol's shape, ``{"error": "message"}`` (distilserve/server/routes/oip/errors.py)."""
+doc_stride; top_k, targets; truncate, truncation_direction: routes/options.py); the models,
+queue, limits, errors and timing headers are those of the /v1 routes (the same core calls
+run them). Tensors come and go as JSON or as Triton's binary tensor data (tensors.py,
+beside this file); a classifier's scores also as Triton's classification extension gives
+them (an output's ``classification``: its k best classes). Triton's repository index and
+model control are distilserve/server/routes/oip/repository.py's; its statistics are the
+/metrics series of each model (distilserve/server/metrics.py), and its model configuration
+says what a model takes and gives and how the service batches it. One version of each model
+is served, version 1: a model's routes answer at its /versions/1 paths too. Not served:
+Triton's shared-memory extensions (shared memory is refused). The same protocol over gRPC
+runs these functions: distilserve/server/routes/oip/grpc_services.py. An error is the
+service's, in the protocol's shape, ``{"error": "message"}``
+(distilserve/server/routes/oip/errors.py)."""
 
 from __future__ import annotations
 
