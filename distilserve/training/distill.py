@@ -395,6 +395,9 @@ def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:
     progress("reading sentences from installed docstrings")
     train, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed, progress=progress,
                                    cache=opts.cache_dir)
+    if len(train) < opts.batch_size:
+        raise ValueError(f"{len(train)} sentences to train on (of {opts.corpus_limit} to "
+                         f"read), fewer than a batch of {opts.batch_size}: read more")
     held = held[: opts.held_out]
     resuming = (opts.output / STATE).exists() and (opts.output / "config.json").exists()
     student = checkpoint.load(opts.output) if resuming else new_student(

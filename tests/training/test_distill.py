@@ -93,6 +93,14 @@ def test_a_preset_that_cannot_learn_from_the_teacher_is_refused_before_training(
     assert not (tmp_path / "s").exists()
 
 
+def test_a_batch_larger_than_the_sentences_read_is_refused(teacher, tmp_path):
+    opts = distill.Options(family="bert", output=tmp_path / "s", preset="tiny", steps=2,
+                           batch_size=5000, corpus_limit=2000, teacher=teacher)
+    with pytest.raises(ValueError, match="sentences to train on \\(of 2000 to read\\), fewer "
+                                         "than a batch of 5000: read more"):
+        distill.distill(opts, progress=lambda s: None)
+
+
 def test_resumes_from_the_last_save(teacher, tmp_path):
     opts = distill.Options(family="minialbert", output=tmp_path / "s", preset="tiny", steps=4,
                            batch_size=4, max_length=16, teacher=teacher, save_every=2,
