@@ -45,6 +45,21 @@ def replay(body: bytes, receive):
     return replay
 
 
+def _kind(d) -> str | None:
+    """What a POST route takes, as FastAPI read it (its ``dependant``): "body", a body and
+    the request; "named", path parameters with the model's name and the request; "request",
+    the request alone (FastAPI's: it runs no model); None, anything else."""
+    if (d.query_params or d.header_params or d.cookie_params or d.dependencies
+            or d.request_param_name is None or len(d.body_params) > 1):
+        return None
+    names = [p.name for p in d.path_params]
+    if d.body_params:
+        return None if names else "body"
+    if names:
+        return "named" if "model_name" in names else None
+    return "request"
+
+
 class FastPath:
     def __init__(self, app, routes: list):
         """``routes``: the app's. It takes their POST routes as FastAPI reads them (their
@@ -56,15 +71,12 @@ class FastPath:
         # path -> FastAPI's route (the metrics read its label from it) and its body's field
         self.routes, self.named = {}, []
         for route in (r for r in routes if "POST" in getattr(r, "methods", ())):
-            d = route.dependant
-            names = [p.name for p in d.path_params]
-            other = (d.query_params or d.header_params or d.cookie_params or d.dependencies
-                     or d.request_param_name is None or len(d.body_params) > 1)
-            if not other and d.body_params and not names:
-                self.routes[route.path] = route, d.body_params[0]
-            elif not other and "model_name" in names and not d.body_params:
+            kind = _kind(route.dependant)
+            if kind == "body":
+                self.routes[route.path] = route, route.dependant.body_params[0]
+            elif kind == "named":
                 self.named.append(route)
-            elif other or d.body_params or names:  # the request alone: FastAPI's
+            elif kind is None:
                 raise TypeError(f"POST {route.path}: the fast path takes f(body, request) "
                                 f"or f(model_name, <the path's other parameters>, request), "
                                 f"FastAPI f(request)")

@@ -36,10 +36,8 @@ async def zero_shot_answers(body: HfZeroShotRequest, call: Call
                             ) -> tuple[dict | list[dict], Result]:
     """The zero-shot-classification pipeline's answer: per text, its sequence and the
     candidate labels with their scores, highest first; a list of them for a list."""
-    given = body.parameters
     _, results, result = await options.classify(call, body.model, body.texts, _as(
-        ClassifyOptions, body, candidate_labels=given.candidate_labels,
-        hypothesis_template=given.hypothesis_template, multi_label=given.multi_label))
+        ClassifyOptions, body, **body.parameters.model_dump()))
     answers = [{"sequence": text, "labels": [r["label"] for r in ranked],
                 "scores": [r["score"] for r in ranked]}
                for text, ranked in zip(body.texts, results)]

@@ -35,7 +35,7 @@ from distilserve.server.routes.options import (
 
 
 class HfFillMaskParameters(Fill):
-    top_k: Count | None = None  # (FillMaskRequest's default)
+    top_k: Count | None = None  # (FillMaskOptions' default)
 
 
 class HfFillMaskRequest(Truncated):
@@ -192,7 +192,7 @@ class TeiRank(BaseModel):
 class HfZeroShotParameters(BaseModel):
     model_config = CONFIG
     candidate_labels: Annotated[list[str], Field(min_length=1)]
-    hypothesis_template: str | None = None  # (ClassifyRequest's default)
+    hypothesis_template: str | None = None  # (ClassifyOptions' default)
     multi_label: bool | None = None
 
 
@@ -212,7 +212,7 @@ class HfZeroShotAnswer(BaseModel):
 
 class HfQaParameters(BaseModel):
     model_config = CONFIG
-    top_k: Count | None = None  # (None: QaRequest's default)
+    top_k: Count | None = None  # (None: QaOptions' default)
     max_answer_len: Count | None = None
     handle_impossible_answer: bool | None = None
     align_to_words: bool | None = None
@@ -230,8 +230,8 @@ class HfQaRequest(Questions):
 
 class HfTokenParameters(BaseModel):
     model_config = CONFIG
-    aggregation_strategy: Strategy | None = None  # (NerRequest's default)
-    ignore_labels: list[str] | None = None  # (None: NerRequest's default)
+    aggregation_strategy: Strategy | None = None  # (NerOptions' default)
+    ignore_labels: list[str] | None = None  # (None: NerOptions' default)
     stride: int | None = None
 
 
