@@ -85,7 +85,7 @@ class Engine:
             backend = open_runtime(folder, manifest, settings)
         self.text = Tokenisation(folder, manifest, manifest.task, manifest.max_length)
         self.runner: Runner = runner(self) if runner is not None else LocalRunner(
-            self, backend, limits(settings, backend.device), cpu_thread)
+            self, backend, limits(settings, backend.device, backend.dtype), cpu_thread)
 
     def __getattr__(self, name: str):
         if name == "card":  # (not set yet: the card is the first attribute set)
@@ -124,9 +124,9 @@ class Engine:
         return await self.runner.infer(texts, truncation, windows, iterations)
 
 
-def limits(settings: Settings, device: str) -> Limits:
-    """How a model on ``device`` batches, as the settings say."""
-    batch_size, batch_tokens = settings.batch_limits(device)
+def limits(settings: Settings, device: str, dtype: str = "fp32") -> Limits:
+    """How a model on ``device`` in ``dtype`` batches, as the settings say."""
+    batch_size, batch_tokens = settings.batch_limits(device, dtype)
     return Limits(batch_size, batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,
                   settings.cuda_graph_tokens)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,9 +16,9 @@ import torch
 from distilserve.models import export
 from distilserve.models.io.manifest import Manifest
 from distilserve.models.runtime import base, matrix_units, open_backend, selection, torch_device
-from distilserve.models.runtime.base import BackendError, check_device, choose_dtype
+from distilserve.models.runtime.base import INPUT_NAMES, BackendError, check_device, choose_dtype
 from distilserve.models.runtime.onnx import has_cuda_provider
-from distilserve.models.runtime.torchscript import TorchScriptBackend
+from distilserve.models.runtime.torchscript import FusedOnTheCpu, TorchScriptBackend
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
 
@@ -56,9 +57,9 @@ def exported(tiny_checkpoints, tmp_path_factory):
     return out
 
 
-def _inputs():
+def _inputs(rows: int = 3, tokens: int = 12):
     g = np.random.default_rng(0)
-    ids = g.integers(1000, 30000, (3, 12), dtype=np.int64)
+    ids = g.integers(1000, 30000, (rows, tokens), dtype=np.int64)
     mask = np.ones_like(ids)
     mask[1, 5:] = 0
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
@@ -126,6 +127,39 @@ def test_a_checkpoint_folder_is_traced_at_load_and_computes_what_the_onnx_model_
     assert np.allclose(traced.run(inputs), ref, atol=1e-4)
     half = TorchScriptBackend(exported["onnx"] / "checkpoint", dtype="bf16")
     assert half.dtype == "bf16" and _cosines(ref, half.run(inputs)).min() >= 0.999
+
+
+def test_a_traced_checkpoint_runs_fused_on_the_cpu_one_frozen_copy_per_rounded_shape(
+        tiny_checkpoints):
+    """oneDNN Graph's fusion compiles a graph per input shape: batches are rounded up to a
+    few shapes, each run by a copy of its own, the padding cut from the outputs [B, T, L]."""
+    backend = TorchScriptBackend(Path(tiny_checkpoints["bert", "ner"]), dtype="bf16")
+    fused = backend.forward
+    assert isinstance(fused, FusedOnTheCpu)
+    for rows, tokens in ((3, 12), (4, 16), (2, 9), (5, 11)):
+        inputs = _inputs(rows, tokens)
+        got = backend.run(inputs)
+        with torch.inference_mode():
+            plain = fused.plain(*(torch.from_numpy(inputs[k]) for k in INPUT_NAMES)).float()
+        assert got.shape == tuple(plain.shape) == (rows, tokens, 7)  # B-/I- of 3 kinds, O
+        keep = inputs["attention_mask"].astype(bool)  # the padding's own outputs are not used
+        assert _cosines(got[keep], plain.numpy()[keep]).min() >= 0.999
+    assert list(fused.fused) == [(4, 16), (2, 16), (8, 16)]
+    assert not torch.jit.onednn_fusion_enabled()  # on for its runs alone
+    # past the budget for the weights' compiled copies, a shape runs unfused
+    unfused = FusedOnTheCpu(fused.module, 128, weight_bytes=2, budget=1)
+    assert torch.equal(unfused(*(torch.ones(2, 5, dtype=torch.long),) * 3),
+                       fused.plain(*(torch.ones(2, 5, dtype=torch.long),) * 3))
+    assert unfused.fused == {}
+
+
+def test_fused_shapes_round_rows_and_tokens_up_within_the_models_length():
+    fused = FusedOnTheCpu.__new__(FusedOnTheCpu)
+    fused.max_length = 40
+    assert [fused.shape(rows, 16)[0] for rows in (1, 2, 3, 5, 8, 9, 17, 64)] == \
+        [1, 2, 4, 8, 8, 16, 24, 64]
+    assert [fused.shape(1, tokens)[1] for tokens in (1, 16, 17, 33, 40)] == \
+        [16, 16, 32, 40, 40]
 
 
 def test_a_fill_mask_models_checkpoint_gives_its_artifacts_token_vectors(tmp_path):

@@ -336,6 +336,8 @@ def test_cuda_graphs_on_by_default_change_nothing_on_the_cpu(torch_model, caplog
 def test_batch_limits_default_by_device():
     assert Settings(threads=2).batch_limits("cpu") == (32, 1024)  # 512 per thread
     assert Settings(threads=1).batch_limits("cpu") == (32, 512)
+    assert Settings(threads=2).batch_limits("cpu", "bf16") == (64, 1024)  # matrix units
+    assert Settings(max_batch_size=16).batch_limits("cpu", "bf16") == (16, 512 * Settings().model_threads())
     assert Settings().batch_limits("cuda:0") == (256, 65_536)
     assert Settings(max_batch_size=8, max_batch_tokens=100).batch_limits("cuda:0") == (8, 100)
 
