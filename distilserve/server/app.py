@@ -10,6 +10,7 @@ import asyncio
 import gc
 import logging
 import os
+import sys
 import warnings
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -65,6 +66,8 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
         # in flight each time (Settings.gc_threshold)
         thresholds = gc.get_threshold()  # Python's, put back at the end
         gc.set_threshold(settings.gc_threshold, *thresholds[1:])
+        switch = sys.getswitchinterval()  # (Settings.switch_interval_ms)
+        sys.setswitchinterval(settings.switch_interval_ms / 1000)
         service = Service(settings, Metrics())
         app.state.service, app.state.tracing = service, tracing  # (tracing: gRPC's too)
         loading = asyncio.create_task(loader(service) if loader else build_and_load(
@@ -88,6 +91,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
         if tracing:
             tracing.shutdown()  # the spans not sent yet
         gc.set_threshold(*thresholds)
+        sys.setswitchinterval(switch)
 
     # FastAPI's own OpenTelemetry hooks look up the providers on every request (a tenth
     # of the event loop's time under load); /metrics is Prometheus

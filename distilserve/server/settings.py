@@ -131,6 +131,11 @@ class Settings(BaseSettings):
                               "generation while serving (Python's default, 700, "
                               "collects hundreds of times a second under load and finds "
                               "no garbage: a request's objects die by reference counting)")
+    switch_interval_ms: float = Field(0.5, gt=0, le=100, description="how long a thread "
+                                      "may hold Python's lock while another waits for it, "
+                                      "while serving (Python's default, 5 ms, keeps the "
+                                      "model's thread, back from a forward pass or from "
+                                      "tokenising, waiting on the event loop)")
     access_log: bool = Field(False, description="log every request (uvicorn's access log; "
                              "costs throughput under load)")
     otlp_endpoint: str | None = Field(None, description="send OpenTelemetry traces (a span "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 
 from distilserve.server.app import create_app
@@ -38,20 +39,23 @@ def test_ready_says_the_default_is_being_built_before_the_build_says_where(tmp_p
     assert last == "building the embedded default failed: OSError: disk full"
 
 
-def test_the_service_collects_garbage_at_its_own_threshold_and_puts_pythons_back(tmp_path):
+def test_the_service_collects_garbage_and_switches_threads_its_own_way_and_puts_pythons_back(
+        tmp_path):
     """While serving, Python's youngest generation is collected every gc_threshold net
-    allocations (not Python's 700: some 300 collections a second under load); after,
-    the process has its thresholds back."""
-    before = gc.get_threshold()
-    app = create_app(Settings(gc_threshold=12_345), repository=tmp_path)
+    allocations (not Python's 700: some 300 collections a second under load), and a
+    thread waiting for Python's lock gets it after switch_interval_ms (not Python's 5 ms);
+    after, the process has Python's own back."""
+    before = gc.get_threshold(), sys.getswitchinterval()
+    app = create_app(Settings(gc_threshold=12_345, switch_interval_ms=0.25),
+                     repository=tmp_path)
 
     async def serve():
         async with app.router.lifespan_context(app):
-            return gc.get_threshold()
+            return gc.get_threshold(), sys.getswitchinterval()
 
-    assert asyncio.run(serve()) == (12_345, *before[1:])
-    assert gc.get_threshold() == before
-    assert Settings().gc_threshold == 50_000
+    assert asyncio.run(serve()) == ((12_345, *before[0][1:]), 0.00025)
+    assert (gc.get_threshold(), sys.getswitchinterval()) == before
+    assert (Settings().gc_threshold, Settings().switch_interval_ms) == (50_000, 0.5)
 
 
 def _ready_after_loading(repository, caplog, **settings):

@@ -106,6 +106,7 @@ async def serve(service: Service, path: str, stop: asyncio.Event) -> None:
     queued is answered, the front ends' connections closed, and it returns."""
     settings = service.settings
     gc.set_threshold(settings.gc_threshold, *gc.get_threshold()[1:])
+    sys.setswitchinterval(settings.switch_interval_ms / 1000)
     loading = asyncio.create_task(build_and_load(service, settings.model_repository))
     writers: set[asyncio.StreamWriter] = set()
 
