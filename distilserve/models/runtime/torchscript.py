@@ -11,9 +11,10 @@ that dtype.
 kept, for a recursive model exported so: ``keep_loop``): an ONNX model on a GPU where
 onnxruntime has no CUDA execution provider, or in fp16 or bf16 (``open_backend``).
 
-On the CPU a graph without a loop is frozen (its weights become constants) and run with
-oneDNN Graph's fusion: a matmul with the bias, activation or addition after it as one
-oneDNN kernel, on the CPU's matrix units in bf16 (``FusedOnTheCpu``).
+On the CPU a checkpoint traced here (not a scripted loop, nor an artifact run as
+exported) is frozen (its weights become constants) and run with oneDNN Graph's fusion: a
+matmul with the bias, activation or addition after it as one oneDNN kernel, on the CPU's
+matrix units in bf16 (``FusedOnTheCpu``).
 """
 
 from __future__ import annotations
