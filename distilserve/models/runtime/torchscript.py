@@ -27,7 +27,7 @@ import torch
 from distilserve.models.runtime.base import DTYPES
 from distilserve.models.runtime.torch_device import TorchRuntime
 
-# what the compiled shapes of a model fused on the CPU may hold of its weights, in bytes
+# the memory the compiled shapes of a model fused on the CPU may take, in bytes
 FUSED_BYTES = 512 << 20
 
 
@@ -76,16 +76,18 @@ class FusedOnTheCpu:
     (its rows to a power of two up to 8 and to a multiple of 8 past it, its tokens to a
     multiple of 16, within ``max_length``) so that few shapes occur, and its rows and
     tokens are cut back from the output. Each compiled shape keeps its own copy of the
-    weights in oneDNN's layout: shapes get copies while they fit in ``budget`` bytes, and
-    any other shape runs the frozen model without fusion. Fusion is a process-wide switch
-    of TorchScript's, read when a graph is compiled: it is on for these copies' runs
-    alone, as scripted loops do not run fused."""
+    weights in oneDNN's layout: shapes get copies while they fit in ``budget`` bytes of
+    the process's memory, and any other shape runs the frozen model without fusion.
+    Fusion is a process-wide switch of TorchScript's, read when a graph is compiled: it
+    is on for these copies' runs alone, as scripted loops do not run fused."""
 
     def __init__(self, module: torch.jit.ScriptModule, max_length: int, weight_bytes: int,
                  budget: int = FUSED_BYTES):
         self.module, self.max_length = module, max_length
         self.plain = torch.jit.freeze(module)
-        self.most = budget // max(1, weight_bytes)
+        # a compiled shape holds the weights in oneDNN's layout and its working memory:
+        # counted as one and a half times the weights
+        self.most = budget // max(1, weight_bytes * 3 // 2)
         self.fused: dict[tuple[int, int], torch.jit.ScriptModule] = {}
 
     def shape(self, rows: int, tokens: int) -> tuple[int, int]:
