@@ -7,10 +7,8 @@ changes, and drains the queues on shutdown."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
-import sys
 import warnings
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -64,10 +62,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
         # a request's objects die by reference counting, but at Python's threshold its
         # collections ran some 300 times a second under load, walking every request
         # in flight each time (Settings.gc_threshold)
-        thresholds = gc.get_threshold()  # Python's, put back at the end
-        gc.set_threshold(settings.gc_threshold, *thresholds[1:])
-        switch = sys.getswitchinterval()  # (Settings.switch_interval_ms)
-        sys.setswitchinterval(settings.switch_interval_ms / 1000)
+        put_back = settings.tune_interpreter()  # Python's own, at the end
         service = Service(settings, Metrics())
         app.state.service, app.state.tracing = service, tracing  # (tracing: gRPC's too)
         loading = asyncio.create_task(loader(service) if loader else build_and_load(
@@ -90,8 +85,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
         service.cpu_thread.shutdown(wait=False)
         if tracing:
             tracing.shutdown()  # the spans not sent yet
-        gc.set_threshold(*thresholds)
-        sys.setswitchinterval(switch)
+        put_back()
 
     # FastAPI's own OpenTelemetry hooks look up the providers on every request (a tenth
     # of the event loop's time under load); /metrics is Prometheus

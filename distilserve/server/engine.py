@@ -124,7 +124,7 @@ class Engine:
         return await self.runner.infer(texts, truncation, windows, iterations)
 
 
-def limits(settings: Settings, device: str, dtype: str = "fp32") -> Limits:
+def limits(settings: Settings, device: str, dtype: str) -> Limits:
     """How a model on ``device`` in ``dtype`` batches, as the settings say."""
     batch_size, batch_tokens = settings.batch_limits(device, dtype)
     return Limits(batch_size, batch_tokens, settings.max_queue, settings.max_wait_ms / 1000,

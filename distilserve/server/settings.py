@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import gc
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -230,6 +233,19 @@ class Settings(BaseSettings):
 
     def cors_origins(self) -> list[str]:
         return [o.strip() for o in self.cors_allow_origins.split(",") if o.strip()]
+
+    def tune_interpreter(self) -> Callable[[], None]:
+        """Python's collector and thread switching set for serving (gc_threshold,
+        switch_interval_ms); returns what puts Python's own back."""
+        thresholds, switch = gc.get_threshold(), sys.getswitchinterval()
+        gc.set_threshold(self.gc_threshold, *thresholds[1:])
+        sys.setswitchinterval(self.switch_interval_ms / 1000)
+
+        def put_back() -> None:
+            gc.set_threshold(*thresholds)
+            sys.setswitchinterval(switch)
+
+        return put_back
 
     def model_threads(self) -> int:
         """Intra-op threads per model: DISTILSERVE_THREADS, else the cores this process may

@@ -9,7 +9,6 @@ it exits; SIGINT is the supervisor's to handle (it stops the front ends first)."
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -105,8 +104,7 @@ async def serve(service: Service, path: str, stop: asyncio.Event) -> None:
     """The engine of ``service`` on the socket ``path`` until ``stop`` is set: then what is
     queued is answered, the front ends' connections closed, and it returns."""
     settings = service.settings
-    gc.set_threshold(settings.gc_threshold, *gc.get_threshold()[1:])
-    sys.setswitchinterval(settings.switch_interval_ms / 1000)
+    settings.tune_interpreter()  # (the process ends with it)
     loading = asyncio.create_task(build_and_load(service, settings.model_repository))
     writers: set[asyncio.StreamWriter] = set()
 
