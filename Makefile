@@ -26,9 +26,9 @@ install-dev: $(VENV)/.installed-dev
 serve: install
 	$(BIN)/distilserve serve
 
-# both on every core (at most 4 workers), a test module on one worker (its fixtures made
-# once: tests/conftest.py), the modules sharing the embedded default's build on one
-PYTEST := $(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
+# both on every core (at most 4 workers), a test module on one worker (its module-scoped
+# fixtures made once), the largest modules first
+PYTEST := $(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadscope
 
 test: install-dev
 	$(PYTEST)

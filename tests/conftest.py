@@ -16,7 +16,24 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the suite compares outputs with fp32 references at fp32 tolerances, on machines with and
 # without bf16 matrix units alike; what auto chooses is tested where it is the subject
 os.environ.setdefault("DISTILSERVE_DTYPE", "fp32")
-torch.set_num_threads(2)
+
+
+def own_cores() -> int:
+    """How many cores this process has. Under pytest-xdist a worker takes its share of
+    them as its CPU affinity (the servers it starts inherit it and size their thread pools
+    by it), so that no two workers' thread pools share a core: each would wait, at every
+    parallel operation, for its threads that the other's had pushed off."""
+    cores = sorted(os.sched_getaffinity(0))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        n = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
+        cores = (cores[n * len(cores) // workers:(n + 1) * len(cores) // workers]
+                 if workers <= len(cores) else [cores[n % len(cores)]])
+        os.sched_setaffinity(0, cores)
+    return len(cores)
+
+
+torch.set_num_threads(min(2, own_cores()))
 
 from distilserve.models import families  # noqa: E402
 from distilserve.models.io import checkpoint  # noqa: E402
@@ -28,16 +45,6 @@ from loadtests.run import (  # noqa: E402, F401 (tests' too)
 
 FAMILIES = families.FAMILIES
 TASKS = ("embed", "classify", "ner")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist's --dist loadgroup (make test): a module's tests on one worker,
-    so that its module-scoped fixtures (a server, an exported repository) are made once;
-    a module marked with a group of its own (xdist_group) goes with that group."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.partition("::")[0]))
 
 
 @pytest.fixture(scope="session")
@@ -94,10 +101,15 @@ def splade_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def embedded_default(tmp_path_factory):
     """(cache, folder): the embedded default built once on an empty cache, for the tests of
-    the build and the documentation's examples alike."""
+    the build and the documentation's examples alike. Under pytest-xdist the workers share
+    the cache: the first to need it builds it, under the build's lock, while any other
+    waits for it."""
     from distilserve.server import embedded_default as default
 
-    cache = tmp_path_factory.mktemp("cache")
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # root: this worker's; its parent: the run's
+        root = root.parent
+    cache = root / "embedded-default-cache"
     return cache, default.ensure_default_repository(cache)
 
 

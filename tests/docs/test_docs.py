@@ -138,7 +138,6 @@ EXAMPLES = [p for p in PAGES if read(p).runnable]
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("embedded_default")  # one worker builds it for them all
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_examples(path, environment, request, tmp_path):
     page: Page = read(path)

@@ -19,8 +19,7 @@ from distilserve.server import embedded_default as default
 from distilserve.training import handwritten
 from tests.conftest import free_port, running_server, wait_until_ready
 
-# builds the embedded default (fine-tuning): on the worker that builds it for the docs too
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("embedded_default")]
+pytestmark = pytest.mark.slow  # builds the embedded default (fine-tuning)
 
 ROOT = Path(__file__).resolve().parents[2]
 
