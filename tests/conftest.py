@@ -23,6 +23,8 @@ def own_cores() -> int:
     them as its CPU affinity (the servers it starts inherit it and size their thread pools
     by it), so that no two workers' thread pools share a core: each would wait, at every
     parallel operation, for its threads that the other's had pushed off."""
+    if not hasattr(os, "sched_getaffinity"):  # not Linux: no affinity to share out
+        return os.cpu_count() or 1
     cores = sorted(os.sched_getaffinity(0))
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
