@@ -27,7 +27,7 @@ serve: install
 	$(BIN)/distilserve serve
 
 # both on every core (at most 4 workers), a test module on one worker (its module-scoped
-# fixtures made once), the largest modules first
+# fixtures made once), the modules with the most tests first
 PYTEST := $(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadscope
 
 test: install-dev
