@@ -59,10 +59,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        # a request's objects die by reference counting, but at Python's threshold its
-        # collections ran some 300 times a second under load, walking every request
-        # in flight each time (Settings.gc_threshold)
-        put_back = settings.tune_interpreter()  # Python's own, at the end
+        put_back = settings.tune_interpreter()  # for serving; Python's own, at the end
         service = Service(settings, Metrics())
         app.state.service, app.state.tracing = service, tracing  # (tracing: gRPC's too)
         loading = asyncio.create_task(loader(service) if loader else build_and_load(

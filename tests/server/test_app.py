@@ -42,9 +42,8 @@ def test_ready_says_the_default_is_being_built_before_the_build_says_where(tmp_p
 def test_the_service_collects_garbage_and_switches_threads_its_own_way_and_puts_pythons_back(
         tmp_path):
     """While serving, Python's youngest generation is collected every gc_threshold net
-    allocations (not Python's 700: some 300 collections a second under load), and a
-    thread waiting for Python's lock gets it after switch_interval_ms (not Python's 5 ms);
-    after, the process has Python's own back."""
+    allocations (not Python's 700), and a thread waiting for Python's lock gets it after
+    switch_interval_ms (not Python's 5 ms); after, the process has Python's own back."""
     before = gc.get_threshold(), sys.getswitchinterval()
     app = create_app(Settings(gc_threshold=12_345, switch_interval_ms=0.25),
                      repository=tmp_path)
