@@ -17,22 +17,21 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # without bf16 matrix units alike; what auto chooses is tested where it is the subject
 os.environ.setdefault("DISTILSERVE_DTYPE", "fp32")
 
+from distilserve.models.runtime.cores import available_cores  # noqa: E402
+
 
 def own_cores() -> int:
     """How many cores this process has. Under pytest-xdist a worker takes its share of
     them as its CPU affinity (the servers it starts inherit it and size their thread pools
     by it), so that no two workers' thread pools share a core: each would wait, at every
     parallel operation, for its threads that the other's had pushed off."""
-    if not hasattr(os, "sched_getaffinity"):  # not Linux: no affinity to share out
-        return os.cpu_count() or 1
-    cores = sorted(os.sched_getaffinity(0))
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if workers > 1:
+    if workers > 1 and hasattr(os, "sched_setaffinity"):  # (Linux)
+        cores = sorted(os.sched_getaffinity(0))
         n = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw"))
-        cores = (cores[n * len(cores) // workers:(n + 1) * len(cores) // workers]
-                 if workers <= len(cores) else [cores[n % len(cores)]])
-        os.sched_setaffinity(0, cores)
-    return len(cores)
+        os.sched_setaffinity(0, cores[n * len(cores) // workers:(n + 1) * len(cores) // workers]
+                             if workers <= len(cores) else [cores[n % len(cores)]])
+    return available_cores()
 
 
 torch.set_num_threads(min(2, own_cores()))
