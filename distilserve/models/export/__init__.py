@@ -115,6 +115,9 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
         raise ExportError(f"--max-length {max_length} leaves no token of text beside the "
                           f"special tokens around each input (task {ckpt.task}): at least "
                           f"{least}")
+    # said before anything is written: a caller that stops the export there (the embedded
+    # default's build, when the service stops) is left no folder made after its clean-up
+    progress(f"exporting to {fmt}" + (f" (loop {loop})" if ckpt.family in families.RECURSIVE else ""))
     output.parent.mkdir(parents=True, exist_ok=True)
     # made with the umask's mode, as the files in it are (mkdtemp's would be 0700: a
     # repository exported by one user, unreadable to a service running as another)
@@ -186,7 +189,6 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     artifact = ARTIFACT[fmt]
     model = ckpt.model.eval()
     started = time.perf_counter()
-    progress(f"exporting to {fmt}" + (f" (loop {loop})" if ckpt.family in families.RECURSIVE else ""))
     with torch.no_grad():
         if fmt == "onnx":
             to_onnx(model, folder / artifact, loop,
