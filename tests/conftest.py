@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 
 import pytest
-import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -17,7 +18,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # without bf16 matrix units alike; what auto chooses is tested where it is the subject
 os.environ.setdefault("DISTILSERVE_DTYPE", "fp32")
 
+from distilserve.models import families  # noqa: E402
 from distilserve.models.runtime.cores import available_cores  # noqa: E402
+from loadtests.run import (  # noqa: E402, F401 (tests' too)
+    free_port,
+    unallocated_port,
+    wait_until_ready,
+)
 
 
 def own_cores() -> int:
@@ -34,15 +41,30 @@ def own_cores() -> int:
     return available_cores()
 
 
-torch.set_num_threads(min(2, own_cores()))
+def _exit_at_once() -> None:
+    """The last exit handler of a pytest-xdist worker, its results sent and every other
+    handler run: ends the process without tearing its modules down one by one (slow with
+    torch and transformers loaded, and pytest-xdist's controller waits for it)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
-from distilserve.models import families  # noqa: E402
-from distilserve.models.io import checkpoint  # noqa: E402
-from loadtests.run import (  # noqa: E402, F401 (tests' too)
-    free_port,
-    unallocated_port,
-    wait_until_ready,
-)
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    atexit.register(_exit_at_once)  # before what the tests import registers theirs: run after
+
+
+def pytest_sessionstart(session):
+    """In a process that runs tests (not pytest-xdist's controller, which hands them out
+    and so imports no model code): its cores, and torch's threads on them."""
+    import xdist
+
+    if xdist.is_xdist_controller(session):
+        return
+    import torch
+
+    torch.set_num_threads(min(2, own_cores()))
+
 
 FAMILIES = families.FAMILIES
 TASKS = ("embed", "classify", "ner")
@@ -51,6 +73,8 @@ TASKS = ("embed", "classify", "ner")
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> dict[tuple[str, str], str]:
     """(family, task) -> folder of a saved tiny checkpoint."""
+    from distilserve.models.io import checkpoint
+
     root = tmp_path_factory.mktemp("checkpoints")
     out = {}
     for family in FAMILIES:
@@ -81,10 +105,13 @@ def splade_checkpoint(tmp_path_factory):
     (random weights, the bert-base-uncased vocabulary) and its SpladePooling module."""
     import shutil
 
+    import torch
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
     from sentence_transformers.sparse_encoder.modules import SpladePooling
     from transformers import BertConfig, BertForMaskedLM
+
+    from distilserve.models.io import checkpoint
 
     root = tmp_path_factory.mktemp("splade")
     torch.manual_seed(3)
@@ -132,6 +159,8 @@ def tiktoken_cache(tmp_path_factory):
 
 def batch(batch_size: int = 3, length: int = 11, seed: int = 0, pad_row: int | None = 1):
     """Random token ids with one row padded to about half its length."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1000, 30000, (batch_size, length), generator=g)
     mask = torch.ones_like(ids)
