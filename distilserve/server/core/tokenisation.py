@@ -20,9 +20,6 @@ from distilserve.server.core.refusals import ModelLoadError
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
-# how an input longer than max_length is cut: at its end, at its start, or not (refused)
-TRUNCATIONS = ("right", "left", None)
-
 
 @dataclass
 class TokenIds:
@@ -99,17 +96,12 @@ class Tokenisation:
         self.digest = hashlib.sha256(spec.encode()).hexdigest()
         self.word_aware = entities.TokenInfo.marks_words(rust)
         self._spec, self._windowing = spec, {}  # windows()'s tokenizers
-        self.tokenizers = {}
-        for truncation in TRUNCATIONS:
-            t = Tokenizer.from_str(spec)
-            t.no_padding()
-            if truncation:  # transformers' default: longest_first for pairs; a question
-                # is kept whole, its context cut (transformers' question-answering pipeline)
-                t.enable_truncation(max_length, direction=truncation, strategy=(
-                    "only_second" if task == "qa" else "longest_first"))
-            else:
-                t.no_truncation()
-            self.tokenizers[truncation] = t
+        self._task = task
+        rust.no_padding()
+        rust.no_truncation()
+        # per truncation; "left", which few requests ask for, made when first asked for
+        self.tokenizers = {None: rust}
+        self.truncating("right")
         # the special tokens around one input ("[CLS] $A [SEP]"), for token-id inputs
         probe = self.tokenizers[None].encode("a")
         at = probe.special_tokens_mask.index(0)
@@ -123,14 +115,28 @@ class Tokenisation:
         self.room = max(0, max_length - len(self.specials[0]) - len(self.specials[1]))
         self.filler = probe.ids[at]  # a token of text, for warm-up batches
 
+    def truncating(self, truncation: str | None) -> Tokenizer:
+        """The Rust tokenizer that cuts an input longer than max_length at its end
+        ("right"), at its start ("left"), or not at all (None)."""
+        tokenizer = self.tokenizers.get(truncation)
+        if tokenizer is None:
+            tokenizer = Tokenizer.from_str(self._spec)
+            tokenizer.no_padding()
+            # transformers' default: longest_first for pairs; a question is kept whole, its
+            # context cut (transformers' question-answering pipeline)
+            tokenizer.enable_truncation(self.max_length, direction=truncation, strategy=(
+                "only_second" if self._task == "qa" else "longest_first"))
+            tokenizer = self.tokenizers.setdefault(truncation, tokenizer)
+        return tokenizer
+
     def tokenize(self, texts: list, truncation: str | None) -> list:
         """Texts (or pairs) -> the Rust tokenizer's encodings, in order, cut to max_length
         at the end ("right") or the start ("left") or not at all (None); token-id inputs
         (lists of ints) get the special tokens a text would get, and are cut the same way."""
         if not any(isinstance(t, list) for t in texts):
-            return self.tokenizers[truncation].encode_batch(texts)
+            return self.truncating(truncation).encode_batch(texts)
         strings = [t for t in texts if not isinstance(t, list)]
-        encoded = iter(self.tokenizers[truncation].encode_batch(strings) if strings else [])
+        encoded = iter(self.truncating(truncation).encode_batch(strings) if strings else [])
         return [self._from_ids(t, truncation) if isinstance(t, list) else next(encoded)
                 for t in texts]
 
