@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-VERSION = "2"  # bump when what is built, or how, changes
+VERSION = "3"  # bump when what is built, or how, changes
 STAMP = "default.json"
 
 
