@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import socket
 import sys
@@ -45,22 +46,22 @@ def _exit_at_once() -> None:
     """The last exit handler of a pytest-xdist worker, its results sent and every other
     handler run: ends the process without tearing its modules down one by one (slow with
     torch and transformers loaded, and pytest-xdist's controller waits for it)."""
+    logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    atexit.register(_exit_at_once)  # before what the tests import registers theirs: run after
-
-
 def pytest_sessionstart(session):
     """In a process that runs tests (not pytest-xdist's controller, which hands them out
-    and so imports no model code): its cores, and torch's threads on them."""
+    and so imports no model code): its cores, torch's threads on them, and in a worker
+    its exit at once."""
     import xdist
 
     if xdist.is_xdist_controller(session):
         return
+    if xdist.is_xdist_worker(session):  # before what the tests import registers its own
+        atexit.register(_exit_at_once)
     import torch
 
     torch.set_num_threads(min(2, own_cores()))
