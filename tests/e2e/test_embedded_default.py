@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from distilserve.models import samples
+from distilserve.models.runtime.matrix_units import bf16_units
 from distilserve.server import embedded_default as default
 from distilserve.training import handwritten
 from tests.conftest import free_port, running_server, wait_until_ready
@@ -68,6 +69,10 @@ def test_manifests_say_how_the_models_were_made(built):
     sentiment = json.loads((folder / "minilm-sentiment" / "manifest.json").read_text())
     assert sentiment["labels"] == ["negative", "neutral", "positive"]
     assert sentiment["training"]["hand_written_accuracy"] > 0.8
+    for model in (ner, sentiment):
+        assert model["training"]["frozen"] == "word embeddings"
+        assert model["training"]["precision"] == (f"bf16 autocast ({bf16_units()})"
+                                                  if bf16_units() else "fp32")
 
 
 def test_default_serves_all_three_tasks_and_they_work(built):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 from transformers import AutoTokenizer
 
 from distilserve.models.io import checkpoint
@@ -63,3 +64,29 @@ def test_the_packaged_minilm_loads_with_a_fresh_head_and_no_warning_to_train_it(
     assert model.classifier.out_features == 2 and base == checkpoint.minilm_path()
     assert not [m for m in heard if "TRAIN" in m], heard
     assert not loader.filters  # as it was
+
+
+@pytest.mark.parametrize("units", [None, "AMX (amx_bf16)"])
+def test_training_leaves_the_word_embeddings_and_runs_in_bf16_where_the_cpu_has_the_units(
+        units, monkeypatch):
+    """The word embeddings stay as loaded while the rest learns; the forward pass runs
+    under bf16 autocast on a CPU with bf16 matrix units (in fp32 elsewhere), and the
+    result says which."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    monkeypatch.setattr(finetune, "bf16_units", lambda: units)
+    _, tokenizer, model = finetune._from_minilm(AutoModelForSequenceClassification,
+                                                ["a", "b"], 0)
+    words = model.get_input_embeddings().weight.detach().clone()
+    head = model.classifier.weight.detach().clone()
+    batches = finetune._batches(tokenizer, ["good", "bad", "fine", "awful"], [0, 1, 0, 1], 2,
+                                False)
+    dtypes = []
+    model.classifier.register_forward_hook(lambda m, i, out: dtypes.append(out.dtype))
+    trained = finetune._train(model, batches, 1, 1e-3, 0, lambda step: None)
+    assert torch.equal(model.get_input_embeddings().weight, words)
+    assert not torch.equal(model.classifier.weight, head)
+    assert set(dtypes) == {torch.bfloat16 if units else torch.float32}
+    assert trained["frozen"] == "word embeddings" and trained["final_loss"] > 0
+    assert trained["precision"] == ("bf16 autocast (AMX (amx_bf16))" if units else "fp32")
