@@ -96,7 +96,9 @@ class Tokenisation:
         self.digest = hashlib.sha256(spec.encode()).hexdigest()
         self.word_aware = entities.TokenInfo.marks_words(rust)
         self._spec, self._windowing = spec, {}  # windows()'s tokenizers
-        self._task = task
+        # transformers' default: longest_first for pairs; a question is kept whole, its
+        # context cut (transformers' question-answering pipeline)
+        self._strategy = "only_second" if task == "qa" else "longest_first"
         rust.no_padding()
         rust.no_truncation()
         # per truncation; "left", which few requests ask for, made when first asked for
@@ -122,10 +124,8 @@ class Tokenisation:
         if tokenizer is None:
             tokenizer = Tokenizer.from_str(self._spec)
             tokenizer.no_padding()
-            # transformers' default: longest_first for pairs; a question is kept whole, its
-            # context cut (transformers' question-answering pipeline)
-            tokenizer.enable_truncation(self.max_length, direction=truncation, strategy=(
-                "only_second" if self._task == "qa" else "longest_first"))
+            tokenizer.enable_truncation(self.max_length, direction=truncation,
+                                        strategy=self._strategy)
             tokenizer = self.tokenizers.setdefault(truncation, tokenizer)
         return tokenizer
 
