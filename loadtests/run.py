@@ -60,15 +60,16 @@ def wait_until_ready(url: str, alive, what: str, path: str = "/ready",
     ``alive()`` is false or after ``seconds`` (a bound for a hung server, not for a slow
     machine). The one start-and-wait of the load tests and the tests."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not alive():
-            raise RuntimeError(f"{what} stopped before it was ready")
-        try:
-            if httpx.get(url + path, timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
+    with httpx.Client(timeout=5) as client:  # one TLS context, not one a poll
+        while time.monotonic() < deadline:
+            if not alive():
+                raise RuntimeError(f"{what} stopped before it was ready")
+            try:
+                if client.get(url + path).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
     raise RuntimeError(f"{what} did not become ready in {seconds:.0f} s")
 
 

@@ -179,7 +179,7 @@ def wait_for(condition, what: str, seconds: float = 600):
         value = condition()
         if value:
             return value
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise AssertionError(f"gave up waiting for {what}")
 
 

@@ -17,6 +17,7 @@ from distilserve.client import (
 )
 from distilserve.models import export
 from distilserve.models.io import checkpoint
+from tests import web
 from tests.conftest import running_server
 
 
@@ -112,7 +113,7 @@ def test_both_clients_classify_zero_shot(tmp_path):
     export.export(nli, tmp_path / "repo" / "nli", "onnx")
     labels = ["pets", "towns", "food"]
     with running_server(tmp_path / "repo") as url:
-        expected = httpx.post(url + "/v1/classify", json={
+        expected = web.post(url + "/v1/classify", json={
             "inputs": ["A dog.", "A cake."], "candidate_labels": labels, "multi_label": True,
             "hypothesis_template": "About {}."}).json()["results"]
         with DistilServeClient(url) as c:
@@ -135,14 +136,14 @@ def test_both_clients_answer_questions(tmp_path):
     asked = [{"question": "Where?", "context": "It is in Paris."},
              {"question": "Who?", "context": "Ada wrote it."}]
     with running_server(tmp_path / "repo") as url:
-        expected = httpx.post(url + "/v1/qa", json={"inputs": asked, "top_k": 2}).json()[
+        expected = web.post(url + "/v1/qa", json={"inputs": asked, "top_k": 2}).json()[
             "results"]
         with DistilServeClient(url) as c:
             assert c.qa(asked, top_k=2) == expected
             (one,) = c.qa(asked[0], handle_impossible_answer=True, top_k=50)
             assert "" in [a["answer"] for a in one]  # the empty answer, among all
             windowed = {"inputs": asked, "max_seq_len": 12, "doc_stride": 2}
-            assert c.qa(asked, max_seq_len=12, doc_stride=2) == httpx.post(
+            assert c.qa(asked, max_seq_len=12, doc_stride=2) == web.post(
                 url + "/v1/qa", json=windowed).json()["results"]
 
         async def go():

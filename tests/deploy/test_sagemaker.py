@@ -8,10 +8,10 @@ import signal
 import subprocess
 from pathlib import Path
 
-import httpx
 import numpy as np
 
 from distilserve.models import export
+from tests import web
 from tests.conftest import free_port, wait_until_ready
 
 SERVE = Path(__file__).resolve().parents[2] / "deploy" / "sagemaker" / "serve"
@@ -30,9 +30,9 @@ def test_serve_answers_sagemakers_ping_and_invocations(tiny_checkpoints, tmp_pat
     try:
         wait_until_ready(url, lambda: process.poll() is None, f"serve (log: {log})", "/ping")
         inputs = ["Dogs bark.", "The cat sat on the mat."]
-        got = httpx.post(url + "/invocations", json={"inputs": inputs}, timeout=60)
+        got = web.post(url + "/invocations", json={"inputs": inputs}, timeout=60)
         assert got.status_code == 200, got.text
-        expected = httpx.post(url + "/v1/embed", json={"inputs": inputs}).json()["embeddings"]
+        expected = web.post(url + "/v1/embed", json={"inputs": inputs}).json()["embeddings"]
         np.testing.assert_allclose(got.json(), expected, atol=1e-6)
     finally:
         process.send_signal(signal.SIGTERM)  # the script exec'd distilserve: it drains

@@ -3,11 +3,11 @@ manifest, and DISTILSERVE_MODEL_ALIASES): code written for OpenAI's models sends
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import openai
 
 from distilserve.models import export
+from tests import web
 from tests.conftest import running_server
 
 
@@ -24,16 +24,16 @@ def test_a_model_answers_to_its_aliases(tiny_checkpoints, tmp_path):
         assert np.allclose(vectors["embed"], vectors["text-embedding-3-small"])
         assert client.models.retrieve("ada").id == "embed"
         listed = {m["id"]: m.get("aliases") for m in
-                  httpx.get(url + "/v1/models").json()["data"]}
+                  web.get(url + "/v1/models").json()["data"]}
         assert listed == {"embed": ["ada", "text-embedding-3-small"],
                           "classify": ["sentiment"]}
-        classified = httpx.post(url + "/v1/classify", json={"model": "sentiment",
+        classified = web.post(url + "/v1/classify", json={"model": "sentiment",
                                                             "inputs": "fine"})
         assert classified.status_code == 200, classified.text
-        infer = httpx.post(url + "/v2/models/ada/infer", json={"inputs": [
+        infer = web.post(url + "/v2/models/ada/infer", json={"inputs": [
             {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a text"]}]})
         assert infer.status_code == 200 and np.allclose(
             infer.json()["outputs"][0]["data"], vectors["embed"], atol=1e-6)
-        unknown = httpx.post(url + "/v1/embed", json={"model": "text-embedding-3-large",
+        unknown = web.post(url + "/v1/embed", json={"model": "text-embedding-3-large",
                                                       "inputs": "x"})
         assert unknown.status_code == 404

@@ -7,12 +7,12 @@ from __future__ import annotations
 import base64
 
 import cohere
-import httpx
 import numpy as np
 import pytest
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
+from tests import web
 from tests.conftest import running_server
 
 TEXTS = ["The Eiffel Tower stands in Paris.", "Bananas are rich in potassium."]
@@ -34,7 +34,7 @@ def test_embed_gives_every_type_of_v1s_embeddings(url):
     answer = client.embed(model="embed", texts=TEXTS, input_type="search_document",
                           embedding_types=["float", "int8", "uint8", "binary", "ubinary",
                                            "base64"])
-    native = np.array(httpx.post(url + "/v1/embed", json={
+    native = np.array(web.post(url + "/v1/embed", json={
         "model": "embed", "inputs": TEXTS}).json()["embeddings"], dtype=np.float32)
     e = answer.embeddings
     np.testing.assert_allclose(e.float_, native, atol=1e-6)
@@ -54,7 +54,7 @@ def test_rerank_is_v1s_rerank(url):
     client = cohere.ClientV2(base_url=url, api_key="unused")
     answer = client.rerank(model="cross", query="Where is the Eiffel Tower?", documents=TEXTS,
                            top_n=2)
-    native = httpx.post(url + "/v1/rerank", json={
+    native = web.post(url + "/v1/rerank", json={
         "model": "cross", "query": "Where is the Eiffel Tower?", "documents": TEXTS,
         "top_n": 2}).json()["results"]
     assert [(r.index, r.relevance_score) for r in answer.results] == [
@@ -71,7 +71,7 @@ def test_errors_are_the_services(url):
 
 def test_v1_client_embeds_and_reranks(url):
     client = cohere.Client(base_url=url, api_key="unused")
-    native = np.array(httpx.post(url + "/v1/embed", json={
+    native = np.array(web.post(url + "/v1/embed", json={
         "model": "embed", "inputs": TEXTS}).json()["embeddings"], dtype=np.float32)
     floats = client.embed(model="embed", texts=TEXTS)
     assert floats.response_type == "embeddings_floats" and floats.texts == TEXTS

@@ -10,7 +10,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
@@ -18,6 +17,7 @@ from distilserve.models import samples
 from distilserve.models.runtime.matrix_units import bf16_units
 from distilserve.server import embedded_default as default
 from distilserve.training import handwritten
+from tests import web
 from tests.conftest import free_port, running_server, wait_until_ready
 
 pytestmark = pytest.mark.slow  # builds the embedded default (fine-tuning)
@@ -78,25 +78,25 @@ def test_manifests_say_how_the_models_were_made(built):
 def test_default_serves_all_three_tasks_and_they_work(built):
     _, folder = built
     with running_server(folder) as url:
-        models = {m["id"]: m["task"] for m in httpx.get(url + "/v1/models").json()["data"]}
+        models = {m["id"]: m["task"] for m in web.get(url + "/v1/models").json()["data"]}
         assert models == {"all-minilm-l6-v2": "embed", "minilm-sentiment": "classify",
                           "minilm-ner": "ner"}
-        emb = httpx.post(url + "/v1/embeddings", json={"input": "hello"}, timeout=60).json()
+        emb = web.post(url + "/v1/embeddings", json={"input": "hello"}, timeout=60).json()
         assert len(emb["data"][0]["embedding"]) == 384
 
-        ranked = httpx.post(url + "/v1/rerank", timeout=60, json={
+        ranked = web.post(url + "/v1/rerank", timeout=60, json={
             "query": "Where is the Eiffel Tower?",
             "documents": ["Bananas are rich in potassium.",
                           "The Eiffel Tower stands in Paris, France."]}).json()
         assert ranked["model"] == "all-minilm-l6-v2"  # unnamed: the embedding model
         assert ranked["results"][0]["index"] == 1
 
-        res = httpx.post(url + "/v1/classify", json={"inputs": POSITIVE + NEGATIVE + NEUTRAL,
+        res = web.post(url + "/v1/classify", json={"inputs": POSITIVE + NEGATIVE + NEUTRAL,
                                                      "top_k": 1}, timeout=60).json()["results"]
         labels = [r[0]["label"] for r in res]
         assert labels == ["positive"] * 5 + ["negative"] * 5 + ["neutral"] * 3
 
-        res = httpx.post(url + "/v1/ner", json={"inputs": [t for t, _ in NATURAL]},
+        res = web.post(url + "/v1/ner", json={"inputs": [t for t, _ in NATURAL]},
                          timeout=60).json()
         for (text, expected), found in zip(NATURAL, res["results"]):
             got = {(e["entity_group"], e["word"]) for e in found}
@@ -108,14 +108,14 @@ def _answers(url: str) -> tuple[list, list, np.ndarray]:
     """Labels of the hand-written sentiment sentences, entities of the hand-written NER
     sentences, and embeddings of real sentences."""
     texts = [s for s, _ in handwritten.SENTIMENT] + POSITIVE + NEGATIVE + NEUTRAL
-    res = httpx.post(url + "/v1/classify", json={"inputs": texts, "top_k": 1},
+    res = web.post(url + "/v1/classify", json={"inputs": texts, "top_k": 1},
                      timeout=120).json()["results"]
     labels = [r[0]["label"] for r in res]
-    res = httpx.post(url + "/v1/ner", json={"inputs": [t for t, _ in handwritten.NER]},
+    res = web.post(url + "/v1/ner", json={"inputs": [t for t, _ in handwritten.NER]},
                      timeout=120).json()["results"]
     entities = [{(e["entity_group"], e["start"], e["end"]) for e in found} for found in res]
     sentences = list(samples.SENTENCES) + texts
-    res = httpx.post(url + "/v1/embed", json={"inputs": sentences}, timeout=120).json()
+    res = web.post(url + "/v1/embed", json={"inputs": sentences}, timeout=120).json()
     return labels, entities, np.array(res["embeddings"])
 
 
@@ -125,10 +125,10 @@ def test_bf16_gives_the_labels_and_embeddings_of_fp32(built):
     sets' labels and entities of fp32 and its embeddings within cosine 0.9999."""
     _, folder = built
     with running_server(folder, dtype="fp32") as url:
-        assert {m["dtype"] for m in httpx.get(url + "/v1/models").json()["data"]} == {"fp32"}
+        assert {m["dtype"] for m in web.get(url + "/v1/models").json()["data"]} == {"fp32"}
         labels, entities, vectors = _answers(url)
     with running_server(folder, dtype="bf16") as url:
-        models = httpx.get(url + "/v1/models").json()["data"]
+        models = web.get(url + "/v1/models").json()["data"]
         assert {(m["backend"], m["dtype"]) for m in models} == {("torchscript", "bf16")}
         half_labels, half_entities, half_vectors = _answers(url)
     assert half_labels == labels and half_entities == entities

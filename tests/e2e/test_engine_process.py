@@ -23,6 +23,7 @@ from distilserve.models import export
 from distilserve.server.engine import load_engine
 from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
+from tests import web
 from tests.conftest import free_port, terminate, wait_for
 
 pytestmark = pytest.mark.slow  # a server of three processes
@@ -60,17 +61,17 @@ def test_front_ends_share_one_engine_process(tiny_checkpoints, tmp_path):
         stdout=log.open("w"), stderr=subprocess.STDOUT)
 
     def embed(text: str = "a text") -> httpx.Response:
-        return httpx.post(url + "/embed", json={"inputs": text}, timeout=60)
+        return web.post(url + "/embed", json={"inputs": text}, timeout=60)
 
     try:
         wait_for(lambda: log.read_text().count("Application startup complete") == 2,
                  "two front ends")
-        wait_for(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200, "ready")
+        wait_for(lambda: web.get(url + "/ready", timeout=5).status_code == 200, "ready")
         answer = embed()
         assert answer.status_code == 200
         np.testing.assert_allclose(answer.json()[0], _own_embedding(tmp_path / "repo" / "bert",
                                                                     "a text"), atol=1e-5)
-        scraped = httpx.get(url + "/metrics", timeout=30).text  # the engine's series too
+        scraped = web.get(url + "/metrics", timeout=30).text  # the engine's series too
         assert re.search(r'distilserve_batch_size_count{model="bert"} [1-9]', scraped)
         assert len(_engines(log)) == 1
 
@@ -86,7 +87,7 @@ def test_front_ends_share_one_engine_process(tiny_checkpoints, tmp_path):
             assert time.monotonic() < deadline, statuses[-10:]
         assert 503 in statuses and set(statuses) <= {200, 503}, statuses
         assert "exited (-9): starting another in 1 s" in log.read_text()
-        wait_for(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200, "ready again")
+        wait_for(lambda: web.get(url + "/ready", timeout=5).status_code == 200, "ready again")
 
         in_flight: list[int] = []
         thread = threading.Thread(target=lambda: in_flight.append(embed().status_code))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import huggingface_hub
 import huggingface_hub.constants
 import huggingface_hub.utils
@@ -18,6 +17,7 @@ import tritonclient.http as triton
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
+from tests import web
 from tests.conftest import running_server, transformers_pipeline
 
 TEXTS = ["Paris is the [MASK] of France.", "The [MASK] sat on the [MASK] all day long."]
@@ -47,7 +47,7 @@ def pipe(checkpoints, family):
 
 
 def fill(url, **body):
-    return httpx.post(url + "/v1/fill-mask", json=body, timeout=60)
+    return web.post(url + "/v1/fill-mask", json=body, timeout=60)
 
 
 def same(ours: list[dict], theirs: list[dict]) -> None:
@@ -79,9 +79,9 @@ def test_huggingface_hubs_fill_mask_at_the_root(checkpoints, tmp_path, monkeypat
     with running_server(tmp_path / "lone") as lone:
         # the Inference API's answer: a text's tokens (per mask where it has several); for
         # a list, each's
-        same(httpx.post(lone + "/", json={"inputs": TEXTS[0], "parameters": {"top_k": 2}}
+        same(web.post(lone + "/", json={"inputs": TEXTS[0], "parameters": {"top_k": 2}}
                         ).json(), expected)
-        both = httpx.post(lone + "/", json={"inputs": TEXTS}).json()
+        both = web.post(lone + "/", json={"inputs": TEXTS}).json()
         assert len(both) == 2 and len(both[0]) == 5 and [len(m) for m in both[1]] == [5, 5]
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
         huggingface_hub.utils.reset_sessions()
@@ -101,7 +101,7 @@ def test_the_open_inference_protocol_gives_each_inputs_tokens(url):
     answer = client.infer("bert", [text], parameters={"top_k": 2})
     tokens = [json.loads(t) for t in answer.as_numpy("tokens")]
     assert tokens == fill(url, model="bert", inputs=TEXTS, top_k=2).json()["results"]
-    listed = httpx.get(url + "/v1/models/bert").json()
+    listed = web.get(url + "/v1/models/bert").json()
     assert (listed["task"], listed["mask_token"]) == ("fill-mask", "[MASK]")
 
 
@@ -114,7 +114,7 @@ def test_refusals(url):
         res = fill(url, **body)
         assert res.status_code in (400, 422), res.text
         assert words in res.json()["error"]["message"], res.text
-    res = httpx.get(url + "/info", params={"model": "bert"})
+    res = web.get(url + "/info", params={"model": "bert"})
     assert res.status_code == 400 and "fill-mask" in res.text
 
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from distilserve.server.embedded_default import VERSION
+from tests import web
 from tests.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.slow  # real servers in subprocesses, building the default
@@ -32,7 +33,7 @@ def test_the_port_opens_while_the_default_is_built(tmp_path):
 
     def get(path):
         try:
-            return httpx.get(url + path, timeout=5)
+            return web.get(url + path, timeout=5)
         except httpx.TransportError:
             return None
 

@@ -5,13 +5,13 @@ device, gives the CPU's embeddings."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 import torch
 
 from distilserve.models import export, families
 from distilserve.models.io import checkpoint, sentence_transformers
+from tests import web
 from tests.conftest import FAMILIES, running_server
 
 pytestmark = [pytest.mark.gpu,
@@ -26,14 +26,14 @@ def test_every_family_on_cuda_matches_the_cpu(tiny_checkpoints, tmp_path):
     out = {}
     for device, graphs in (("cpu", 0), ("cuda", 0), ("cuda", 4096)):  # then CUDA graphs
         with running_server(tmp_path, device=device, cuda_graph_tokens=graphs) as url:
-            models = httpx.get(url + "/v1/models").json()["data"]
+            models = web.get(url + "/v1/models").json()["data"]
             for m in models:
                 want = ("fp16" if "fp16" in families.get(m["family"]).dtypes else "bf16")
                 assert (m["device"], m["dtype"]) == (
                     ("cpu", "fp32") if device == "cpu" else ("cuda:0", want))
                 assert m.get("cuda_graph_tokens", 0) == graphs
             for family in FAMILIES:
-                r = httpx.post(url + "/v1/embed", json={"model": family, "inputs": TEXTS},
+                r = web.post(url + "/v1/embed", json={"model": family, "inputs": TEXTS},
                                timeout=60)
                 assert r.status_code == 200, r.text
                 out[device, graphs, family] = np.array(r.json()["embeddings"])
@@ -61,14 +61,14 @@ def test_onnx_models_are_served_on_the_gpu_by_default(tiny_checkpoints, tmp_path
     out = {}
     for device in ("cpu", "auto"):
         with running_server(repo, device=device) as url:
-            models = httpx.get(url + "/v1/models").json()["data"]
+            models = web.get(url + "/v1/models").json()["data"]
             assert sorted(m["id"] for m in models) == sorted(names)
             for m in models:
                 assert m["backend"] == ("onnx" if device == "cpu" or has_cuda_provider()
                                         else "torchscript"), m
                 assert m["device"].startswith("cpu" if device == "cpu" else "cuda"), m
             for name in names:
-                r = httpx.post(url + "/v1/embed", json={"model": name, "inputs": TEXTS},
+                r = web.post(url + "/v1/embed", json={"model": name, "inputs": TEXTS},
                                timeout=60)
                 assert r.status_code == 200, r.text
                 out[device, name] = np.array(r.json()["embeddings"])
@@ -87,7 +87,7 @@ def test_question_answering_on_cuda_answers_as_the_cpu(tmp_path):
     answers = {}
     for device in ("cpu", "cuda"):
         with running_server(tmp_path / "repo", device=device, dtype="fp32") as url:
-            r = httpx.post(url + "/v1/qa", json=body, timeout=60)
+            r = web.post(url + "/v1/qa", json=body, timeout=60)
             assert r.status_code == 200, r.text
             answers[device] = r.json()["results"][0]
     # (by text: spans of one text are one answer, its place the first of them found)
@@ -108,7 +108,7 @@ def test_fill_mask_on_cuda_fills_as_the_cpu(tmp_path):
     results = {}
     for device in ("cpu", "cuda"):
         with running_server(tmp_path / "repo", device=device, dtype="fp32") as url:
-            r = httpx.post(url + "/v1/fill-mask", json=body, timeout=60)
+            r = web.post(url + "/v1/fill-mask", json=body, timeout=60)
             assert r.status_code == 200, r.text
             results[device] = r.json()["results"]
     for cpu, cuda in zip(results["cpu"], results["cuda"]):

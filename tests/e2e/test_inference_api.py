@@ -4,13 +4,13 @@ a served model can answer, answered as that model's native route answers it."""
 
 from __future__ import annotations
 
-import httpx
 import huggingface_hub
 import numpy as np
 import pytest
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
+from tests import web
 from tests.conftest import running_server
 
 TEXT = "Angela Merkel visited Paris with Volkswagen."
@@ -45,7 +45,7 @@ def client(url):
 
 
 def native(url, route, **body):
-    res = httpx.post(url + route, json=body, timeout=60)
+    res = web.post(url + route, json=body, timeout=60)
     assert res.status_code == 200, res.text
     return res.json()
 
@@ -79,27 +79,27 @@ def test_every_task_method_is_answered_by_its_model(url, client):
 
 
 def test_a_model_asked_for_another_task_is_refused(url):
-    res = httpx.post(url + "/models/embed", json={"inputs": TEXT, "parameters": {
+    res = web.post(url + "/models/embed", json={"inputs": TEXT, "parameters": {
         "candidate_labels": ["a", "b"]}})
     assert res.status_code == 400, res.text
-    assert httpx.post(url + "/models/nope", json={"inputs": TEXT}).status_code == 404
+    assert web.post(url + "/models/nope", json={"inputs": TEXT}).status_code == 404
 
 
 def test_another_tasks_parameters_are_refused_with_the_url_to_use(url, client):
     """POST / answers for the embedding model; a body whose parameters are another task's
     gets a 400 naming the URLs whose models take them, not an answer of another shape."""
-    root = httpx.post(url + "/", json={"inputs": TEXT, "parameters": {"top_k": 2}})
+    root = web.post(url + "/", json={"inputs": TEXT, "parameters": {"top_k": 2}})
     assert root.status_code == 400
     assert root.json()["error"]["message"] == (
         "parameters top_k are not feature extraction's, which model 'embed' does here; post "
         "them to /models/classify or /models/fill or /models/nli or /models/qa")
-    assert httpx.post(url + "/", json={"inputs": TEXT}).status_code == 200  # as before
+    assert web.post(url + "/", json={"inputs": TEXT}).status_code == 200  # as before
     at_root = huggingface_hub.InferenceClient(model=url)
     huggingface_hub.utils.reset_sessions()
     with pytest.raises(huggingface_hub.errors.HfHubHTTPError, match="/models/ner"):
         at_root.token_classification(TEXT, aggregation_strategy="simple")
-    wrong = httpx.post(url + "/models/ner", json={"inputs": TEXT, "parameters": {
+    wrong = web.post(url + "/models/ner", json={"inputs": TEXT, "parameters": {
         "function_to_apply": "none"}})
     assert wrong.status_code == 400 and "/models/classify" in wrong.text
-    nowhere = httpx.post(url + "/models/ner", json={"inputs": TEXT, "parameters": {"x": 1}})
+    nowhere = web.post(url + "/models/ner", json={"inputs": TEXT, "parameters": {"x": 1}})
     assert nowhere.status_code == 400 and "no served model's task takes them" in nowhere.text

@@ -16,6 +16,7 @@ from transformers import AutoTokenizer
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
+from tests import web
 from tests.conftest import running_server
 
 TEXTS = ["The Eiffel Tower stands in Paris.", "Bananas are rich in potassium.", "x"]
@@ -37,7 +38,7 @@ def served(tiny_checkpoints, tmp_path_factory):
 
 
 def post(url, route, body):
-    return httpx.post(url + route, json=body, timeout=60)
+    return web.post(url + route, json=body, timeout=60)
 
 
 def reference(folder, texts, depth):
@@ -55,7 +56,7 @@ def reference(folder, texts, depth):
 def test_models_lists_each_recursive_models_depths(served):
     url, _ = served
     listed = {m["id"]: m.get("iterations") for m in
-              httpx.get(url + "/v1/models").json()["data"]}
+              web.get(url + "/v1/models").json()["data"]}
     assert listed["minialbert-embed-onnx-keep"] == {"min": 1, "max": 3, "default": 3}
     assert listed["falbert-embed-torchscript-keep"] == {"min": 1, "max": 4, "default": 4}
     assert listed["minialbert-classify-torch-unroll"] == {"min": 1, "max": 3, "default": 3}
@@ -67,7 +68,7 @@ def test_models_lists_each_recursive_models_depths(served):
                                           ("falbert-embed-torchscript-keep", "falbert")])
 def test_every_depth_embeds_as_pytorch_at_that_depth(served, name, family):
     url, checkpoints = served
-    depths = httpx.get(url + "/v1/models/" + name).json()["iterations"]
+    depths = web.get(url + "/v1/models/" + name).json()["iterations"]
     answers = []
     for depth in range(1, depths["max"] + 1):
         expected, _ = reference(checkpoints[family, "embed"], TEXTS, depth)
@@ -147,7 +148,7 @@ def test_an_unrolled_models_own_depth_is_taken(served, tiny_checkpoints, tmp_pat
 def _batches_by_depth(url, model) -> dict[str, float]:
     """distilserve_batches_by_iterations_total of ``model``: iterations -> forward passes."""
     return {sample.labels["iterations"]: sample.value
-            for family in text_string_to_metric_families(httpx.get(url + "/metrics").text)
+            for family in text_string_to_metric_families(web.get(url + "/metrics").text)
             for sample in family.samples
             if sample.name == "distilserve_batches_by_iterations_total"
             and sample.labels["model"] == model}
@@ -186,7 +187,7 @@ def test_the_open_inference_protocol_takes_iterations_as_a_parameter(served):
     refused = post(url, f"/v2/models/{name}/infer", {"parameters": {"iterations": 9}, "inputs": [
         {"name": "text", "datatype": "BYTES", "shape": [1], "data": TEXTS[:1]}]})
     assert refused.status_code == 422 and "runs 1 to 3 iterations" in refused.json()["error"]
-    config = httpx.get(url + f"/v2/models/{name}/config").json()["parameters"]
+    config = web.get(url + f"/v2/models/{name}/config").json()["parameters"]
     assert config["iterations_min"] == {"string_value": "1"}
     assert config["iterations_max"] == {"string_value": "3"}
 

@@ -5,12 +5,12 @@ cl100k_base reads them), and check_embedding_ctx_length=False, which sends the t
 from __future__ import annotations
 
 import bpe_openai
-import httpx
 import numpy as np
 import pytest
 from langchain_openai import OpenAIEmbeddings
 
 from distilserve.models import export
+from tests import web
 from tests.conftest import running_server
 
 TEXTS = ["The Eiffel Tower stands in Paris.", "naïve café, 🎉 and a long " + "word " * 400,
@@ -34,7 +34,7 @@ def repo(tiny_checkpoints, tmp_path_factory):
 
 
 def texts_embedded(url: str) -> np.ndarray:
-    answer = httpx.post(url + "/v1/embeddings", json={"model": "embed", "input": TEXTS})
+    answer = web.post(url + "/v1/embeddings", json={"model": "embed", "input": TEXTS})
     return np.array([d["embedding"] for d in answer.json()["data"]])
 
 
@@ -52,13 +52,13 @@ def test_every_default_embeds_the_texts(repo, offline_tiktoken):
         expected = texts_embedded(url)
         assert cosines(client.embed_documents(TEXTS), expected).min() >= 0.9999
         assert cosines(client.embed_query(TEXTS[0]), expected[0]) >= 0.9999
-        listed = httpx.get(url + "/v1/models").json()["data"][0]
+        listed = web.get(url + "/v1/models").json()["data"][0]
         assert listed["token_ids"] == "cl100k_base"
         # a text longer than LangChain's context: embedded in chunks, averaged by LangChain
         chunked = OpenAIEmbeddings(model="text-embedding-3-small", base_url=url + "/v1",
                                    api_key="unused", embedding_ctx_length=4)
         assert np.isclose(np.linalg.norm(chunked.embed_query(TEXTS[0])), 1)
-        wrong = httpx.post(url + "/v1/embeddings", json={"model": "embed",
+        wrong = web.post(url + "/v1/embeddings", json={"model": "embed",
                                                          "input": [[9906, 100277]]})
         assert wrong.status_code == 422 and "token id 100277 is not in cl100k_base" in \
             wrong.json()["error"]["message"]
@@ -68,13 +68,13 @@ def test_the_models_own_ids_by_default(repo, offline_tiktoken):
     with running_server(repo) as url:
         client = OpenAIEmbeddings(model="embed", base_url=url + "/v1", api_key="unused")
         ids = client._tokenize(["The Eiffel Tower"], 1)[1][0]
-        own = httpx.post(url + "/v1/embeddings", json={"model": "embed", "input": [ids]})
-        text = httpx.post(url + "/v1/embeddings", json={"model": "embed",
+        own = web.post(url + "/v1/embeddings", json={"model": "embed", "input": [ids]})
+        text = web.post(url + "/v1/embeddings", json={"model": "embed",
                                                         "input": ["The Eiffel Tower"]})
         assert own.status_code == 200 and cosines(own.json()["data"][0]["embedding"],
                                                   text.json()["data"][0]["embedding"]) < 0.99
         o200k = bpe_openai.get_encoding("o200k_base").encode(TEXTS[0])
-        by_manifest = httpx.post(url + "/v1/embeddings", json={"model": "o200k",
+        by_manifest = web.post(url + "/v1/embeddings", json={"model": "o200k",
                                                                "input": [o200k]})
         assert cosines(by_manifest.json()["data"][0]["embedding"],
                        texts_embedded(url)[0]) >= 0.9999

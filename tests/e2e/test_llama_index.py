@@ -3,13 +3,13 @@ the served model) and the service's URL as ``api_base``."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import openai
 import pytest
 from llama_index.embeddings.openai import OpenAIEmbedding
 
 from distilserve.models import export
+from tests import web
 from tests.conftest import running_server
 
 TEXTS = ["The Eiffel Tower stands in Paris.", "Bananas are rich in potassium.", "x"]
@@ -26,7 +26,7 @@ def url(tiny_checkpoints, tmp_path_factory):
 def test_embeddings_are_the_services(url):
     model = OpenAIEmbedding(model_name="text-embedding-3-small", api_base=url + "/v1",
                             api_key="unused")
-    expected = [d["embedding"] for d in httpx.post(url + "/v1/embeddings", json={
+    expected = [d["embedding"] for d in web.post(url + "/v1/embeddings", json={
         "model": "embed", "input": TEXTS}).json()["data"]]
     assert np.allclose(model.get_text_embedding_batch(TEXTS), expected, atol=1e-6)
     assert np.allclose(model.get_query_embedding(TEXTS[0]), expected[0], atol=1e-6)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import shutil
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
@@ -16,6 +15,7 @@ from tritonclient.utils import InferenceServerException
 
 from distilserve.models import export
 from distilserve.server.settings import Settings
+from tests import web
 from tests.conftest import running_server, unallocated_port
 
 
@@ -48,7 +48,7 @@ def said(error) -> str:
 
 
 def classify(url: str) -> int:
-    return httpx.post(url + "/v1/classify", json={"inputs": "A text."}, timeout=60).status_code
+    return web.post(url + "/v1/classify", json={"inputs": "A text."}, timeout=60).status_code
 
 
 def test_a_model_unloaded_and_loaded_again_by_request(served, client):
@@ -59,7 +59,7 @@ def test_a_model_unloaded_and_loaded_again_by_request(served, client):
     assert not client.is_model_ready("classify") and client.is_model_ready("embed")
     assert states(client)["classify"] == ("UNAVAILABLE", "unloaded")
     assert classify(url) == 404  # no served model classifies
-    named = httpx.post(url + "/v1/classify", json={"model": "classify", "inputs": "A text."})
+    named = web.post(url + "/v1/classify", json={"model": "classify", "inputs": "A text."})
     assert named.status_code == 404 and "model 'classify' is not loaded (load it: POST " \
         "/v2/repository/models/classify/load)" in named.json()["error"]["message"]
     with pytest.raises(InferenceServerException) as e:
@@ -89,15 +89,15 @@ def test_a_folder_added_is_listed_until_loaded_and_a_broken_one_says_why(served,
     try:
         assert states(client)["embed-2"] == ("UNAVAILABLE", "unloaded")
         client.load_model("embed-2")
-        got = httpx.post(url + "/v1/embed", json={"model": "embed-2", "inputs": "x"}).json()
-        want = httpx.post(url + "/v1/embed", json={"model": "embed", "inputs": "x"}).json()
+        got = web.post(url + "/v1/embed", json={"model": "embed-2", "inputs": "x"}).json()
+        want = web.post(url + "/v1/embed", json={"model": "embed", "inputs": "x"}).json()
         assert got["embeddings"] == want["embeddings"]
         with pytest.raises(InferenceServerException) as e:
             client.load_model("broken")
         assert e.value.status() == "400" and "failed to load" in said(e)
         state, reason = states(client)["broken"]
         assert state == "UNAVAILABLE" and "manifest" in reason
-        assert httpx.get(url + "/ready").json()["failed"]["broken"] == reason
+        assert web.get(url + "/ready").json()["failed"]["broken"] == reason
     finally:
         client.unload_model("embed-2")
         shutil.rmtree(repo / "embed-2")
@@ -123,10 +123,10 @@ def test_grpc_loads_and_unloads_as_http_does(served):
 def test_refused_by_default_and_with_workers_or_polling(tiny_checkpoints, tmp_path):
     export.export(tiny_checkpoints["bert", "embed"], tmp_path / "embed", "onnx")
     with running_server(tmp_path) as url:
-        res = httpx.post(url + "/v2/repository/models/embed/unload")
+        res = web.post(url + "/v2/repository/models/embed/unload")
         assert res.status_code == 400
         assert "DISTILSERVE_MODEL_CONTROL=explicit" in res.json()["error"]
-        assert "model_repository" not in httpx.get(url + "/v2").json()["extensions"]
+        assert "model_repository" not in web.get(url + "/v2").json()["extensions"]
     for other in ({"workers": 2}, {"poll_seconds": 5}):
         with pytest.raises(ValidationError, match="model_control explicit"):
             Settings(model_control="explicit", **other)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import huggingface_hub
 import huggingface_hub.constants
 import huggingface_hub.utils
@@ -16,6 +15,7 @@ import pytest
 from transformers import AutoTokenizer, pipeline
 
 from distilserve.models import export
+from tests import web
 from tests.conftest import running_server
 
 MAX_LENGTH = 24  # windows of 22 tokens of text: the texts below are several
@@ -43,7 +43,7 @@ def reference(tiny_checkpoints):
 
 
 def ner(url, **body):
-    return httpx.post(url + "/v1/ner", json=body, timeout=60)
+    return web.post(url + "/v1/ner", json=body, timeout=60)
 
 
 def same(text: str, ours: list[dict], theirs: list[dict]) -> None:
@@ -115,7 +115,7 @@ def test_the_root_and_the_open_inference_protocol_take_stride_and_ignore_labels(
     assert [(t.entity_group, t.start, t.end, t.word) for t in got] == [
         (e["entity_group"], e["start"], e["end"], e["word"]) for e in expected]
     # the Open Inference Protocol's parameters are scalars: stride, not ignore_labels
-    oip = httpx.post(url + "/v2/models/tagger/infer", timeout=60, json={
+    oip = web.post(url + "/v2/models/tagger/infer", timeout=60, json={
         "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [LONG]}],
         "parameters": {"aggregation_strategy": "first", "stride": 4}})
     assert oip.status_code == 200, oip.text

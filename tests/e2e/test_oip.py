@@ -10,11 +10,11 @@ import json
 import time
 import zlib
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.http as triton
 
+from tests import web
 from tests.conftest import running_server
 
 TEXTS = ["The cat sat on the mat.", "Dogs bark at night in the town of Springfield."]
@@ -39,7 +39,7 @@ HEADERS = {"Authorization": "Bearer sekret"}  # tritonclient adds to the headers
 
 
 def v1(url, route, body):
-    res = httpx.post(url + route, json=body, headers=HEADERS, timeout=60)
+    res = web.post(url + route, json=body, headers=HEADERS, timeout=60)
     assert res.status_code == 200, res.text
     return res.json()
 
@@ -78,10 +78,10 @@ def test_the_repository_index_lists_every_folder_and_its_state(url, client):
         ("broken", "UNAVAILABLE"), ("classify", "READY"), ("embed", "READY"), ("ner", "READY")]
     # the folder within the repository: no server path reaches a client (the log has it)
     assert index[0]["reason"].startswith("broken/manifest.json: missing")
-    assert index[0]["reason"] == httpx.get(url + "/ready").json()["failed"]["broken"]
-    ready = httpx.post(url + "/v2/repository/index", json={"ready": True}, headers=HEADERS)
+    assert index[0]["reason"] == web.get(url + "/ready").json()["failed"]["broken"]
+    ready = web.post(url + "/v2/repository/index", json={"ready": True}, headers=HEADERS)
     assert [m["name"] for m in ready.json()] == ["classify", "embed", "ner"]
-    bad = httpx.post(url + "/v2/repository/index", json={"ready": "yes"}, headers=HEADERS)
+    bad = web.post(url + "/v2/repository/index", json={"ready": "yes"}, headers=HEADERS)
     assert bad.status_code == 422 and "ready" in bad.json()["error"]
 
 
@@ -146,7 +146,7 @@ def test_a_plain_json_request_as_kserves_examples_send_it(url):
     body = {"id": "42", "parameters": None, "inputs": [
         {"name": "input-0", "shape": [2, 1], "datatype": "BYTES", "parameters": None,
          "data": [[t] for t in TEXTS]}]}
-    res = httpx.post(url + "/v2/models/embed/infer", json=body, headers=HEADERS, timeout=60)
+    res = web.post(url + "/v2/models/embed/infer", json=body, headers=HEADERS, timeout=60)
     assert res.status_code == 200, res.text
     assert res.headers["content-type"] == "application/json"
     assert "x-inference-time" in res.headers  # the routes' timing headers
@@ -166,7 +166,7 @@ def test_the_fast_path_and_fastapi_answer_alike(url):
     answers = []
     for content_type in ("application/json", "application/octet-stream"):
         for sent in (body, {"inputs": []}):
-            res = httpx.post(url + "/v2/models/classify/infer", content=json.dumps(sent),
+            res = web.post(url + "/v2/models/classify/infer", content=json.dumps(sent),
                              headers={**HEADERS, "content-type": content_type}, timeout=60)
             answers.append((res.status_code, res.json()))
     assert answers[:2] == answers[2:] and [a[0] for a in answers[:2]] == [200, 422]
@@ -217,13 +217,13 @@ def test_a_malformed_body_is_a_422_and_the_api_key_is_needed(url):
              b'{"shared_memory_region": "r", "shared_memory_byte_size": 9}}]}', HEADERS, 422),
             (b'{"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], '
              b'"data": ["a"]}]}', {}, 401)]:
-        res = httpx.post(route, content=body, headers=headers, timeout=60)
+        res = web.post(route, content=body, headers=headers, timeout=60)
         assert res.status_code == status, res.text
         assert set(res.json()) == {"error"} and isinstance(res.json()["error"], str)
         if b"shared_memory" in body:  # refused for what it is, never read as empty
             assert "shared memory (Triton's extension) is not served" in res.text
-    assert httpx.get(url + "/v2/health/ready").json() == {"ready": True}
-    assert httpx.get(url + "/v2/models/embed").status_code == 401
+    assert web.get(url + "/v2/health/ready").json() == {"ready": True}
+    assert web.get(url + "/v2/models/embed").status_code == 401
 
 
 @pytest.mark.parametrize("body, content_type, says", [
@@ -234,7 +234,7 @@ def test_a_malformed_body_is_a_422_and_the_api_key_is_needed(url):
      "application/json (this one was sent as 'text/plain'"),
 ])
 def test_a_body_that_is_not_json_is_said_as_elsewhere(url, body, content_type, says):
-    res = httpx.post(url + "/v2/models/embed/infer", content=body,
+    res = web.post(url + "/v2/models/embed/infer", content=body,
                      headers={**HEADERS, "content-type": content_type})
     assert res.status_code == 422 and says in res.json()["error"], res.text
     assert "char 0" not in res.text and "surrogates" not in res.text
@@ -242,7 +242,7 @@ def test_a_body_that_is_not_json_is_said_as_elsewhere(url, body, content_type, s
 
 def test_curl_ds_default_content_type_is_taken_as_triton_takes_it(url):
     """Triton's documented curl commands send curl -d's default type."""
-    res = httpx.post(url + "/v2/models/embed/infer", headers={
+    res = web.post(url + "/v2/models/embed/infer", headers={
         **HEADERS, "content-type": "application/x-www-form-urlencoded"}, content=json.dumps(
         {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["hi"]}]}))
     assert res.status_code == 200, res.text
@@ -288,7 +288,7 @@ def test_statistics_count_what_the_model_did(url, client):
     everyone = client.get_inference_statistics(headers=dict(HEADERS))["model_stats"]
     assert [s["name"] for s in everyone] == ["classify", "embed", "ner"]
     assert everyone[2] == after
-    metrics = httpx.get(url + "/metrics", headers=HEADERS).text
+    metrics = web.get(url + "/metrics", headers=HEADERS).text
     assert ('distilserve_model_request_seconds_count{model="ner",outcome="success"} '
             f'{after["inference_stats"]["success"]["count"]}.0') in metrics
     with pytest.raises(triton.InferenceServerException) as caught:
@@ -334,14 +334,14 @@ def test_a_compressed_request_is_answered_as_the_same_sent_plain(url, client, al
     np.testing.assert_allclose(as_json, plain, atol=1e-6)
     # FastAPI's routes read it so too (the repository index: no model runs)
     body = {"gzip": gzip.compress, "deflate": zlib.compress}[algorithm](b'{"ready": true}')
-    res = httpx.post(url + "/v2/repository/index", content=body, headers={
+    res = web.post(url + "/v2/repository/index", content=body, headers={
         **HEADERS, "content-encoding": algorithm, "content-type": "application/json"})
     assert [m["name"] for m in res.json()] == ["classify", "embed", "ner"]
     # nothing is decompressed for a client without the API key
     garbage = {"content-encoding": algorithm, "content-type": "application/json"}
-    assert httpx.post(url + "/v2/repository/index", content=b"not " + body,
+    assert web.post(url + "/v2/repository/index", content=b"not " + body,
                       headers=garbage).status_code == 401
-    assert httpx.post(url + "/v2/repository/index", content=b"not " + body,
+    assert web.post(url + "/v2/repository/index", content=b"not " + body,
                       headers={**HEADERS, **garbage}).status_code == 422
 
 
@@ -350,21 +350,21 @@ def test_answers_over_the_size_set_are_gzipped_for_a_client_that_takes_it(url):
     the client's Accept-Encoding takes gzip, the same once decoded; a shorter one, one to a
     client that does not take it, and Triton's binary tensors go as they are."""
     body = {"model": "embed", "inputs": TEXTS * 4}
-    plain = httpx.post(url + "/v1/embed", json=body, headers={
+    plain = web.post(url + "/v1/embed", json=body, headers={
         **HEADERS, "accept-encoding": "identity"}, timeout=60)
     assert "content-encoding" not in plain.headers
-    refused = httpx.post(url + "/v1/embed", json=body, headers={
+    refused = web.post(url + "/v1/embed", json=body, headers={
         **HEADERS, "accept-encoding": "gzip;q=0, identity"}, timeout=60)
     assert "content-encoding" not in refused.headers and refused.content == plain.content
-    packed = httpx.post(url + "/v1/embed", json=body, headers={
+    packed = web.post(url + "/v1/embed", json=body, headers={
         **HEADERS, "accept-encoding": "gzip"}, timeout=60)
     assert packed.headers["content-encoding"] == "gzip" and packed.status_code == 200
     assert int(packed.headers["content-length"]) < 0.6 * len(plain.content)
     assert packed.json()["embeddings"] == plain.json()["embeddings"]  # httpx decodes
     assert packed.headers["x-compute-tokens"] == plain.headers["x-compute-tokens"]
-    small = httpx.get(url + "/health", headers={"accept-encoding": "gzip"})
+    small = web.get(url + "/health", headers={"accept-encoding": "gzip"})
     assert "content-encoding" not in small.headers
-    binary = httpx.post(url + "/v2/models/embed/infer", json={
+    binary = web.post(url + "/v2/models/embed/infer", json={
         "inputs": [{"name": "text", "datatype": "BYTES", "shape": [8],
                     "data": TEXTS * 4}], "parameters": {"binary_data_output": True}},
         headers={**HEADERS, "accept-encoding": "gzip"}, timeout=60)
@@ -391,7 +391,7 @@ def test_a_models_one_version_answers_at_its_versions_paths(url, client):
     for version, model, message in (("2", "embed", "model 'embed' has one version, 1, not "
                                      "'2'"), ("1", "nope", "unknown model 'nope'"),
                                     ("2", "nope", "unknown model 'nope'")):
-        res = httpx.post(f"{url}/v2/models/{model}/versions/{version}/infer", headers=HEADERS,
+        res = web.post(f"{url}/v2/models/{model}/versions/{version}/infer", headers=HEADERS,
                          json={"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
                                            "data": ["x"]}]})
         assert res.status_code == 404 and message in res.json()["error"]

@@ -9,7 +9,6 @@ import json
 import queue
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as triton
@@ -17,6 +16,7 @@ from google.protobuf.json_format import MessageToDict
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from tests import web
 from tests.conftest import running_server, unallocated_port
 
 TEXTS = ["The cat sat on the mat.", "Dogs bark at night in the town of Springfield."]
@@ -51,7 +51,7 @@ def stub(server):
 
 
 def v1(url, route, body):
-    res = httpx.post(url + route, json=body, headers=HEADERS, timeout=60)
+    res = web.post(url + route, json=body, headers=HEADERS, timeout=60)
     assert res.status_code == 200, res.text
     return res.json()
 
@@ -67,19 +67,19 @@ def test_probes_and_metadata_are_the_http_routes(url, client):
     assert client.is_model_ready("embed", headers=KEY)
     assert not client.is_model_ready("nope", headers=KEY)
     assert not client.is_model_ready("embed", "2", headers=KEY)  # one version, 1
-    http = httpx.get(url + "/v2", headers=HEADERS).json()
+    http = web.get(url + "/v2", headers=HEADERS).json()
     assert client.get_server_metadata(headers=KEY, as_json=True) == http
     for model in ("embed", "classify", "ner"):
         meta = MessageToDict(client.get_model_metadata(model, headers=KEY),
                              preserving_proto_field_name=True)
         for tensor in meta["inputs"] + meta["outputs"]:  # (JSON's int64s are strings)
             tensor["shape"] = [int(n) for n in tensor["shape"]]
-        assert meta == httpx.get(f"{url}/v2/models/{model}", headers=HEADERS).json()
+        assert meta == web.get(f"{url}/v2/models/{model}", headers=HEADERS).json()
 
 
 def test_the_model_configuration_and_the_index_are_the_http_routes(url, client):
     config = client.get_model_config("classify", headers=KEY).config
-    http = httpx.get(url + "/v2/models/classify/config", headers=HEADERS).json()
+    http = web.get(url + "/v2/models/classify/config", headers=HEADERS).json()
     assert config.name == "classify" and config.max_batch_size == http["max_batch_size"]
     assert [(t.name, model_dtype(t.data_type), list(t.dims)) for t in config.input] == [
         (t["name"], t["data_type"], t["dims"]) for t in http["input"]]
@@ -250,7 +250,7 @@ def test_statistics_and_metrics_count_the_grpc_calls(url, client):
     assert count() == (before[0] + 1, before[1] + 2)
     with pytest.raises(InferenceServerException):
         client.infer("nope", [texts("text", TEXTS)], headers=KEY)
-    metrics = httpx.get(url + "/metrics", headers=HEADERS).text
+    metrics = web.get(url + "/metrics", headers=HEADERS).text
     route = "/inference.GRPCInferenceService/ModelInfer"
     assert f'distilserve_requests_total{{route="{route}",status="200"}}' in metrics
     assert f'distilserve_requests_total{{route="{route}",status="404"}}' in metrics

@@ -12,11 +12,12 @@ import httpx
 import pytest
 
 from distilserve.models import export
+from tests import web
 from tests.conftest import running_server, wait_for
 
 
 def models(url) -> dict[str, dict]:
-    return {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
+    return {m["id"]: m for m in web.get(url + "/v1/models").json()["data"]}
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def test_the_repository_is_served_as_it_changes(repo, tiny_checkpoints, caplog):
         # added
         export.export(tiny_checkpoints["bert", "ner"], repo / "tagger", "onnx")
         wait_for(lambda: "tagger" in models(url), "the new folder to be served")
-        ner = httpx.post(url + "/v1/ner", json={"model": "tagger", "inputs": "Anna in Rome"})
+        ner = web.post(url + "/v1/ner", json={"model": "tagger", "inputs": "Anna in Rome"})
         assert ner.status_code == 200, ner.text
 
         # exported again, under load: every request answered, 200 or 503 (retry)
@@ -62,21 +63,21 @@ def test_the_repository_is_served_as_it_changes(repo, tiny_checkpoints, caplog):
         # a folder that fails to load: reported; the one before it stays served
         (repo / "broken").mkdir()
         (repo / "broken" / "manifest.json").write_text("{not json")
-        wait_for(lambda: "broken" in httpx.get(url + "/ready").json()["failed"],
+        wait_for(lambda: "broken" in web.get(url + "/ready").json()["failed"],
                  "the broken folder to be reported")
         (repo / "embed" / "manifest.json").write_text("{not json")  # its export spoiled
         wait_for(lambda: "model embed not reloaded" in caplog.text, "the failed reload")
-        served = httpx.post(url + "/v1/embed", json={"model": "embed", "inputs": "still"})
+        served = web.post(url + "/v1/embed", json={"model": "embed", "inputs": "still"})
         assert served.status_code == 200 and models(url)["embed"]["family"] == "minialbert"
-        assert "embed" not in httpx.get(url + "/ready").json()["failed"]
+        assert "embed" not in web.get(url + "/ready").json()["failed"]
 
         # removed
         shutil.rmtree(repo / "tagger")
         shutil.rmtree(repo / "broken")
         wait_for(lambda: "tagger" not in models(url)
-                 and "broken" not in httpx.get(url + "/ready").json()["failed"],
+                 and "broken" not in web.get(url + "/ready").json()["failed"],
                  "the removed folders to be unloaded and forgotten")
-        gone = httpx.post(url + "/v1/ner", json={"model": "tagger", "inputs": "Anna"})
+        gone = web.post(url + "/v1/ner", json={"model": "tagger", "inputs": "Anna"})
         assert gone.status_code == 404, gone.text
 
 

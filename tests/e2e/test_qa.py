@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import huggingface_hub
 import huggingface_hub.constants
 import huggingface_hub.errors
@@ -18,6 +17,7 @@ import tritonclient.http as triton
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
+from tests import web
 from tests.conftest import running_server, transformers_pipeline
 
 QUESTIONS = [("Where is the tower?", "The Eiffel Tower stands in Paris, France, since 1889."),
@@ -47,7 +47,7 @@ def pipe(checkpoints, family):
 
 
 def qa(url, **body):
-    return httpx.post(url + "/v1/qa", json=body, timeout=60)
+    return web.post(url + "/v1/qa", json=body, timeout=60)
 
 
 def inputs(pairs=QUESTIONS):
@@ -152,14 +152,14 @@ def test_huggingface_hubs_question_answering_at_the_root(checkpoints, tmp_path, 
     with running_server(tmp_path / "lone") as lone:
         expected = qa(lone, inputs=inputs()[:1], top_k=2).json()["results"][0]
         # the Inference API's answers: the one, or a list of them; for a list, each's
-        root = httpx.post(lone + "/", json={"inputs": inputs()[0]}).json()
+        root = web.post(lone + "/", json={"inputs": inputs()[0]}).json()
         assert root == expected[0]
-        listed = httpx.post(lone + "/", json={"inputs": inputs(), "parameters": {"top_k": 2}})
+        listed = web.post(lone + "/", json={"inputs": inputs(), "parameters": {"top_k": 2}})
         assert listed.json()[0] == expected
         windows = {"max_seq_len": 24, "doc_stride": 4}  # the pipeline's parameters too
-        strided = httpx.post(lone + "/", json={"inputs": inputs()[1], "parameters": windows})
+        strided = web.post(lone + "/", json={"inputs": inputs()[1], "parameters": windows})
         assert strided.json() == qa(lone, inputs=inputs()[1], **windows).json()["results"][0][0]
-        info = httpx.get(lone + "/info")  # TEI describes no such model
+        info = web.get(lone + "/info")  # TEI describes no such model
         assert info.status_code == 400 and "does qa, which TEI's /info" in info.text
         # the suite sets HF_HUB_OFFLINE (nothing downloads), under which huggingface_hub's
         # sessions refuse every request, this one to loopback too

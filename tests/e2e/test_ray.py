@@ -19,6 +19,7 @@ from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.server.ray_serve import GRPC_SERVICERS, Scaling, application, init_local
 from distilserve.server.settings import Settings
+from tests import web
 from tests.conftest import running_server, unallocated_port, wait_for
 
 pytestmark = pytest.mark.slow  # a local Ray instance
@@ -57,7 +58,7 @@ def ray_serve(repository):
         serve.run(application(repository, settings, Scaling(replicas=2, replica_cpus=0.5)),
                   name="distilserve", route_prefix="/")
         url = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(url + "/ready", timeout=10).status_code == 200,
+        wait_for(lambda: web.get(url + "/ready", timeout=10).status_code == 200,
                  "the Ray Serve application to be ready")
         yield url, f"127.0.0.1:{grpc_port}"
     finally:
@@ -91,8 +92,8 @@ REQUESTS = [("/v1/embed", {"model": "embed", "inputs": TEXTS}),
 def test_ray_serve_answers_as_distilserve_serve_does(ray_url, repository):
     with running_server(repository) as url:
         for route, body in REQUESTS:
-            direct = httpx.post(url + route, json=body, timeout=60)
-            on_ray = httpx.post(ray_url + route, json=body, timeout=60)
+            direct = web.post(url + route, json=body, timeout=60)
+            on_ray = web.post(ray_url + route, json=body, timeout=60)
             assert on_ray.status_code == direct.status_code, (route, body, on_ray.text)
             assert on_ray.status_code == 200 or route != FILL_MASK[0], on_ray.text
             if direct.status_code == 200 and route in ("/v1/embed", "/v1/embeddings"):
@@ -106,18 +107,18 @@ def test_ray_serve_answers_as_distilserve_serve_does(ray_url, repository):
                     r["index"] for r in on_ray.json()["results"]]
             else:
                 assert on_ray.json() == direct.json(), route
-        direct_models = httpx.get(url + "/v1/models").json()["data"]
-        assert httpx.get(ray_url + "/v1/models").json()["data"] == direct_models
+        direct_models = web.get(url + "/v1/models").json()["data"]
+        assert web.get(ray_url + "/v1/models").json()["data"] == direct_models
         for path in ("/v2/models/embed", "/v2/models/ner/ready"):  # the Open Inference Protocol's
-            assert httpx.get(ray_url + path).json() == httpx.get(url + path).json(), path
+            assert web.get(ray_url + path).json() == web.get(url + path).json(), path
         # Triton's statistics: the ingress counts the requests as one process does (the
         # batches are the replicas')
         for name in ("embed", "ner"):
-            counts = [{k: v["count"] for k, v in httpx.get(
+            counts = [{k: v["count"] for k, v in web.get(
                 f"{base}/v2/models/{name}/stats").json()["model_stats"][0][
                 "inference_stats"].items()} for base in (url, ray_url)]
             assert counts[0] == counts[1] and counts[0]["success"] >= 2, (name, counts)
-    assert httpx.get(ray_url + "/ready").json()["models"] == ["embed", "mlm", "ner"]
+    assert web.get(ray_url + "/ready").json()["models"] == ["embed", "mlm", "ner"]
 
 
 def test_ray_serve_answers_grpc_as_the_grpc_port_does(ray_serve, repository):

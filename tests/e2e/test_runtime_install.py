@@ -10,10 +10,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from distilserve.models import export
+from tests import web
 from tests.conftest import free_port, wait_until_ready
 
 pytestmark = pytest.mark.slow  # real servers in subprocesses
@@ -63,9 +63,9 @@ def test_the_service_serves_with_the_dev_extras_unimportable(tiny_checkpoints, t
                            ("/v2/models/embed/infer", {"inputs": [{
                                "name": "text", "datatype": "BYTES", "shape": [1],
                                "data": ["a"]}]})):
-            assert httpx.post(url + path, json=body, headers=key).status_code == 200, path
+            assert web.post(url + path, json=body, headers=key).status_code == 200, path
         for path in ("/metrics", "/docs", "/openapi.json", "/v1/models"):
-            assert httpx.get(url + path, headers=key).status_code == 200, path
+            assert web.get(url + path, headers=key).status_code == 200, path
     finally:
         server.terminate()
         server.wait(120)

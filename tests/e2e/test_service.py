@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, pipeline
 
 from distilserve.models import export, families
 from distilserve.models.io import checkpoint, sentence_transformers
+from tests import web
 from tests.conftest import FAMILIES, running_server, wait_for
 
 # (task, backend, loop) served for every family
@@ -92,11 +93,11 @@ def url(repository):
 
 
 def post(url, route, body, **kw):
-    return httpx.post(url + route, json=body, timeout=60, **kw)
+    return web.post(url + route, json=body, timeout=60, **kw)
 
 
 def test_models_lists_every_good_folder_and_omits_the_broken_one(url, repository):
-    data = httpx.get(url + "/v1/models").json()["data"]
+    data = web.get(url + "/v1/models").json()["data"]
     ids = {m["id"] for m in data}
     expected = {p.name for p in repository.iterdir() if p.is_dir()} - {"broken"}
     assert ids == expected
@@ -105,7 +106,7 @@ def test_models_lists_every_good_folder_and_omits_the_broken_one(url, repository
     # OpenAI's model object: created is when it was exported, in Unix seconds
     exported = (repository / "minilm" / "manifest.json").stat().st_mtime
     assert (minilm["object"], minilm["created"]) == ("model", int(exported))
-    ready = httpx.get(url + "/ready").json()
+    ready = web.get(url + "/ready").json()
     assert "broken" in ready["failed"] and "model.onnx" in ready["failed"]["broken"]
 
 
@@ -115,7 +116,7 @@ def test_strict_readiness_is_503_while_a_model_failed(repository, tmp_path):
     for folder in ("minilm", "broken"):
         shutil.copytree(repository / folder, small / folder)
     with running_server(small, until="/health", require_all_models=True) as u:
-        ready = wait_for(lambda: (r := httpx.get(u + "/ready")).status_code == 503
+        ready = wait_for(lambda: (r := web.get(u + "/ready")).status_code == 503
                          and "failed" in r.json()["status"] and r, "the load to finish")
         assert "broken" in ready.json()["status"] and "model.onnx" in ready.json()["status"]
         # the models that loaded are served all the same
@@ -214,7 +215,7 @@ def test_a_multi_label_classifier_scores_each_label_as_the_pipeline_does(url, re
                                      "function_to_apply": "softmax"}).json()
     for ours, ref in zip(res["results"], pipe(TRICKY[:3], function_to_apply="softmax")):
         assert np.allclose([r["score"] for r in ours], [r["score"] for r in ref], atol=1e-4)
-    assert httpx.get(url + "/v1/models/multilabel").json()["multi_label"] is True
+    assert web.get(url + "/v1/models/multilabel").json()["multi_label"] is True
 
 
 def test_embeddings_equal_in_process_pytorch_minilm(url):
@@ -251,7 +252,7 @@ def test_official_openai_client(url):
 def _metric(url, name, **labels):
     """A sample's value in /metrics (0 before its first observation); ``labels`` in the
     order the metric declares them."""
-    text = httpx.get(url + "/metrics").text
+    text = web.get(url + "/metrics").text
     selector = ",".join(f'{k}="{v}"' for k, v in labels.items())
     m = re.search(rf"{re.escape(f'{name}{{{selector}}}')} ([0-9.e+]+)", text)
     return float(m.group(1)) if m else 0.0
@@ -355,7 +356,7 @@ BAD = [
 @pytest.mark.parametrize("route,body,status,words", BAD)
 def test_bad_requests_get_the_documented_error(url, route, body, status, words):
     if isinstance(body, bytes):
-        res = httpx.post(url + route, content=body, headers={"content-type": "application/json"})
+        res = web.post(url + route, content=body, headers={"content-type": "application/json"})
     else:
         res = post(url, route, body)
     assert res.status_code == status, res.text
@@ -367,7 +368,7 @@ def test_bad_requests_get_the_documented_error(url, route, body, status, words):
                                           "multipart/form-data; boundary=x"])
 def test_a_json_body_sent_as_another_content_type_is_told_to_send_json(url, content_type):
     # curl -d sends the first; FastAPI alone says "body: Input should be a valid dictionary"
-    res = httpx.post(url + "/v1/embed", content=b'{"model": "minilm", "inputs": "x"}',
+    res = web.post(url + "/v1/embed", content=b'{"model": "minilm", "inputs": "x"}',
                      headers={"content-type": content_type})
     assert res.status_code == 422, res.text
     message = res.json()["error"]["message"]
@@ -388,14 +389,14 @@ def test_the_fast_path_answers_as_fastapi_does(url):
     bad = post(url, "/v1/classify", {"model": "bert-classify-onnx", "inputs": 5})
     assert "Input should be a valid list" in bad.json()["error"]["message"]
     # a body that is not JSON, and another method, go on to FastAPI as before
-    res = httpx.post(url + "/v1/embed", content=b'{"inputs": "x"}',
+    res = web.post(url + "/v1/embed", content=b'{"inputs": "x"}',
                      headers={"content-type": "text/plain"})
     assert res.status_code == 422 and res.json()["error"]["type"] == "invalid_request"
-    assert httpx.get(url + "/v1/embed").status_code == 405
+    assert web.get(url + "/v1/embed").status_code == 405
 
 
 def test_openapi_documents_every_route_and_its_errors(url):
-    schema = httpx.get(url + "/openapi.json").json()
+    schema = web.get(url + "/openapi.json").json()
     for route in ("/v1/embeddings", "/v1/embed", "/v1/classify", "/v1/ner", "/v1/rerank",
                   "/v1/tokenize"):
         post_op = schema["paths"][route]["post"]
@@ -413,13 +414,13 @@ def test_openapi_documents_every_route_and_its_errors(url):
     assert set(schema["paths"]["/v1/models/{model_id}"]["get"]["responses"]) == {
         "200", "401", "404", "422"}
     assert "securitySchemes" not in schema.get("components", {})  # no API key here
-    assert httpx.get(url + "/docs").status_code == 200
+    assert web.get(url + "/docs").status_code == 200
 
 
 def test_a_body_without_content_type_is_read_as_json(url):
-    good = httpx.post(url + "/v1/embed", content=b'{"model": "minilm", "inputs": "x"}')
+    good = web.post(url + "/v1/embed", content=b'{"model": "minilm", "inputs": "x"}')
     assert good.status_code == 200 and len(good.json()["embeddings"][0]) == 384
-    bad = httpx.post(url + "/v1/embed", content=b"\xff")
+    bad = web.post(url + "/v1/embed", content=b"\xff")
     assert bad.status_code == 422 and "not UTF-8" in bad.json()["error"]["message"]
 
 
@@ -430,7 +431,7 @@ def test_a_chunked_body_over_the_limit_gets_413(url):
             yield b"y" * 1000
         yield b'"}'
 
-    res = httpx.post(url + "/v1/embed", content=chunks(),
+    res = web.post(url + "/v1/embed", content=chunks(),
                      headers={"content-type": "application/json"})
     assert res.status_code == 413, res.text
     assert "over the limit of 200000" in res.json()["error"]["message"]
@@ -525,7 +526,7 @@ def test_truncation_direction_left_keeps_the_end_of_a_long_text(url):
 
 def test_metrics_count_requests_by_route_and_status(url):
     post(url, "/v1/embed", {"model": "nope", "inputs": "x"})
-    text = httpx.get(url + "/metrics").text
+    text = web.get(url + "/metrics").text
     assert 'distilserve_requests_total{route="/v1/embed",status="404"}' in text
     assert "distilserve_request_seconds_bucket" in text
     assert 'distilserve_queue_depth{model="minilm"}' in text
@@ -548,34 +549,34 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
         limited = next(r for r in asyncio.run(burst()) if r.status_code == 429)
         assert limited.headers["retry-after"] and limited.json()["error"]["type"] == "overloaded"
         # more inputs at once than the queue ever holds: no retry would help, so 413
-        res = httpx.post(u + "/v1/embed", json={"inputs": ["a", "b", "c"]}, headers=auth)
+        res = web.post(u + "/v1/embed", json={"inputs": ["a", "b", "c"]}, headers=auth)
         assert res.status_code == 413 and "DISTILSERVE_MAX_QUEUE" in res.text, res.text
-        assert httpx.post(u + "/v1/embed", json={"inputs": "again"}, headers=auth).status_code == 200
+        assert web.post(u + "/v1/embed", json={"inputs": "again"}, headers=auth).status_code == 200
         # the API key
-        assert httpx.post(u + "/v1/embed", json={"inputs": "x"}).status_code == 401
-        wrong = httpx.post(u + "/v1/embed", json={"inputs": "x"},
+        assert web.post(u + "/v1/embed", json={"inputs": "x"}).status_code == 401
+        wrong = web.post(u + "/v1/embed", json={"inputs": "x"},
                            headers={"Authorization": "Bearer nope"})
         assert wrong.status_code == 401 and "API key" in wrong.json()["error"]["message"]
         assert len(wrong.headers["x-request-id"]) == 32  # every answer: refused ones too
-        assert httpx.get(u + "/v1/models").status_code == 401
-        assert httpx.get(u + "/v1/models/minilm").status_code == 401
-        text = httpx.get(u + "/metrics", headers=auth).text  # counted by route all the same
+        assert web.get(u + "/v1/models").status_code == 401
+        assert web.get(u + "/v1/models/minilm").status_code == 401
+        text = web.get(u + "/metrics", headers=auth).text  # counted by route all the same
         assert 'distilserve_requests_total{route="/v1/embed",status="401"} 2.0' in text
         assert 'distilserve_requests_total{route="/v1/models/{model_id}",status="401"}' in text
         for probe in ("/health", "/ready", "/ping", "/", "/v2/health/live", "/v2/health/ready"):
-            assert httpx.get(u + probe).status_code == 200, probe
-            head = httpx.head(u + probe)  # as load balancers' health checks ask
+            assert web.get(u + probe).status_code == 200, probe
+            head = web.head(u + probe)  # as load balancers' health checks ask
             assert (head.status_code, head.content) == (200, b""), probe
-        assert httpx.post(u + "/", json={"inputs": "x"}).status_code == 401  # runs a model
+        assert web.post(u + "/", json={"inputs": "x"}).status_code == 401  # runs a model
         for method, path in (("TRACE", "/health"), ("TRACE", "/v1/embed"), ("PUT", "/v1/embed"),
                              ("DELETE", "/v1/models")):  # served nowhere: 405, keyed or not
-            refused = httpx.request(method, u + path)
+            refused = web.request(method, u + path)
             assert refused.status_code == 405 and "allow" in refused.headers, (method, path)
         # the docs and the OpenAPI document too: all but the probes
         for page in ("/docs", "/redoc", "/openapi.json", "/metrics"):
-            assert httpx.get(u + page).status_code == 401, page
-            assert httpx.get(u + page, headers=auth).status_code == 200, page
-        schema = httpx.get(u + "/openapi.json", headers=auth).json()
+            assert web.get(u + page).status_code == 401, page
+            assert web.get(u + page, headers=auth).status_code == 200, page
+        schema = web.get(u + "/openapi.json", headers=auth).json()
         assert schema["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
         public = {(method, path) for path, ops in schema["paths"].items()
                   for method, op in ops.items() if "security" not in op}
@@ -592,25 +593,25 @@ def test_cors_lets_the_origins_named_call_from_a_browser(repository, tmp_path, u
         # the browser's preflight carries no API key: answered before the key is asked for
         preflight = {"Access-Control-Request-Method": "POST",
                      "Access-Control-Request-Headers": "authorization, content-type"}
-        res = httpx.options(u + "/v1/embed", headers={"Origin": page, **preflight})
+        res = web.options(u + "/v1/embed", headers={"Origin": page, **preflight})
         assert res.status_code == 200 and res.headers["access-control-allow-origin"] == page
-        assert httpx.options(u + "/v1/embed", headers={"Origin": other, **preflight}
+        assert web.options(u + "/v1/embed", headers={"Origin": other, **preflight}
                              ).status_code == 400
-        res = httpx.post(u + "/embed", json={"inputs": "x"}, headers={
+        res = web.post(u + "/embed", json={"inputs": "x"}, headers={
             "Origin": page, "Authorization": "Bearer sekret"})
         assert res.status_code == 200 and res.headers["access-control-allow-origin"] == page
         # the page's script may read every timing header the answer has
         exposed = set(res.headers["access-control-expose-headers"].lower().split(", "))
         assert {h for h in res.headers if h.startswith("x-") or h == "server-timing"} <= exposed
         assert "retry-after" in exposed
-        unauthorized = httpx.post(u + "/v1/embed", json={"inputs": "x"}, headers={"Origin": page})
+        unauthorized = web.post(u + "/v1/embed", json={"inputs": "x"}, headers={"Origin": page})
         assert unauthorized.status_code == 401  # readable by the page, so it can say why
         assert unauthorized.headers["access-control-allow-origin"] == page
-        res = httpx.post(u + "/v1/embed", json={"inputs": "x"}, headers={
+        res = web.post(u + "/v1/embed", json={"inputs": "x"}, headers={
             "Origin": other, "Authorization": "Bearer sekret"})
         assert "access-control-allow-origin" not in res.headers
     # by default no origin may
-    res = httpx.post(url + "/v1/embed", json={"model": "minilm", "inputs": "x"},
+    res = web.post(url + "/v1/embed", json={"model": "minilm", "inputs": "x"},
                      headers={"Origin": page})
     assert res.status_code == 200 and "access-control-allow-origin" not in res.headers
 
@@ -641,18 +642,18 @@ def test_inputs_of_a_client_that_went_away_are_not_run(repository, tmp_path):
         assert {r.status_code for r in asyncio.run(scenario())} == {200}
         time.sleep(0.3)  # let the queue settle
         assert _forward_passes(u, "minilm") - before == 48
-        assert httpx.post(u + "/v1/embed", json={"inputs": "still serving"}).status_code == 200
+        assert web.post(u + "/v1/embed", json={"inputs": "still serving"}).status_code == 200
 
 
 @pytest.mark.parametrize("page", ["/docs", "/redoc"])
 def test_docs_pages_load_everything_from_the_service_itself(url, page):
     """No CDN: every script, stylesheet and icon the page references is served here."""
-    html = httpx.get(url + page).text
+    html = web.get(url + page).text
     assets = re.findall(r'(?:src|href)\s*[:=]\s*["\']([^"\']+)["\']', html)
     assert any(a.endswith(".js") for a in assets), assets
     for asset in assets:
         assert asset.startswith("/"), f"{page} loads {asset} from elsewhere"
-        response = httpx.get(url + asset)
+        response = web.get(url + asset)
         assert response.status_code == 200 and response.content, asset
 
 
@@ -793,7 +794,7 @@ def test_dimensions_are_the_first_components_renormalised(url):
     cut = post(url, "/v1/embed", {"model": "minilm", "inputs": texts, "dimensions": 128,
                                   "normalize": False})  # was a 500: a strided array
     assert np.allclose(cut.json()["embeddings"], raw[:, :128], atol=1e-6)
-    listed = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
+    listed = {m["id"]: m for m in web.get(url + "/v1/models").json()["data"]}
     assert listed["minilm"]["dimensions"] == 384
 
 
@@ -812,9 +813,9 @@ def test_token_ids_embed_as_their_text_does(url):
 
 
 def test_one_model_by_id(url):
-    listed = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
-    assert httpx.get(url + "/v1/models/minilm").json() == listed["minilm"]
-    missing = httpx.get(url + "/v1/models/nope")
+    listed = {m["id"]: m for m in web.get(url + "/v1/models").json()["data"]}
+    assert web.get(url + "/v1/models/minilm").json() == listed["minilm"]
+    missing = web.get(url + "/v1/models/nope")
     assert missing.status_code == 404 and "unknown model 'nope'" in missing.json()["error"]["message"]
 
 
@@ -844,7 +845,7 @@ def test_prompts_and_cls_pooling_as_sentence_transformers_apply_them(url, reposi
     expected = (d @ q[0]).tolist()
     for result in ranked:
         assert abs(result["relevance_score"] - expected[result["index"]]) < 1e-5
-    listed = httpx.get(url + "/v1/models/bge").json()
+    listed = web.get(url + "/v1/models/bge").json()
     assert (listed["pooling"], listed["prompts"], listed["default_prompt_name"]) == (
         "cls", BGE_PROMPTS, "passage")
     # /tokenize: a prompt only where named (TEI's prompt_name), its characters counted

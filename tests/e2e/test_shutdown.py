@@ -10,6 +10,7 @@ import pytest
 
 from distilserve.models import export
 from loadtests.run import free_port, start_server
+from tests import web
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.slow  # real servers in subprocesses, stopped by signals
@@ -25,9 +26,9 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_checkpoints, tmp_pa
     try:
         answers = []
         in_flight = threading.Thread(target=lambda: answers.append(
-            httpx.post(url + "/v1/embed", json={"inputs": "still answered"}, timeout=30)))
+            web.post(url + "/v1/embed", json={"inputs": "still answered"}, timeout=30)))
         in_flight.start()
-        wait_for(lambda: 'distilserve_queue_depth{model="cmow"} 1.0' in httpx.get(
+        wait_for(lambda: 'distilserve_queue_depth{model="cmow"} 1.0' in web.get(
             url + "/metrics").text, "the request to wait in the queue")
         server.send_signal(signal.SIGTERM)
         in_flight.join(30)
@@ -35,7 +36,7 @@ def test_sigterm_finishes_in_flight_requests_then_exits(tiny_checkpoints, tmp_pa
         assert server.wait(30) == 0  # a clean drain is a success (Kubernetes, systemd)
         assert "Finished server process" in log.read_text()
         try:
-            late = httpx.post(url + "/v1/embed", json={"inputs": "too late"}, timeout=2)
+            late = web.post(url + "/v1/embed", json={"inputs": "too late"}, timeout=2)
             assert late.status_code == 503
         except httpx.TransportError:
             pass  # refused: the socket is closed, which is the other way to say no

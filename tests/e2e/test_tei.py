@@ -4,13 +4,13 @@ TEI work against them."""
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.server.core import inference
+from tests import web
 from tests.conftest import running_server
 
 PAIR = ["How old is the Eiffel Tower?", "It was finished in 1889."]
@@ -32,7 +32,7 @@ def url(tiny_checkpoints, tmp_path_factory):
 
 
 def post(url, route, body):
-    res = httpx.post(url + route, json=body, timeout=60)
+    res = web.post(url + route, json=body, timeout=60)
     assert res.status_code == 200, (route, res.text)
     return res.json()
 
@@ -86,7 +86,7 @@ def test_similarity_is_the_cosine_of_the_embeddings_also_at_the_root(url):
                                atol=1e-6)  # SageMaker's route: the root's twin
 
     def refused(parameters=None, sentences=sentences):
-        res = httpx.post(url + "/similarity", json={"parameters": parameters, "inputs": {
+        res = web.post(url + "/similarity", json={"parameters": parameters, "inputs": {
             "source_sentence": source, "sentences": sentences}})
         return res.status_code, res.json()["error"]["message"]
 
@@ -102,7 +102,7 @@ def test_similarity_is_the_cosine_of_the_embeddings_also_at_the_root(url):
     for body, message in (({"inputs": {"source_sentence": source}}, "inputs.sentences: Field "
                            "required"), ({"inputs": "x", "normalize": 1},
                                          "normalize: Input should be a valid boolean (sent 1)")):
-        res = httpx.post(url + "/", json=body)
+        res = web.post(url + "/", json=body)
         assert (res.status_code, res.json()["error"]["message"]) == (422, message)
 
 
@@ -119,9 +119,9 @@ def test_the_root_answers_as_the_route_of_what_its_model_does(url):
     assert post(url, "/", {"model": "tagger", "inputs": "Paris."}) == entities["results"][0]
     assert post(url, "/", {"model": "tagger", "inputs": ["Paris.", "Kenji Tanaka"]}) == \
         entities["results"]
-    res = httpx.post(url + "/", json={"model": "classifier", "inputs": ["a", "b", "c"]})
+    res = web.post(url + "/", json={"model": "classifier", "inputs": ["a", "b", "c"]})
     assert res.status_code == 422 and res.json()["error"]["message"].startswith("inputs")
-    res = httpx.post(url + "/", json={"model": 5, "inputs": "a"})  # unnamed: the embedder's
+    res = web.post(url + "/", json={"model": 5, "inputs": "a"})  # unnamed: the embedder's
     assert res.status_code == 422 and "model: Input should be a valid string" in res.text
 
 
@@ -140,15 +140,15 @@ def test_vertex_answers_each_instance_as_the_root(url):
     instances = [{"inputs": "Dogs bark."}, {"model": "classifier", "inputs": PAIR},
                  {"model": "cross", "query": "q", "texts": ["a", "b"], "return_text": True},
                  {"inputs": {"source_sentence": "a", "sentences": ["b", "c"]}}]
-    res = httpx.post(url + "/vertex", json={"instances": instances}, timeout=60)
+    res = web.post(url + "/vertex", json={"instances": instances}, timeout=60)
     assert res.status_code == 200, res.text
-    alone = [httpx.post(url + "/", json=instance) for instance in instances]
+    alone = [web.post(url + "/", json=instance) for instance in instances]
     assert _same(res.json(), {"predictions": [answer.json() for answer in alone]})
     assert int(res.headers["x-compute-tokens"]) == sum(
         int(answer.headers["x-compute-tokens"]) for answer in alone)
 
     def refused(instances):
-        res = httpx.post(url + "/vertex", json={"instances": instances})
+        res = web.post(url + "/vertex", json={"instances": instances})
         return res.status_code, res.json()["error"]["message"]
 
     # an instance refused refuses them all, named by its index
@@ -177,7 +177,7 @@ def test_a_lone_classifier_is_served_at_the_root(tiny_checkpoints, tmp_path, mon
         logits = post(lone, "/v1/classify", {"inputs": text, "raw_scores": True})["results"][0]
         assert post(lone, "/", {"inputs": text, "parameters": {
             "top_k": 1, "function_to_apply": "none"}}) == logits[:1]
-        assert "classifier" in httpx.get(lone + "/info").json()["model_type"]
+        assert "classifier" in web.get(lone + "/info").json()["model_type"]
         hub = pytest.importorskip("huggingface_hub")
         monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)  # as above
         hub.utils.reset_sessions()
@@ -222,16 +222,16 @@ def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_check
         assert [r["index"] for r in got] == [r["index"] for r in want]
         np.testing.assert_allclose([r["relevance_score"] for r in got],
                                    [r["relevance_score"] for r in want], atol=1e-5)
-        listed = httpx.get(both + "/v1/models/tokens").json()
+        listed = web.get(both + "/v1/models/tokens").json()
         assert (listed["pooling"], listed["token_embeddings"]) == ("mean", True)
-        assert "token_embeddings" not in httpx.get(both + "/v1/models/pooled").json()
-        refused = httpx.post(both + "/embed_all", json={"model": "pooled", "inputs": texts})
+        assert "token_embeddings" not in web.get(both + "/v1/models/pooled").json()
+        refused = web.post(both + "/embed_all", json={"model": "pooled", "inputs": texts})
         assert refused.status_code == 400
         assert "--token-embeddings" in refused.json()["error"]["message"]
         # an answer's size is bounded: here 2 inputs of 128 tokens x 32 numbers at most
         monkeypatch.setattr(inference, "ANSWER_NUMBERS", 2 * 128 * 32 + 1)
         assert len(post(both, "/embed_all", {"inputs": texts})) == 2
-        refused = httpx.post(both + "/embed_all", json={"inputs": [*texts, "three"]})
+        refused = web.post(both + "/embed_all", json={"inputs": [*texts, "three"]})
         assert refused.status_code == 413
         assert refused.json()["error"]["message"] == (
             "3 inputs; model 'tokens' answers at most 2 at once (each up to 4096 numbers: "
@@ -262,16 +262,16 @@ def test_embed_sparse_gives_a_splade_models_non_zero_weights(splade_checkpoint,
                                                   "normalize": False})["embeddings"][0])
         np.testing.assert_allclose([r["relevance_score"] for r in ranked],
                                    sorted(dense @ query, reverse=True), rtol=1e-5)
-        assert httpx.get(both + "/v1/models/splade").json()["pooling"] == "splade"
-        refused = httpx.post(both + "/embed_sparse", json={"model": "pooled", "inputs": texts})
+        assert web.get(both + "/v1/models/splade").json()["pooling"] == "splade"
+        refused = web.post(both + "/embed_sparse", json={"model": "pooled", "inputs": texts})
         assert refused.status_code == 400
         assert "is not a SPLADE model" in refused.json()["error"]["message"]
         # 30522 numbers an embedding: an answer's bound comes soon (here 2 of them)
         monkeypatch.setattr(inference, "ANSWER_NUMBERS", 2 * 30522)
         for route, body, most in (("/v1/embed", {"model": "splade"}, 2),
                                   ("/embed_sparse", {}, 1)):  # an index and a value each
-            assert httpx.post(both + route, json={**body, "inputs": texts[:most]}).is_success
-            refused = httpx.post(both + route, json={**body, "inputs": [*texts, "three"]})
+            assert web.post(both + route, json={**body, "inputs": texts[:most]}).is_success
+            refused = web.post(both + route, json={**body, "inputs": [*texts, "three"]})
             assert refused.status_code == 413, route
             assert f"answers at most {most} at once" in refused.json()["error"]["message"]
 
@@ -283,16 +283,16 @@ def test_decode_gives_tokenizes_ids_back_as_text(url):
         assert post(url, route, {"ids": ids}) == ["hello, world", "dogs bark."]
     assert post(url, "/decode", {"ids": ids[0], "skip_special_tokens": False}) == [
         "[CLS] hello, world [SEP]"]  # one input: [int]
-    res = httpx.post(url + "/decode", json={"ids": [7592, 10**6]})
+    res = web.post(url + "/decode", json={"ids": [7592, 10**6]})
     assert res.status_code == 422 and "token id 1000000" in res.json()["error"]["message"]
 
 
 def test_the_root_and_ping_are_readiness_checks(url):
-    ready = httpx.get(url + "/ready").json()
+    ready = web.get(url + "/ready").json()
     for probe in ("/", "/ping"):  # TEI's and SageMaker's
-        res = httpx.get(url + probe)
+        res = web.get(url + probe)
         assert res.status_code == 200 and res.json() == ready
-    wrong = httpx.put(url + "/")  # two routes at one path: the 405 names both methods
+    wrong = web.put(url + "/")  # two routes at one path: the 405 names both methods
     assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD, POST"
 
 
@@ -313,7 +313,7 @@ def test_predict_takes_a_text_a_pair_or_a_batch_as_tei_does(url):
         r["label"]: r["score"] for r in post(url, "/v1/classify", {
             "model": "classifier", "inputs": text, "raw_scores": True})["results"][0]}
     for bad in (["a", "b", "c"], [["a", "b", "c"]], [], [[]]):
-        res = httpx.post(url + "/predict", json={"model": "classifier", "inputs": bad})
+        res = web.post(url + "/predict", json={"model": "classifier", "inputs": bad})
         assert res.status_code == 422 and "inputs" in res.json()["error"]["message"], bad
 
 
@@ -328,7 +328,7 @@ def test_classify_answers_infinitys_body(url):
         assert got["data"] == expected and (got["object"], got["model"]) == (
             "classify", "classifier")
         assert got["usage"]["prompt_tokens"] > 0
-    res = httpx.post(url + "/classify", json={"model": "embedder", "input": ["x"]})
+    res = web.post(url + "/classify", json={"model": "embedder", "input": ["x"]})
     assert res.status_code == 400 and res.json()["error"]["type"] == "wrong_task"
 
 
@@ -347,7 +347,7 @@ def test_rerank_gives_v1_reranks_scores_in_teis_shape(url, model):
     plain = post(url, "/rerank", {"model": model, "query": query, "texts": texts})
     assert all(set(r) == {"index", "score"} for r in plain)
     # the request limits count the texts, as /v1/rerank's documents
-    res = httpx.post(url + "/rerank", json={"model": model, "query": query, "texts": ["x"] * 9})
+    res = web.post(url + "/rerank", json={"model": model, "query": query, "texts": ["x"] * 9})
     assert res.status_code == 413 and "9 documents" in res.json()["error"]["message"]
 
 
@@ -366,7 +366,7 @@ def test_rerank_answers_infinitys_and_vllms_body_as_v1_rerank(url):
             ({"query": "q", "texts": "a"}, 'texts: Input should be a valid list (sent "a")'),
             ({"query": "q", "documents": []}, "documents: List should have at least 1 item "
              "after validation, not 0")):
-        res = httpx.post(url + "/rerank", json=body)
+        res = web.post(url + "/rerank", json=body)
         assert (res.status_code, res.json()["error"]["message"]) == (422, message)
 
 
@@ -379,27 +379,27 @@ def test_tokenize_and_embeddings_also_where_tei_and_infinity_serve_them(url):
 
 def test_tei_routes_say_where_their_time_went(url):
     tokens = post(url, "/v1/embed", {"inputs": "Dogs bark."})["usage"]["prompt_tokens"]
-    res = httpx.post(url + "/embed", json={"inputs": "Dogs bark."})
+    res = web.post(url + "/embed", json={"inputs": "Dogs bark."})
     assert int(res.headers["x-compute-tokens"]) == tokens
     assert int(res.headers["x-compute-characters"]) == len("Dogs bark.")
     assert "inference;dur=" in res.headers["server-timing"]
 
 
 def test_info_describes_a_model_as_tei_does(url):
-    models = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
-    info = httpx.get(url + "/info").json()  # unnamed: the model POST / serves
+    models = {m["id"]: m for m in web.get(url + "/v1/models").json()["data"]}
+    info = web.get(url + "/info").json()  # unnamed: the model POST / serves
     assert (info["model_id"], info["model_type"], info["model_dtype"]) == (
         "embedder", {"embedding": {"pooling": models["embedder"]["pooling"]}}, "float32")
     assert info["max_input_length"] == models["embedder"]["max_length"]
     assert (info["max_client_batch_size"], info["max_batch_requests"], info["auto_truncate"]) \
         == (8, 32, True)  # DISTILSERVE_MAX_INPUTS, the CPU's batch size
-    cross = httpx.get(url + "/info", params={"model": "cross"}).json()["model_type"]
+    cross = web.get(url + "/info", params={"model": "cross"}).json()["model_type"]
     assert cross == {"reranker": {"id2label": {"0": "relevant"}, "label2id": {"relevant": 0}}}
     labels = models["classifier"]["labels"]
-    assert httpx.get(url + "/info", params={"model": "classifier"}).json()["model_type"] == {
+    assert web.get(url + "/info", params={"model": "classifier"}).json()["model_type"] == {
         "classifier": {"id2label": {str(i): label for i, label in enumerate(labels)},
                        "label2id": {label: i for i, label in enumerate(labels)}}}
-    ner = httpx.get(url + "/info", params={"model": "tagger"})
+    ner = web.get(url + "/info", params={"model": "tagger"})
     assert ner.status_code == 400 and "/v1/models/tagger" in ner.json()["error"]["message"]
-    assert httpx.get(url + "/info", params={"model": "nope"}).status_code == 404
-    assert httpx.get(url + "/models").json() == httpx.get(url + "/v1/models").json()  # Infinity's
+    assert web.get(url + "/info", params={"model": "nope"}).status_code == 404
+    assert web.get(url + "/models").json() == web.get(url + "/v1/models").json()  # Infinity's

@@ -10,7 +10,6 @@ import threading
 from types import SimpleNamespace
 
 import grpc
-import httpx
 import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -21,6 +20,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.server.routes.tei.grpc_services import SERVING, pb, pb_grpc
+from tests import web
 from tests.conftest import running_server, unallocated_port
 
 HEADERS = {"Authorization": "Bearer sekret"}
@@ -60,7 +60,7 @@ def channel(server):
 
 
 def post(url, route, body):
-    res = httpx.post(url + route, json=body, headers=HEADERS, timeout=60)
+    res = web.post(url + route, json=body, headers=HEADERS, timeout=60)
     assert res.status_code == 200, (route, res.text)
     return res.json()
 
@@ -221,7 +221,7 @@ def test_info_is_infos(url, channel):
     for model, kind in (("embedder", pb.MODEL_TYPE_EMBEDDING),
                         ("cross", pb.MODEL_TYPE_RERANKER)):
         answer = stub.Info(pb.InfoRequest(), metadata=key(model))
-        http = httpx.get(f"{url}/info?model={model}", headers=HEADERS).json()
+        http = web.get(f"{url}/info?model={model}", headers=HEADERS).json()
         assert answer.model_type == kind
         assert (answer.model_id, answer.model_dtype, answer.max_input_length,
                 answer.max_client_batch_size, answer.max_batch_tokens) == (
@@ -242,7 +242,7 @@ def test_errors_are_statuses_with_the_http_messages(url, channel):
     error = refused(pb_grpc.PredictStub(channel).Predict, pb.PredictRequest(inputs="x"),
                     metadata=key("embedder"))
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "not classify" in error.details()
-    metrics = httpx.get(url + "/metrics", headers=HEADERS).text
+    metrics = web.get(url + "/metrics", headers=HEADERS).text
     assert 'distilserve_requests_total{route="/tei.v1.Embed/Embed",status="401"}' in metrics
     assert 'distilserve_requests_total{route="/tei.v1.Embed/Embed",status="200"}' in metrics
 
@@ -326,7 +326,7 @@ def test_the_messages_keep_teis_field_numbers():
 def refusals(url) -> float:
     """How many /tei.v1.Embed/Embed calls were answered as a 400's, by /metrics."""
     line = 'distilserve_requests_total{route="/tei.v1.Embed/Embed",status="400"} '
-    metrics = httpx.get(url + "/metrics", headers=HEADERS).text
+    metrics = web.get(url + "/metrics", headers=HEADERS).text
     return sum(float(row[len(line):]) for row in metrics.splitlines() if row.startswith(line))
 
 

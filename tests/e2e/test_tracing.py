@@ -7,11 +7,11 @@ from __future__ import annotations
 import http.server
 import threading
 
-import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from distilserve.models import export
+from tests import web
 from tests.conftest import running_server
 
 TRACE_ID, PARENT_ID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
@@ -53,12 +53,12 @@ def test_each_request_is_a_span_of_the_callers_trace(tiny_checkpoints, tmp_path,
     export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx")
     with running_server(tmp_path / "repo", otlp_endpoint=endpoint,
                         otlp_service_name="embedder") as url:
-        traced = httpx.post(url + "/v1/embed", json={"inputs": "a sentence"}, headers={
+        traced = web.post(url + "/v1/embed", json={"inputs": "a sentence"}, headers={
             "traceparent": f"00-{TRACE_ID}-{PARENT_ID}-01", "x-request-id": "req-1"})
         assert traced.status_code == 200
-        assert httpx.post(url + "/v1/embed", json={"model": "nope", "inputs": "x"}
+        assert web.post(url + "/v1/embed", json={"model": "nope", "inputs": "x"}
                           ).status_code == 404
-        assert httpx.get(url + "/health").status_code == 200  # a probe: no span
+        assert web.get(url + "/health").status_code == 200  # a probe: no span
     # the service's shutdown sent what was left
     by_route = {span.name: (resource, span) for resource, span in spans}
     assert set(by_route) == {"POST /v1/embed"} and len(spans) == 2, [s.name for _, s in spans]

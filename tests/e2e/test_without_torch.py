@@ -21,6 +21,7 @@ from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.models.io.manifest import FILE
 from distilserve.models.runtime.matrix_units import bf16_units
+from tests import web
 from tests.conftest import free_port, running_server, wait_for
 
 pytestmark = pytest.mark.slow  # a real server in a subprocess
@@ -42,7 +43,7 @@ def answers(url: str) -> dict:
     for family, task in MODELS:
         name = f"{family}-{task}"
         for path in (ROUTES[task], "/v1/tokenize"):
-            response = httpx.post(url + path, json={"inputs": TEXTS, "model": name}, timeout=60)
+            response = web.post(url + path, json={"inputs": TEXTS, "model": name}, timeout=60)
             assert response.status_code == 200, response.text
             out[name, path] = response.json()
     return out
@@ -79,7 +80,7 @@ def test_onnx_models_are_served_with_torch_and_transformers_unimportable(tiny_ch
     def ready():
         assert server.poll() is None, log.read_text()
         try:
-            return httpx.get(url + "/ready", timeout=5).status_code == 200
+            return web.get(url + "/ready", timeout=5).status_code == 200
         except httpx.TransportError:
             return False
 

@@ -19,6 +19,7 @@ import pytest
 import tritonclient.grpc as triton
 
 from distilserve.models import export
+from tests import web
 from tests.conftest import free_port, terminate, unallocated_port, wait_for
 
 pytestmark = pytest.mark.slow  # servers of several worker processes
@@ -31,7 +32,7 @@ def _workers(log: Path) -> list[int]:
 
 
 def _embed_count(url: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=30).text
+    text = web.get(url + "/metrics", timeout=30).text
     return sum(float(v) for v in re.findall(
         r'distilserve_requests_total{route="/v1/embed",status="200"} ([0-9.e+]+)', text))
 
@@ -43,7 +44,7 @@ def _until_loaded(url: str, log: Path, count: int) -> list[int | None]:
     while (log.read_text().count("serving cmow") < count or len(answered) < 20) \
             and time.monotonic() < deadline:
         try:
-            answered.append(httpx.post(url + "/v1/embed", json={"inputs": "x"},
+            answered.append(web.post(url + "/v1/embed", json={"inputs": "x"},
                                        timeout=60).status_code)
         except httpx.TransportError:  # a connection a dead worker had accepted
             answered.append(None)
@@ -78,7 +79,7 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
 
     def ready_everywhere():  # 10 answers in a row: whichever worker takes them is ready
         try:
-            return all(httpx.get(url + "/ready", timeout=5).status_code == 200
+            return all(web.get(url + "/ready", timeout=5).status_code == 200
                        for _ in range(10))
         except httpx.TransportError:
             return False
@@ -86,21 +87,21 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
     try:
         wait_for(lambda: len(_workers(log)) == 2, "two workers")
         wait_for(ready_everywhere, "both workers ready")
-        statuses = [httpx.post(url + "/v1/embed", json={"inputs": f"text {i}"},  # new
+        statuses = [web.post(url + "/v1/embed", json={"inputs": f"text {i}"},  # new
                                timeout=60).status_code for i in range(30)]  # connections
         assert statuses == [200] * 30
         assert _embed_count(url) == 30  # summed over the workers, whichever answers
         # Triton's statistics are those series: every worker's requests, no warm-up's
-        (stats,) = httpx.get(url + "/v2/models/cmow/stats", timeout=30).json()["model_stats"]
+        (stats,) = web.get(url + "/v2/models/cmow/stats", timeout=30).json()["model_stats"]
         assert stats["inference_stats"]["success"]["count"] == 30
         assert stats["inference_count"] == 30 and stats["execution_count"] == 30
-        scraped = httpx.get(url + "/metrics", timeout=30).text  # Triton's and TEI's series
+        scraped = web.get(url + "/metrics", timeout=30).text  # Triton's and TEI's series
         assert 'nv_inference_request_success{model="cmow",version="1"} 30.0' in scraped
         assert 'te_request_success{model="cmow"} 30.0' in scraped
         assert 'te_request_duration_count{model="cmow"} 30.0' in scraped
         # gRPC's port too is both workers' (each binds it): a new connection each call
         assert [_grpc_embed(grpc_port) for _ in range(10)] == [(2, 48)] * 10
-        assert f'route="{GRPC_INFER}",status="200"}} 10.0' in httpx.get(
+        assert f'route="{GRPC_INFER}",status="200"}} 10.0' in web.get(
             url + "/metrics", timeout=30).text
 
         first, second = _workers(log)
@@ -148,7 +149,7 @@ def test_no_connection_arriving_after_sigterm_is_reset(tiny_checkpoints, tmp_pat
     def stream():
         while not stop.is_set():
             try:
-                status = httpx.post(url + "/v1/embed", json={"inputs": "x"}, timeout=60)
+                status = web.post(url + "/v1/embed", json={"inputs": "x"}, timeout=60)
                 outcomes.append(str(status.status_code))
             except httpx.ConnectError:
                 outcomes.append("refused")
@@ -159,7 +160,7 @@ def test_no_connection_arriving_after_sigterm_is_reset(tiny_checkpoints, tmp_pat
     try:
         wait_for(lambda: log.read_text().count("Application startup complete") == 2,
                  "two workers")
-        wait_for(lambda: httpx.get(url + "/ready", timeout=5).status_code == 200, "ready")
+        wait_for(lambda: web.get(url + "/ready", timeout=5).status_code == 200, "ready")
         threads = [threading.Thread(target=stream) for _ in range(8)]
         for thread in threads:
             thread.start()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import huggingface_hub
 import huggingface_hub.constants
 import huggingface_hub.errors
@@ -17,6 +16,7 @@ from transformers import pipeline
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
+from tests import web
 from tests.conftest import running_server
 
 TEXTS = ["The new phone's battery lasts two days.", "Parliament passed the budget today."]
@@ -47,7 +47,7 @@ def url(checkpoints, tiny_checkpoints, tmp_path_factory):
 
 def classify(url, **body):
     # (JSON with escapes: a lone surrogate is sent as one)
-    return httpx.post(url + "/v1/classify", content=json.dumps(body), timeout=60,
+    return web.post(url + "/v1/classify", content=json.dumps(body), timeout=60,
                       headers={"content-type": "application/json"})
 
 
@@ -69,7 +69,7 @@ def test_zero_shot_equals_the_transformers_pipeline(url, checkpoints, model, opt
 
 
 def test_the_models_list_says_which_classify_zero_shot(url):
-    models = {m["id"]: m for m in httpx.get(url + "/v1/models").json()["data"]}
+    models = {m["id"]: m for m in web.get(url + "/v1/models").json()["data"]}
     assert models["nli"]["zero_shot"] and models["nli-cross"]["zero_shot"]
     assert "zero_shot" not in models["sentiment"]
 
@@ -115,17 +115,17 @@ def test_the_root_answers_the_hugging_face_inference_apis_zero_shot_body(url, ch
     one NLI model."""
     body = {"inputs": TEXTS[0], "parameters": {"candidate_labels": LABELS,
                                                "multi_label": False}}
-    res = httpx.post(url + "/", json={"model": "nli-cross", **body}, timeout=60)
+    res = web.post(url + "/", json={"model": "nli-cross", **body}, timeout=60)
     assert res.status_code == 200, res.text
     theirs = pipeline("zero-shot-classification", model=checkpoints["nli-cross"],
                       device="cpu")(TEXTS[0], LABELS)
     assert res.json()["sequence"] == TEXTS[0] and res.json()["labels"] == theirs["labels"]
     np.testing.assert_allclose(res.json()["scores"], theirs["scores"], atol=1e-5)
-    batch = httpx.post(url + "/", json={"model": "nli-cross", **body, "inputs": TEXTS})
+    batch = web.post(url + "/", json={"model": "nli-cross", **body, "inputs": TEXTS})
     assert [a["sequence"] for a in batch.json()] == TEXTS and batch.json()[0] == res.json()
-    unnamed = httpx.post(url + "/", json=body)  # two NLI models: name one
+    unnamed = web.post(url + "/", json=body)  # two NLI models: name one
     assert unnamed.status_code == 400 and "several models" in unnamed.text
-    bad = httpx.post(url + "/", json={"model": "nli", "inputs": "x", "parameters": {
+    bad = web.post(url + "/", json={"model": "nli", "inputs": "x", "parameters": {
         "candidate_labels": LABELS, "hypothesis_template": "no slot"}})
     assert bad.status_code == 422 and "parameters: hypothesis_template" in bad.text
 
@@ -140,7 +140,7 @@ def test_huggingface_hubs_zero_shot_and_token_classification(checkpoints, tiny_c
     with running_server(tmp_path / "zero") as zero, running_server(tmp_path / "ner") as ner:
         expected = classify(zero, inputs=text, candidate_labels=LABELS,
                             multi_label=True).json()["results"][0]
-        entities = httpx.post(ner + "/v1/ner", json={
+        entities = web.post(ner + "/v1/ner", json={
             "inputs": text, "aggregation_strategy": "first"}).json()["results"][0]
         # the suite sets HF_HUB_OFFLINE (nothing downloads), under which huggingface_hub's
         # sessions refuse every request, these to loopback too

@@ -11,6 +11,7 @@ import pytest
 
 from distilserve.models import export
 from distilserve.server.connections import ClientWatch
+from tests import web
 from tests.conftest import running_server, wait_for
 
 
@@ -57,7 +58,7 @@ def test_stalled_connections_are_closed_while_others_are_served(repository):
         idle = socket.create_connection(("127.0.0.1", port))
         wait_for(lambda: closed_by_server(idle), "the idle connection to be closed", 60)
         idle.close()
-        assert httpx.post(url + "/v1/embed", json={"inputs": "after"}).status_code == 200
+        assert web.post(url + "/v1/embed", json={"inputs": "after"}).status_code == 200
 
 
 def test_a_slow_but_steady_client_within_the_timeout_is_served(repository):
@@ -82,11 +83,11 @@ def test_connections_past_the_cap_get_503(repository):
     with running_server(repository, max_connections=8, header_timeout=60.0) as url:
         port = int(url.rsplit(":", 1)[1])
         hung = stalled(port, 8)  # accepted, in order, before the next connection
-        refused = httpx.post(url + "/v1/embed", json={"inputs": "x"}, timeout=60)
+        refused = web.post(url + "/v1/embed", json={"inputs": "x"}, timeout=60)
         assert refused.status_code == 503
         for s in hung:
             s.close()
-        wait_for(lambda: httpx.post(url + "/v1/embed", json={"inputs": "x"},
+        wait_for(lambda: web.post(url + "/v1/embed", json={"inputs": "x"},
                                     timeout=60).status_code == 200,
                  "a request to be served once the connections are gone", 60)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import signal
 
-import httpx
 import pytest
 
 from distilserve.models import export
 from loadtests.run import free_port, start_server
+from tests import web
 from tests.conftest import wait_for
 
 
@@ -28,8 +28,8 @@ def test_json_logs_are_one_object_a_line_with_the_access_logs_fields(
         # loading answers a 503) and before the service stops
         wait_for(lambda: log.read_text().count("serving cmow") == int(workers),
                  "every worker to load the model")
-        ok = httpx.post(url + "/v1/embed", json={"inputs": "x"})
-        refused = httpx.post(url + "/v1/embed", json={"inputs": []},
+        ok = web.post(url + "/v1/embed", json={"inputs": "x"})
+        refused = web.post(url + "/v1/embed", json={"inputs": []},
                              headers={"x-request-id": "from-the-ingress"})
         assert (ok.status_code, refused.status_code) == (200, 422)
         server.send_signal(signal.SIGTERM)

@@ -3,7 +3,6 @@ on a fixed batch, and the student is a normal checkpoint that exports and serves
 
 from __future__ import annotations
 
-import httpx
 import numpy as np
 import pytest
 import torch
@@ -13,6 +12,7 @@ from transformers import AutoTokenizer
 from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.training import corpus, distill
+from tests import web
 from tests.conftest import running_server
 
 pytestmark = pytest.mark.slow  # training
@@ -55,7 +55,7 @@ def test_a_few_steps_lower_the_loss_and_the_student_exports_and_serves(teacher, 
     assert saved["preset"] == (STUDENTS[family] or distill.STUDENT_PRESET[family])
     export.export(opts.output, tmp_path / "repo" / family, "onnx")
     with running_server(tmp_path / "repo") as url:
-        res = httpx.post(url + "/v1/embed", json={"inputs": ["a sentence", "another one"]})
+        res = web.post(url + "/v1/embed", json={"inputs": ["a sentence", "another one"]})
         assert res.status_code == 200 and len(res.json()["embeddings"]) == 2
 
 
