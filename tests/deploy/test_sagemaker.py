@@ -9,10 +9,13 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from distilserve.models import export
 from tests import web
 from tests.conftest import free_port, wait_until_ready
+
+pytestmark = pytest.mark.slow  # a real server in a subprocess
 
 SERVE = Path(__file__).resolve().parents[2] / "deploy" / "sagemaker" / "serve"
 

@@ -13,6 +13,8 @@ from loadtests.run import free_port, start_server
 from tests import web
 from tests.conftest import wait_for
 
+pytestmark = pytest.mark.slow  # real servers in subprocesses
+
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_json_logs_are_one_object_a_line_with_the_access_logs_fields(
