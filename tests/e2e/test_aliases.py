@@ -4,7 +4,6 @@ manifest, and DISTILSERVE_MODEL_ALIASES): code written for OpenAI's models sends
 from __future__ import annotations
 
 import numpy as np
-import openai
 
 from distilserve.models import export
 from tests import web
@@ -12,6 +11,8 @@ from tests.conftest import running_server
 
 
 def test_a_model_answers_to_its_aliases(tiny_checkpoints, tmp_path):
+    import openai
+
     repo = tmp_path / "repo"
     export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx",
                   aliases=["text-embedding-3-small"])

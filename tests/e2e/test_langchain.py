@@ -4,10 +4,8 @@ cl100k_base reads them), and check_embedding_ctx_length=False, which sends the t
 
 from __future__ import annotations
 
-import bpe_openai
 import numpy as np
 import pytest
-from langchain_openai import OpenAIEmbeddings
 
 from distilserve.models import export
 from tests import web
@@ -44,6 +42,8 @@ def cosines(a, b) -> np.ndarray:
 
 
 def test_every_default_embeds_the_texts(repo, offline_tiktoken):
+    from langchain_openai import OpenAIEmbeddings
+
     with running_server(repo, token_ids="cl100k_base",
                         model_aliases="text-embedding-3-small=embed") as url:
         client = OpenAIEmbeddings(model="text-embedding-3-small", base_url=url + "/v1",
@@ -65,6 +65,9 @@ def test_every_default_embeds_the_texts(repo, offline_tiktoken):
 
 
 def test_the_models_own_ids_by_default(repo, offline_tiktoken):
+    import bpe_openai
+    from langchain_openai import OpenAIEmbeddings
+
     with running_server(repo) as url:
         client = OpenAIEmbeddings(model="embed", base_url=url + "/v1", api_key="unused")
         ids = client._tokenize(["The Eiffel Tower"], 1)[1][0]

@@ -4,9 +4,7 @@ the served model) and the service's URL as ``api_base``."""
 from __future__ import annotations
 
 import numpy as np
-import openai
 import pytest
-from llama_index.embeddings.openai import OpenAIEmbedding
 
 from distilserve.models import export
 from tests import web
@@ -24,6 +22,8 @@ def url(tiny_checkpoints, tmp_path_factory):
 
 
 def test_embeddings_are_the_services(url):
+    from llama_index.embeddings.openai import OpenAIEmbedding
+
     model = OpenAIEmbedding(model_name="text-embedding-3-small", api_base=url + "/v1",
                             api_key="unused")
     expected = [d["embedding"] for d in web.post(url + "/v1/embeddings", json={
@@ -33,6 +33,9 @@ def test_embeddings_are_the_services(url):
 
 
 def test_an_unknown_model_is_the_services_404(url):
+    import openai
+    from llama_index.embeddings.openai import OpenAIEmbedding
+
     model = OpenAIEmbedding(model_name="text-embedding-3-large", api_base=url + "/v1",
                             api_key="unused", max_retries=0)
     with pytest.raises(openai.NotFoundError, match="unknown model 'text-embedding-3-large'"):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import bpe_openai
 import pytest
 
 from distilserve.server.core.inference import read_foreign
@@ -20,6 +19,8 @@ def vocabulary(request):
 
 
 def test_ids_read_back_into_their_text(vocabulary):
+    import bpe_openai
+
     encoding = bpe_openai.get_encoding(vocabulary.name)
     assert [vocabulary.text(encoding.encode(t)) for t in TEXTS] == TEXTS
     assert vocabulary.outside(encoding.encode(TEXTS[1])) is None
@@ -32,6 +33,8 @@ def test_ids_outside_are_named(vocabulary):
 
 
 def test_a_request_s_ids_become_text_and_its_texts_stay():
+    import bpe_openai
+
     cl100k = Foreign("cl100k_base")
     engine = SimpleNamespace(name="m", foreign=cl100k)
     ids = bpe_openai.get_encoding("cl100k_base").encode("The Eiffel Tower")
