@@ -23,7 +23,7 @@ from tests.conftest import running_server, unallocated_port
 def served(tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("control")
     for task in ("embed", "classify"):
-        export.export(tiny_checkpoints["bert", task], repo / task, "onnx")
+        export.export(tiny_checkpoints["bert", task], repo / task, "onnx", check=False)
     port = unallocated_port()
     with running_server(repo, model_control="explicit", grpc_port=port) as url:
         yield repo, url, f"127.0.0.1:{port}"

@@ -32,6 +32,25 @@ def _fresh_inputs(batch=4, length=23):
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
+
+@pytest.mark.parametrize("task", ["embed", "classify"])
+def test_an_unchecked_export_is_the_checked_one_without_the_checks_record(
+        tiny_checkpoints, tmp_path, task):
+    """check=False writes the same artifact and manifest less the parity and dtype checks:
+    the model then runs in any dtype its family runs in."""
+    src = tiny_checkpoints["bert", task]
+    checked = export.export(src, tmp_path / "checked", "onnx")
+    unchecked = export.export(src, tmp_path / "unchecked", "onnx", check=False)
+    assert checked.parity is not None and checked.dtypes is not None
+    assert (unchecked.parity, unchecked.dtypes) == (None, None)
+    assert unchecked.allowed_dtypes == list(families.get("bert").dtypes)
+    mine = unchecked.model_dump(exclude={"parity", "dtypes", "export_seconds"})
+    assert mine == checked.model_dump(exclude={"parity", "dtypes", "export_seconds"})
+    inputs = _fresh_inputs()
+    a, b = (open_backend("onnx", tmp_path / name, "model.onnx").run(inputs)
+            for name in ("checked", "unchecked"))
+    np.testing.assert_array_equal(a, b)
+
 @pytest.mark.parametrize("family,fmt,loop", CASES)
 def test_export_reloads_and_matches_pytorch_at_other_shapes(tiny_checkpoints, tmp_path,
                                                             family, fmt, loop):

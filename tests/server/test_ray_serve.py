@@ -34,7 +34,7 @@ class FakeHandle:
 @pytest.fixture(scope="module")
 def folder(tiny_checkpoints, tmp_path_factory):
     target = tmp_path_factory.mktemp("ray-unit") / "embed"
-    export.export(tiny_checkpoints["bert", "embed"], target, "onnx")
+    export.export(tiny_checkpoints["bert", "embed"], target, "onnx", check=False)
     return target
 
 

@@ -38,7 +38,14 @@ from tokenizers import Tokenizer
 
 from distilserve.models import bert, families
 from distilserve.models.export.artifacts import to_onnx, to_torchscript
-from distilserve.models.export.parity import TOLERANCE, agreement, compare, dtype_parity, parity_inputs
+from distilserve.models.export.parity import (
+    TOLERANCE,
+    agreement,
+    compare,
+    dtype_parity,
+    parity_inputs,
+    reference,
+)
 from distilserve.models.export.quantize import quantize_int8
 from distilserve.models.io import checkpoint
 from distilserve.models.io.manifest import DECODER, Manifest, TokenizerFacts
@@ -69,7 +76,8 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
            quantize: str | None = None, task: str | None = None, max_length: int | None = None,
            progress: Callable[[str], None] = lambda step: None, force: bool = False,
            relevant_label: str | None = None, pooling: str | None = None,
-           token_embeddings: bool = False, aliases: list[str] | None = None) -> Manifest:
+           token_embeddings: bool = False, aliases: list[str] | None = None,
+           check: bool = True) -> Manifest:
     """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
     manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
     and then replaced only once the new folder is complete. ``max_length`` defaults to the
@@ -78,8 +86,10 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     overrides its sentence-transformers files' for an embedding model;
     ``token_embeddings``: the artifact gives an embedding model's token vectors [B, T, D],
     which the service pools (TEI's /embed_all serves them); ``aliases``: names the model
-    answers to besides its folder's (an OpenAI model name a client sends). Raises CheckpointError
-    (unreadable checkpoint) or ExportError."""
+    answers to besides its folder's (an OpenAI model name a client sends); ``check``: compare
+    the artifact with PyTorch and fp16 and bf16 with fp32 (without: the manifest records
+    neither, and the service runs the model in any dtype its family runs in). Raises
+    CheckpointError (unreadable checkpoint) or ExportError."""
     output = Path(output)
     if output.exists() and not force:
         raise ExportError(f"{output} already exists (a server may be serving it); pass "
@@ -125,7 +135,7 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     staging.mkdir()
     try:
         manifest = _export_into(staging, ckpt, tokenizer, fmt, loop, quantize, max_length,
-                                progress, relevant_label, token_embeddings, aliases)
+                                progress, relevant_label, token_embeddings, aliases, check)
         progress("moving into place")
         _as_the_umask_makes(staging)
         replace(staging, output)
@@ -181,10 +191,35 @@ def _tokenizer_facts(folder: Path) -> TokenizerFacts | None:
     return TokenizerFacts.of(saved) if alone == saved.backend_tokenizer.to_str() else None
 
 
+def _checked(folder: Path, fmt: str, artifact: str | None, depth: int | None,
+             model: torch.nn.Module, ckpt: checkpoint.Checkpoint, token_embeddings: bool,
+             batches: list[dict[str, np.ndarray]], progress: Callable[[str], None],
+             ) -> tuple[dict, list[np.ndarray], dict]:
+    """The artifact in ``folder`` against PyTorch at ``batches`` (an ExportError where it
+    differs), and fp16 and bf16 against fp32: (parity, PyTorch's outputs, dtypes)."""
+    progress("checking parity against PyTorch")
+    backend = open_backend(fmt, folder, artifact, num_iterations=depth,
+                           token_embeddings=token_embeddings, task=ckpt.task)
+    try:
+        parity, references = compare(model, backend, batches)
+    except ValueError as e:  # a shape PyTorch does not give
+        raise ExportError(f"{fmt} {e}") from None
+    parity["example_shape"] = list(example_inputs()[0].shape)
+    if not parity["max_scaled_diff"] <= TOLERANCE:
+        raise ExportError(f"{fmt} artifact differs from PyTorch by "
+                          f"{parity['max_abs_diff']:.3g} ({parity['max_scaled_diff']:.3g} of "
+                          f"the output's scale; tolerance {TOLERANCE}); nothing was written")
+    progress("checking fp16 and bf16 against fp32")
+    dtypes = {"fp32": {"passed": True}, **dtype_parity(
+        model, ckpt.task, families.get(ckpt.family).dtypes, batches, references)}
+    return parity, references, dtypes
+
+
 def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str, loop: str,
                  quantize: str | None, max_length: int,
                  progress: Callable[[str], None], relevant_label: str | None = None,
-                 token_embeddings: bool = False, aliases: list[str] | None = None) -> Manifest:
+                 token_embeddings: bool = False, aliases: list[str] | None = None,
+                 check: bool = True) -> Manifest:
     checkpoint.save(ckpt, folder / "checkpoint")
     artifact = ARTIFACT[fmt]
     model = ckpt.model.eval()
@@ -198,23 +233,13 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     depth = getattr(model, "num_iterations", None)
     served = artifact or "checkpoint"
 
-    progress("checking parity against PyTorch")
     batches = parity_inputs(tokenizer, max_length, ckpt.task)
-    backend = open_backend(fmt, folder, artifact, num_iterations=depth,
-                           token_embeddings=token_embeddings, task=ckpt.task)
-    try:
-        parity, references = compare(model, backend, batches)
-    except ValueError as e:  # a shape PyTorch does not give
-        raise ExportError(f"{fmt} {e}") from None
-    parity["example_shape"] = list(example_inputs()[0].shape)
-    if not parity["max_scaled_diff"] <= TOLERANCE:
-        raise ExportError(f"{fmt} artifact differs from PyTorch by "
-                          f"{parity['max_abs_diff']:.3g} ({parity['max_scaled_diff']:.3g} of "
-                          f"the output's scale; tolerance {TOLERANCE}); nothing was written")
-
-    progress("checking fp16 and bf16 against fp32")
-    dtypes = {"fp32": {"passed": True}, **dtype_parity(
-        model, ckpt.task, families.get(ckpt.family).dtypes, batches, references)}
+    parity = dtypes = None
+    if check:
+        parity, references, dtypes = _checked(folder, fmt, artifact, depth, model, ckpt,
+                                              token_embeddings, batches, progress)
+    else:  # PyTorch's outputs for the sample sentences alone (their width; int8's reference)
+        references = [reference(model, batches[-1])]
 
     quantization = None
     if quantize:
@@ -241,7 +266,7 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
         pooling=ckpt.pooling, token_embeddings=token_embeddings,
         prompts=ckpt.pipeline.prompts if ckpt.pipeline else {},
         default_prompt_name=ckpt.pipeline.default_prompt_name if ckpt.pipeline else None,
-        dimensions=int(references[0].shape[-1]) if ckpt.task == "embed" else None,
+        dimensions=int(references[-1].shape[-1]) if ckpt.task == "embed" else None,
         backend=fmt, loop=loop if ckpt.family in families.RECURSIVE else None,
         num_iterations=depth, artifact=served,
         files=sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()),

@@ -44,6 +44,12 @@ def parity_inputs(tokenizer, max_length: int, task: str) -> list[dict[str, np.nd
     return batches
 
 
+def reference(model: nn.Module, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """PyTorch's output for a batch."""
+    with torch.no_grad():
+        return model(*(torch.from_numpy(inputs[k]) for k in INPUT_NAMES)).numpy()
+
+
 def compare(model: nn.Module, backend, batches: list[dict[str, np.ndarray]]) -> tuple[
         dict, list[np.ndarray]]:
     """The artifact (through its runtime backend) against PyTorch at every batch: the
@@ -51,8 +57,7 @@ def compare(model: nn.Module, backend, batches: list[dict[str, np.ndarray]]) -> 
     references the later checks reuse). Raises ValueError on a shape mismatch."""
     worst, worst_scaled, shapes, references = 0.0, 0.0, [], []
     for inputs in batches:
-        with torch.no_grad():
-            ref = model(*(torch.from_numpy(inputs[k]) for k in INPUT_NAMES)).numpy()
+        ref = reference(model, inputs)
         references.append(ref)
         got = backend.run(inputs)
         if got.shape != ref.shape:
