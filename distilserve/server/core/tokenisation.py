@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,7 +92,6 @@ class Tokenisation:
                 raise ModelLoadError(f"{folder}: its tokenizer has no mask token to fill")
             self.mask_token, self.mask_id = facts.mask_token, facts.mask_token_id
         spec = rust.to_str()  # its JSON, serialised once for the digest and the copies
-        self.vocab_size = rust.get_vocab_size(with_added_tokens=True)
         # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
         self.digest = hashlib.sha256(spec.encode()).hexdigest()
         self.word_aware = entities.TokenInfo.marks_words(rust)
@@ -116,6 +116,13 @@ class Tokenisation:
         # the tokens of text an input may have: max_length less its special tokens
         self.room = max(0, max_length - len(self.specials[0]) - len(self.specials[1]))
         self.filler = probe.ids[at]  # a token of text, for warm-up batches
+
+    @cached_property
+    def vocab_size(self) -> int:
+        """How many token ids the tokenizer has, its added tokens counted (a token-id
+        input's ids are below it): counted when first asked for, as the vocabulary is
+        copied to count it."""
+        return self.tokenizers[None].get_vocab_size(with_added_tokens=True)
 
     def truncating(self, truncation: str | None) -> Tokenizer:
         """The Rust tokenizer that cuts an input longer than max_length at its end
