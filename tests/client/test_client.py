@@ -110,7 +110,7 @@ def test_both_clients_classify_zero_shot(tmp_path):
     nli = checkpoint.save(checkpoint.new("bert", "tiny", "classify",
                                          ["entailment", "neutral", "contradiction"]),
                           tmp_path / "nli-checkpoint")
-    export.export(nli, tmp_path / "repo" / "nli", "onnx")
+    export.export(nli, tmp_path / "repo" / "nli", "onnx", check=False)
     labels = ["pets", "towns", "food"]
     with running_server(tmp_path / "repo") as url:
         expected = web.post(url + "/v1/classify", json={
@@ -132,7 +132,7 @@ def test_both_clients_classify_zero_shot(tmp_path):
 
 def test_both_clients_answer_questions(tmp_path):
     squad = checkpoint.save(checkpoint.new("distilbert", "tiny", "qa"), tmp_path / "squad")
-    export.export(squad, tmp_path / "repo" / "squad", "onnx")
+    export.export(squad, tmp_path / "repo" / "squad", "onnx", check=False)
     asked = [{"question": "Where?", "context": "It is in Paris."},
              {"question": "Who?", "context": "Ada wrote it."}]
     with running_server(tmp_path / "repo") as url:
@@ -156,8 +156,8 @@ def test_both_clients_answer_questions(tmp_path):
 def test_both_clients_give_token_and_sparse_embeddings(tiny_checkpoints, splade_checkpoint,
                                                       tmp_path):
     export.export(tiny_checkpoints["bert", "embed"], tmp_path / "tokens", "onnx",
-                  token_embeddings=True)
-    export.export(splade_checkpoint, tmp_path / "splade", "onnx")
+                  token_embeddings=True, check=False)
+    export.export(splade_checkpoint, tmp_path / "splade", "onnx", check=False)
     with running_server(tmp_path) as both, DistilServeClient(both) as c:
         vectors = c.embed_all(["Hello world", "a"])
         assert [len(v) for v in vectors] == [4, 3] and len(vectors[0][0]) == 32

@@ -74,7 +74,7 @@ def test_tokens_equal_the_transformers_pipeline(url, checkpoints, model, family,
 
 
 def test_huggingface_hubs_fill_mask_at_the_root(checkpoints, tmp_path, monkeypatch):
-    export.export(checkpoints["bert"], tmp_path / "lone" / "mlm", "onnx", task="fill-mask")
+    export.export(checkpoints["bert"], tmp_path / "lone" / "mlm", "onnx", task="fill-mask", check=False)
     expected = pipe(checkpoints, "bert")(TEXTS[0], top_k=2)
     with running_server(tmp_path / "lone") as lone:
         # the Inference API's answer: a text's tokens (per mask where it has several); for

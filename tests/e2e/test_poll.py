@@ -31,7 +31,7 @@ def test_the_repository_is_served_as_it_changes(repo, tiny_checkpoints, caplog):
         assert set(models(url)) == {"embed"}
 
         # added
-        export.export(tiny_checkpoints["bert", "ner"], repo / "tagger", "onnx")
+        export.export(tiny_checkpoints["bert", "ner"], repo / "tagger", "onnx", check=False)
         wait_for(lambda: "tagger" in models(url), "the new folder to be served")
         ner = web.post(url + "/v1/ner", json={"model": "tagger", "inputs": "Anna in Rome"})
         assert ner.status_code == 200, ner.text
@@ -50,7 +50,7 @@ def test_the_repository_is_served_as_it_changes(repo, tiny_checkpoints, caplog):
         try:
             wait_for(lambda: len(statuses) >= 5, "requests before the new export")
             export.export(tiny_checkpoints["minialbert", "embed"], repo / "embed", "onnx",
-                          force=True)
+                          force=True, check=False)
             wait_for(lambda: models(url)["embed"]["family"] == "minialbert",
                      "the new export to take the old one's place")
             seen = len(statuses)
@@ -91,7 +91,7 @@ def test_a_folder_is_tried_again_when_any_of_its_files_changes(repo, tiny_checkp
     from distilserve.server.settings import Settings
 
     made = tmp_path / "made"
-    export.export(tiny_checkpoints["bert", "embed"], made, "onnx")
+    export.export(tiny_checkpoints["bert", "embed"], made, "onnx", check=False)
 
     async def copy_in_parts():
         service = Service(Settings(warmup=False), Metrics())
@@ -131,7 +131,7 @@ def test_a_model_replaced_or_removed_is_freed(repo, tiny_checkpoints):
         service = Service(Settings(warmup=False), Metrics())
         await load_repository(service, repo)  # freezes, as at start
         first = weakref.ref(service.engines["embed"].runner.backend)
-        export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", force=True)
+        export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", force=True, check=False)
         assert await sync_repository(service, repo)
         freeze_long_lived(thaw=True)  # as poll_repository does after a change
         second = weakref.ref(service.engines["embed"].runner.backend)
