@@ -129,11 +129,8 @@ class Tokenisation:
         ("right"), at its start ("left"), or not at all (None)."""
         tokenizer = self.tokenizers.get(truncation)
         if tokenizer is None:
-            tokenizer = Tokenizer.from_str(self._spec)
-            tokenizer.no_padding()
-            tokenizer.enable_truncation(self.max_length, direction=truncation,
-                                        strategy=self._strategy)
-            tokenizer = self.tokenizers.setdefault(truncation, tokenizer)
+            tokenizer = self.tokenizers.setdefault(truncation, self._copy(
+                max_length=self.max_length, direction=truncation, strategy=self._strategy))
         return tokenizer
 
     def tokenize(self, texts: list, truncation: str | None) -> list:
@@ -159,11 +156,17 @@ class Tokenisation:
         if tokenizer is None:
             if len(self._windowing) >= 8:  # sizes a client asked for: a few kept
                 self._windowing.clear()
-            tokenizer = Tokenizer.from_str(self._spec)
-            tokenizer.no_padding()
-            tokenizer.enable_truncation(size, stride=stride, strategy=strategy)
+            tokenizer = self._copy(max_length=size, stride=stride, strategy=strategy)
             self._windowing[size, stride, strategy] = tokenizer
         return [[encoding, *encoding.overflowing] for encoding in tokenizer.encode_batch(texts)]
+
+    def _copy(self, **truncation) -> Tokenizer:
+        """A copy of the tokenizer that pads nothing and cuts as ``truncation`` says
+        (Tokenizer.enable_truncation's arguments)."""
+        tokenizer = Tokenizer.from_str(self._spec)
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(**truncation)
+        return tokenizer
 
     def _from_ids(self, ids: list[int], truncation: str | None) -> TokenIds:
         before, after = self.specials
