@@ -191,30 +191,6 @@ def _tokenizer_facts(folder: Path) -> TokenizerFacts | None:
     return TokenizerFacts.of(saved) if alone == saved.backend_tokenizer.to_str() else None
 
 
-def _checked(folder: Path, fmt: str, artifact: str | None, depth: int | None,
-             model: torch.nn.Module, ckpt: checkpoint.Checkpoint, token_embeddings: bool,
-             batches: list[dict[str, np.ndarray]], progress: Callable[[str], None],
-             ) -> tuple[dict, list[np.ndarray], dict]:
-    """The artifact in ``folder`` against PyTorch at ``batches`` (an ExportError where it
-    differs), and fp16 and bf16 against fp32: (parity, PyTorch's outputs, dtypes)."""
-    progress("checking parity against PyTorch")
-    backend = open_backend(fmt, folder, artifact, num_iterations=depth,
-                           token_embeddings=token_embeddings, task=ckpt.task)
-    try:
-        parity, references = compare(model, backend, batches)
-    except ValueError as e:  # a shape PyTorch does not give
-        raise ExportError(f"{fmt} {e}") from None
-    parity["example_shape"] = list(example_inputs()[0].shape)
-    if not parity["max_scaled_diff"] <= TOLERANCE:
-        raise ExportError(f"{fmt} artifact differs from PyTorch by "
-                          f"{parity['max_abs_diff']:.3g} ({parity['max_scaled_diff']:.3g} of "
-                          f"the output's scale; tolerance {TOLERANCE}); nothing was written")
-    progress("checking fp16 and bf16 against fp32")
-    dtypes = {"fp32": {"passed": True}, **dtype_parity(
-        model, ckpt.task, families.get(ckpt.family).dtypes, batches, references)}
-    return parity, references, dtypes
-
-
 def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str, loop: str,
                  quantize: str | None, max_length: int,
                  progress: Callable[[str], None], relevant_label: str | None = None,
@@ -236,8 +212,22 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
     batches = parity_inputs(tokenizer, max_length, ckpt.task)
     parity = dtypes = None
     if check:
-        parity, references, dtypes = _checked(folder, fmt, artifact, depth, model, ckpt,
-                                              token_embeddings, batches, progress)
+        progress("checking parity against PyTorch")
+        backend = open_backend(fmt, folder, artifact, num_iterations=depth,
+                               token_embeddings=token_embeddings, task=ckpt.task)
+        try:
+            parity, references = compare(model, backend, batches)
+        except ValueError as e:  # a shape PyTorch does not give
+            raise ExportError(f"{fmt} {e}") from None
+        parity["example_shape"] = list(example_inputs()[0].shape)
+        if not parity["max_scaled_diff"] <= TOLERANCE:
+            raise ExportError(f"{fmt} artifact differs from PyTorch by "
+                              f"{parity['max_abs_diff']:.3g} ({parity['max_scaled_diff']:.3g} "
+                              f"of the output's scale; tolerance {TOLERANCE}); nothing was "
+                              "written")
+        progress("checking fp16 and bf16 against fp32")
+        dtypes = {"fp32": {"passed": True}, **dtype_parity(
+            model, ckpt.task, families.get(ckpt.family).dtypes, batches, references)}
     else:  # PyTorch's outputs for the sample sentences alone (their width; int8's reference)
         references = [reference(model, batches[-1])]
 
