@@ -122,7 +122,9 @@ def test_a_checkpoint_folder_is_traced_at_load_and_computes_what_the_onnx_model_
     """What an ONNX model runs on a GPU without onnxruntime-gpu: its folder's checkpoint,
     traced by the TorchScript backend (here on the CPU, in fp32 and bf16)."""
     inputs = _inputs()
-    ref = open_backend("onnx", exported["onnx"], "model.onnx").run(inputs)
+    onnx = open_backend("onnx", exported["onnx"], "model.onnx")
+    assert onnx.batch_width(9) == 9  # runs a batch at its longest input's length
+    ref = onnx.run(inputs)
     traced = TorchScriptBackend(exported["onnx"] / "checkpoint")
     assert np.allclose(traced.run(inputs), ref, atol=1e-4)
     half = TorchScriptBackend(exported["onnx"] / "checkpoint", dtype="bf16")
@@ -145,6 +147,7 @@ def test_a_traced_checkpoint_runs_fused_on_the_cpu_one_frozen_copy_per_rounded_s
         keep = inputs["attention_mask"].astype(bool)  # the padding's own outputs are not used
         assert _cosines(got[keep], plain.numpy()[keep]).min() >= 0.999
     assert list(fused.fused) == [(4, 16), (2, 16), (8, 16)]
+    assert [backend.batch_width(n) for n in (9, 16, 17)] == [16, 16, 32]  # for the batcher
     assert not torch.jit.onednn_fusion_enabled()  # on for its runs alone
     # past the budget for the weights' compiled copies, a shape runs unfused
     unfused = FusedOnTheCpu(fused.module, 128, weight_bytes=2, budget=1)

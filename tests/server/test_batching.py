@@ -147,6 +147,18 @@ def test_take_batch_on_the_cpu_leaves_out_an_input_whose_padding_costs_more_than
     assert take_batch([_item(300)], 8, 4096, 32)[0].length == 300
 
 
+def test_take_batch_counts_padding_at_the_length_the_batch_runs_at():
+    """A backend that rounds a batch's length up (to 16 tokens here, as the CPU's fused
+    copies do) pads an input up to that length for nothing: 40 inputs of 12 tokens and 9
+    of 13 share a batch that, counted at their own lengths, would leave the 13s out (each
+    padding 40 inputs by one); the token budget is the rounded batch's too."""
+    sixteens = lambda tokens: -(-tokens // 16) * 16  # noqa: E731
+    sentences = [_item(12) for _ in range(40)] + [_item(13) for _ in range(9)]
+    assert len(take_batch(sentences, 64, 1024, 32)) == 40
+    assert len(take_batch(sentences, 64, 1024, 32, sixteens)) == 49
+    assert len(take_batch(sentences, 64, 512, 32, sixteens)) == 32  # 32 x 16 tokens
+
+
 def test_warmup_shapes_start_with_the_most_memory_and_stay_within_the_limits():
     shapes = warmup_shapes(256, 65_536, 512)
     assert shapes[0] == (128, 512)  # the longest inputs, as many as the budget allows

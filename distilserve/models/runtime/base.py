@@ -55,6 +55,11 @@ class Backend(ABC):
     def collect(self, launched: Any) -> np.ndarray:
         return launched
 
+    def batch_width(self, tokens: int) -> int:
+        """The length a batch whose longest input has ``tokens`` tokens runs at: ``tokens``,
+        or more where this backend rounds its batches' lengths up."""
+        return tokens
+
     def use_graphs(self, shapes: Sequence[tuple[int, int]], max_tokens: int | None = None) -> bool:
         """Runs the batches that fit one of ``shapes`` [B, T] of at most ``max_tokens``
         B x T (padded up to it) from CUDA graphs, each captured at its first batch; False

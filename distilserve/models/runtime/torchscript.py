@@ -53,6 +53,11 @@ class TorchScriptBackend(TorchRuntime):
         elif fusion and not self.place.cuda and torch.backends.mkldnn.is_available():
             self.forward = FusedOnTheCpu(self.forward, *fusion)
 
+    def batch_width(self, tokens: int) -> int:
+        if isinstance(self.forward, FusedOnTheCpu):
+            return self.forward.shape(1, tokens)[1]
+        return tokens
+
     def _trace(self, folder: Path) -> tuple[torch.jit.ScriptModule, tuple[int, int] | None]:
         """The checkpoint in ``folder`` traced on the device, in the dtype (scripted with
         ``keep_loop``), and, traced, its longest input and its matmul weights' bytes."""

@@ -165,7 +165,8 @@ def not_finite(outputs: Any, batch: list[Item]) -> list[Item]:
 
 
 def take_batch(pending: list[Item], max_size: int, max_tokens: int,
-               max_padding: int | None = None) -> list[Item]:
+               max_padding: int | None = None,
+               width: Callable[[int], int] = lambda tokens: tokens) -> list[Item]:
     """The oldest input of the request with the fewest inputs started (so that a request
     queued behind a large one waits for a batch, not for all of it; ``pending`` is oldest
     first), then the queued inputs of its depth closest to it in length (its own request's
@@ -173,21 +174,23 @@ def take_batch(pending: list[Item], max_size: int, max_tokens: int,
     long as the padded batch stays within ``max_size`` inputs and ``max_tokens`` tokens,
     and each adds at most ``max_padding`` padded tokens more than its own length (None:
     any; a long input among short ones, or a short one among long ones, waits for a batch
-    of its own length)."""
+    of its own length). Padding is counted at the length the batch runs at, ``width(its
+    longest input's tokens)``: where a backend rounds a batch's length up
+    (Backend.batch_width), an input within that length pads the others no further."""
     first = min(pending, key=lambda it: it.request.started)
-    batch, width = [first], first.length
+    batch, widest = [first], width(first.length)
     rest = (it for it in pending if it is not first and it.depth == first.depth)
     for item in sorted(rest, key=lambda it: (abs(it.length - first.length),
                                              it.request is not first.request)):
         if len(batch) == max_size:
             break
-        new_width = max(width, item.length)
+        new_width = max(widest, width(item.length))
         padded = new_width * (len(batch) + 1)
-        if padded > max_tokens or (max_padding is not None and padded - width * len(batch)
+        if padded > max_tokens or (max_padding is not None and padded - widest * len(batch)
                                    > item.length + max_padding):
             continue
         batch.append(item)
-        width = new_width
+        widest = new_width
     return batch
 
 
@@ -239,10 +242,11 @@ class Batcher:
                  on_batch: Callable[[int, float, int | None], None] = lambda *batch: None,
                  on_depth: Callable[[int], None] = lambda depth: None, name: str = "model",
                  collect: Callable[[Any], np.ndarray] | None = None,
-                 max_padding: int | None = None):
+                 max_padding: int | None = None,
+                 width: Callable[[int], int] = lambda tokens: tokens):
         self.encode, self.run, self.collect, self.name = encode, run, collect, name
         self.max_length, self.max_size, self.max_tokens = max_length, max_size, max_tokens
-        self.max_padding = max_padding  # see take_batch
+        self.max_padding, self.width = max_padding, width  # see take_batch
         self.max_queue, self.max_wait_s = max_queue, max_wait_s
         self.on_batch, self.on_depth = on_batch, on_depth
         # shared by the threads, under self.lock: the queue, and with collect the batches
@@ -377,7 +381,7 @@ class Batcher:
         ready = [it for it in pending if it.error is None]
         if not ready:
             return None
-        batch = take_batch(ready, self.max_size, self.max_tokens, self.max_padding)
+        batch = take_batch(ready, self.max_size, self.max_tokens, self.max_padding, self.width)
         for item in batch:
             item.launched = True
             item.request.started += 1

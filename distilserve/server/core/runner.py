@@ -191,7 +191,8 @@ class LocalRunner:
             batch_tokens, limits.max_queue, limits.max_wait_s,
             on_depth=self.model.series.queue_depth.set,  # (on_batch once warmed up: start)
             name=name, collect=collect,
-            max_padding=CPU_PADDING if self.backend.device.startswith("cpu") else None)
+            max_padding=CPU_PADDING if self.backend.device.startswith("cpu") else None,
+            width=self.backend.batch_width)
 
     async def start(self, warmup: bool = True) -> None:
         if warmup and self.backend.device != "cpu":
