@@ -23,8 +23,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_quick_writes_results_report_and_charts(tmp_path, monkeypatch):
-    """Run elsewhere than the repository, into a relative folder (its measuring processes
-    run in the repository: until 2026-11-27 they looked for the artifacts there)."""
+    """Run elsewhere than the repository, into a relative folder: its measuring processes,
+    which run in the repository, find the artifacts where the command was run."""
     monkeypatch.chdir(tmp_path)
     tmp_path = tmp_path / "results"
     assert main(["bench", "--quick", "--output", "results"]) == 0
