@@ -164,19 +164,17 @@ def not_finite(outputs: Any, batch: list[Item]) -> list[Item]:
     return [item for item, row in zip(batch, rows) if not np.isfinite(row).all()]
 
 
-def take_batch(pending: list[Item], max_size: int, max_tokens: int,
-               max_padding: int | None = None,
+def take_batch(pending: list[Item], max_size: int, max_tokens: int, max_padding: int | None = None,
                width: Callable[[int], int] = lambda tokens: tokens) -> list[Item]:
     """The oldest input of the request with the fewest inputs started (so that a request
     queued behind a large one waits for a batch, not for all of it; ``pending`` is oldest
     first), then the queued inputs of its depth closest to it in length (its own request's
-    first; inputs of different depths never share a forward pass), as
-    long as the padded batch stays within ``max_size`` inputs and ``max_tokens`` tokens,
-    and each adds at most ``max_padding`` padded tokens more than its own length (None:
-    any; a long input among short ones, or a short one among long ones, waits for a batch
-    of its own length). Padding is counted at the length the batch runs at, ``width(its
-    longest input's tokens)``: where a backend rounds a batch's length up
-    (Backend.batch_width), an input within that length pads the others no further."""
+    first; inputs of different depths never share a forward pass), as long as the padded
+    batch stays within ``max_size`` inputs and ``max_tokens`` tokens, and each adds at most
+    ``max_padding`` padded tokens more than its own length (None: any; a long input among
+    short ones, or a short one among long ones, waits for a batch of its own length).
+    A batch's length is ``width(its longest input's tokens)``: where the backend rounds it
+    up (Backend.batch_width), an input within the rounding pads the others no further."""
     first = min(pending, key=lambda it: it.request.started)
     batch, widest = [first], width(first.length)
     rest = (it for it in pending if it is not first and it.depth == first.depth)
@@ -241,8 +239,7 @@ class Batcher:
                  max_size: int, max_tokens: int, max_queue: int, max_wait_s: float = 0.0,
                  on_batch: Callable[[int, float, int | None], None] = lambda *batch: None,
                  on_depth: Callable[[int], None] = lambda depth: None, name: str = "model",
-                 collect: Callable[[Any], np.ndarray] | None = None,
-                 max_padding: int | None = None,
+                 collect: Callable[[Any], np.ndarray] | None = None, max_padding: int | None = None,
                  width: Callable[[int], int] = lambda tokens: tokens):
         self.encode, self.run, self.collect, self.name = encode, run, collect, name
         self.max_length, self.max_size, self.max_tokens = max_length, max_size, max_tokens
