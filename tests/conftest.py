@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import logging
 import os
+import shutil
 import socket
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -86,16 +89,56 @@ def tiny_checkpoints(tmp_path_factory) -> dict[tuple[str, str], str]:
     return out
 
 
+class Exports:
+    """``distilserve.models.export.export`` for the tests whose subject is not the export:
+    each distinct export (the source folder's files, the format, the loop form and the
+    options) is made once per run, in a folder that pytest-xdist's workers share, and
+    copied to where a test asks for it, which may change its copy. Not for a folder a
+    running service watches: a copy is not put in place at once, as an export is."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def __call__(self, source, output, fmt: str = "onnx", loop: str = "unroll", **options):
+        from distilserve.models import export
+        from distilserve.models.io.manifest import Manifest
+
+        key = hashlib.sha256(repr((fmt, loop, sorted(options.items()))).encode())
+        for file in sorted(p for p in Path(source).rglob("*") if p.is_file()):
+            key.update(str(file.relative_to(source)).encode() + b"\0" + file.read_bytes())
+        made = self.root / key.hexdigest()[:24]
+        if not made.exists():
+            staging = self.root / f".{made.name}.{os.getpid()}"
+            export.export(source, staging, fmt, loop, **options)
+            with contextlib.suppress(OSError):  # another worker's came first: that one
+                staging.rename(made)
+            shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(made, output)
+        return Manifest.read(Path(output))
+
+
+def shared_folder(tmp_path_factory) -> Path:
+    """The run's temporary folder, which pytest-xdist's workers share (each worker's own
+    is in it)."""
+    root = tmp_path_factory.getbasetemp()
+    return root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+
+
 @pytest.fixture(scope="session")
-def oip_repository(tiny_checkpoints, tmp_path_factory):
+def exports(tmp_path_factory) -> Exports:
+    root = shared_folder(tmp_path_factory) / "exports"
+    root.mkdir(exist_ok=True)
+    return Exports(root)
+
+
+@pytest.fixture(scope="session")
+def oip_repository(tiny_checkpoints, exports, tmp_path_factory):
     """A repository for the Open Inference Protocol's tests (HTTP and gRPC), read only: a
     tiny BERT of each of embed, classify and ner in ONNX, and a broken folder (no
     manifest: not served, and said so)."""
-    from distilserve.models import export
-
     repo = tmp_path_factory.mktemp("oip")
     for task in ("embed", "classify", "ner"):
-        export.export(tiny_checkpoints["bert", task], repo / task, "onnx", check=False)
+        exports(tiny_checkpoints["bert", task], repo / task, "onnx", check=False)
     (repo / "broken").mkdir()
     return repo
 
@@ -104,8 +147,6 @@ def oip_repository(tiny_checkpoints, tmp_path_factory):
 def splade_checkpoint(tmp_path_factory):
     """A tiny SPLADE model as sentence-transformers saves one: a BERT masked-language model
     (random weights, the bert-base-uncased vocabulary) and its SpladePooling module."""
-    import shutil
-
     import torch
     from sentence_transformers import SparseEncoder
     from sentence_transformers.base.modules import Transformer
@@ -135,10 +176,7 @@ def embedded_default(tmp_path_factory):
     waits for it."""
     from distilserve.server import embedded_default as default
 
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # root: this worker's; its parent: the run's
-        root = root.parent
-    cache = root / "embedded-default-cache"
+    cache = shared_folder(tmp_path_factory) / "embedded-default-cache"
     return cache, default.ensure_default_repository(cache)
 
 
@@ -225,7 +263,6 @@ def terminate(server, pids: list[int]) -> None:
     otherwise), leaving none of ``pids`` (its workers, its engine process) running."""
     import signal
     import subprocess
-    from pathlib import Path
 
     server.send_signal(signal.SIGTERM)
     try:

@@ -15,17 +15,16 @@ from distilserve.client import (
     Overloaded,
     Unauthorized,
 )
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests import web
 from tests.conftest import running_server
 
 
 @pytest.fixture(scope="module")
-def url(tiny_checkpoints, tmp_path_factory):
+def url(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("client-repo")
     for task in ("embed", "classify", "ner"):
-        export.export(tiny_checkpoints["cmow", task], repo / f"cmow-{task}", "onnx", check=False)
+        exports(tiny_checkpoints["cmow", task], repo / f"cmow-{task}", "onnx", check=False)
     with running_server(repo, api_key="k") as url:
         yield url
 
@@ -106,11 +105,11 @@ def test_async_client_mirrors_the_routes(url):
     assert len(asyncio.run(go())) == 3
 
 
-def test_both_clients_classify_zero_shot(tmp_path):
+def test_both_clients_classify_zero_shot(exports, tmp_path):
     nli = checkpoint.save(checkpoint.new("bert", "tiny", "classify",
                                          ["entailment", "neutral", "contradiction"]),
                           tmp_path / "nli-checkpoint")
-    export.export(nli, tmp_path / "repo" / "nli", "onnx", check=False)
+    exports(nli, tmp_path / "repo" / "nli", "onnx", check=False)
     labels = ["pets", "towns", "food"]
     with running_server(tmp_path / "repo") as url:
         expected = web.post(url + "/v1/classify", json={
@@ -130,9 +129,9 @@ def test_both_clients_classify_zero_shot(tmp_path):
         assert asyncio.run(go()) == expected
 
 
-def test_both_clients_answer_questions(tmp_path):
+def test_both_clients_answer_questions(exports, tmp_path):
     squad = checkpoint.save(checkpoint.new("distilbert", "tiny", "qa"), tmp_path / "squad")
-    export.export(squad, tmp_path / "repo" / "squad", "onnx", check=False)
+    exports(squad, tmp_path / "repo" / "squad", "onnx", check=False)
     asked = [{"question": "Where?", "context": "It is in Paris."},
              {"question": "Who?", "context": "Ada wrote it."}]
     with running_server(tmp_path / "repo") as url:
@@ -153,11 +152,11 @@ def test_both_clients_answer_questions(tmp_path):
         assert asyncio.run(go()) == expected
 
 
-def test_both_clients_give_token_and_sparse_embeddings(tiny_checkpoints, splade_checkpoint,
-                                                      tmp_path):
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "tokens", "onnx",
-                  token_embeddings=True, check=False)
-    export.export(splade_checkpoint, tmp_path / "splade", "onnx", check=False)
+def test_both_clients_give_token_and_sparse_embeddings(exports, tiny_checkpoints, splade_checkpoint,
+                                                       tmp_path):
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "tokens", "onnx",
+            token_embeddings=True, check=False)
+    exports(splade_checkpoint, tmp_path / "splade", "onnx", check=False)
     with running_server(tmp_path) as both, DistilServeClient(both) as c:
         vectors = c.embed_all(["Hello world", "a"])
         assert [len(v) for v in vectors] == [4, 3] and len(vectors[0][0]) == 32

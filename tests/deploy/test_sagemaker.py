@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distilserve.models import export
 from tests import web
 from tests.conftest import free_port, wait_until_ready
 
@@ -20,9 +19,9 @@ pytestmark = pytest.mark.slow  # a real server in a subprocess
 SERVE = Path(__file__).resolve().parents[2] / "deploy" / "sagemaker" / "serve"
 
 
-def test_serve_answers_sagemakers_ping_and_invocations(tiny_checkpoints, tmp_path):
+def test_serve_answers_sagemakers_ping_and_invocations(exports, tiny_checkpoints, tmp_path):
     repo = tmp_path / "repo"
-    export.export(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx")
+    exports(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx")
     port = free_port()  # SageMaker's 8080, where a pipeline's SAGEMAKER_BIND_TO_PORT says
     env = {**os.environ, "SAGEMAKER_BIND_TO_PORT": str(port), "DISTILSERVE_HOST": "127.0.0.1",
            "DISTILSERVE_MODEL_REPOSITORY": str(repo)}

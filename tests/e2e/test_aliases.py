@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from distilserve.models import export
 from tests import web
 from tests.conftest import running_server
 
 
-def test_a_model_answers_to_its_aliases(tiny_checkpoints, tmp_path):
+def test_a_model_answers_to_its_aliases(exports, tiny_checkpoints, tmp_path):
     import openai
 
     repo = tmp_path / "repo"
-    export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx",
-                  aliases=["text-embedding-3-small"], check=False)
-    export.export(tiny_checkpoints["bert", "classify"], repo / "classify", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx",
+            aliases=["text-embedding-3-small"], check=False)
+    exports(tiny_checkpoints["bert", "classify"], repo / "classify", "onnx", check=False)
     with running_server(repo, model_aliases="ada=embed,sentiment=classify") as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
         vectors = {name: client.embeddings.create(model=name, input="a text").data[0].embedding

@@ -9,7 +9,6 @@ from datetime import datetime
 import pytest
 
 from distilserve.bench import harness
-from distilserve.models import export
 from distilserve.server.cli import main
 from distilserve.server.engine import load_engine
 from distilserve.server.metrics import Metrics
@@ -54,9 +53,9 @@ def test_bench_quick_writes_results_report_and_charts(tmp_path, monkeypatch):
     assert (tmp_path / "results.jsonl").read_text() == before
 
 
-def test_the_in_process_ceiling_opens_a_model_as_the_service_does(tiny_checkpoints, tmp_path):
+def test_the_in_process_ceiling_opens_a_model_as_the_service_does(exports, tiny_checkpoints, tmp_path):
     folder = tmp_path / "bf16"
-    export.export(tiny_checkpoints["bert", "embed"], folder, "torch")
+    exports(tiny_checkpoints["bert", "embed"], folder, "torch")
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["dtype"] = "bf16"  # the model's own choice, over DISTILSERVE_DTYPE
     (folder / "manifest.json").write_text(json.dumps(manifest))
@@ -66,10 +65,10 @@ def test_the_in_process_ceiling_opens_a_model_as_the_service_does(tiny_checkpoin
                                                                served["dtype"]) == ("cpu", "bf16")
 
 
-def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
+def test_load_test_command_at_tiny_scale(exports, tiny_checkpoints, tmp_path):
     repo = tmp_path / "repo"
     for task in ("embed", "classify", "ner"):
-        export.export(tiny_checkpoints["cmow", task], repo / f"cmow-{task}", "onnx")
+        exports(tiny_checkpoints["cmow", task], repo / f"cmow-{task}", "onnx")
     out = tmp_path / "reports"
     code = loadrun.main(["--model-repository", str(repo), "--out", str(out), "--users", "3",
                          "--seconds", "3", "--clients", "4", "--light-seconds", "2",
@@ -101,8 +100,8 @@ def test_load_test_command_at_tiny_scale(tiny_checkpoints, tmp_path):
     assert set(bulk["bulk_client"]["statuses"]) == set(bulk["queries"]["statuses"]) == {"200"}
 
 
-def test_grpc_beside_http_at_tiny_scale(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
+def test_grpc_beside_http_at_tiny_scale(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
     out = tmp_path / "grpc"
     assert grpc_vs_http.main(["--model-repository", str(tmp_path / "repo"), "--output",
                               str(out), "--clients", "4", "--seconds", "1",
@@ -117,14 +116,14 @@ def test_grpc_beside_http_at_tiny_scale(tiny_checkpoints, tmp_path):
         assert f"| {way} |" in (out / "summary.md").read_text()
 
 
-def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):
+def test_peer_comparison_at_tiny_scale(exports, tiny_checkpoints, tmp_path):
     """loadtests.peer against the service itself as its own "peer" (no other server
     here): every phase measured on both, the same client and sentences."""
     from loadtests import peer
     from tests.conftest import running_server
 
     repo = tmp_path / "repo"
-    export.export(tiny_checkpoints["bert", "embed"], repo / "bert", "torch")
+    exports(tiny_checkpoints["bert", "embed"], repo / "bert", "torch")
     out = tmp_path / "peer"
     with running_server(repo) as other:
         assert peer.main(["--model-repository", str(repo), "--peer-url", other,
@@ -151,13 +150,13 @@ def test_peer_comparison_at_tiny_scale(tiny_checkpoints, tmp_path):
     assert "| ms per batch | ms tokenising | ms queued |" in (out / "peer.md").read_text()
 
 
-def test_peer_with_an_emulated_gpu(tiny_checkpoints, tmp_path):
+def test_peer_with_an_emulated_gpu(exports, tiny_checkpoints, tmp_path):
     """loadtests.peer --emulate-gpu: the service and the in-process ceiling run on a
     stand-in for a GPU (overlapping batches, the GPU's batch limits and warm-up)."""
     from loadtests import peer
 
     repo = tmp_path / "repo"
-    export.export(tiny_checkpoints["bert", "embed"], repo / "bert", "onnx")
+    exports(tiny_checkpoints["bert", "embed"], repo / "bert", "onnx")
     out = tmp_path / "peer"
     assert peer.main(["--model-repository", str(repo), "--emulate-gpu", "--seconds", "0.5",
                       "--processes", "1", "--out", str(out), "--profile"]) == 0
@@ -226,12 +225,12 @@ def test_a_profile_as_short_as_py_spys_start_is_written(tmp_path):
     assert "error" not in result and (tmp_path / result["file"]).exists(), result
 
 
-def test_soak_at_tiny_scale(tiny_checkpoints, tmp_path):
+def test_soak_at_tiny_scale(exports, tiny_checkpoints, tmp_path):
     from loadtests import soak
 
     repo = tmp_path / "repo"
     for task in ("embed", "classify", "ner"):
-        export.export(tiny_checkpoints["bert", task], repo / f"bert-{task}", "onnx")
+        exports(tiny_checkpoints["bert", task], repo / f"bert-{task}", "onnx")
     out = tmp_path / "soak"
     # a loose tolerance: 12 s on a busy machine is no soak; the full run is in RESULTS.md
     code = soak.main(["--model-repository", str(repo), "--seconds", "12", "--warmup", "2",
@@ -260,14 +259,14 @@ def test_soak_tells_growth_from_a_flat_line():
     assert growth(warmed, 0, 32)["grew"]  # without the warm-up it would count
 
 
-def test_the_layouts_side_by_side_on_the_emulated_gpu(tiny_checkpoints, tmp_path):
+def test_the_layouts_side_by_side_on_the_emulated_gpu(exports, tiny_checkpoints, tmp_path):
     """loadtests.engines --emulate-gpu: one process, a copy per worker and a shared engine,
     each served on the stand-in (the workers' and the engine process's models too), every
     request answered, each layout's rows in the report beside the in-process rate."""
     from loadtests import engines
 
     repo = tmp_path / "repo"
-    export.export(tiny_checkpoints["bert", "embed"], repo / "bert", "onnx")
+    exports(tiny_checkpoints["bert", "embed"], repo / "bert", "onnx")
     out = tmp_path / "engines"
     assert engines.main(["--model-repository", str(repo), "--emulate-gpu", "--workers", "2",
                          "--rounds", "1", "--seconds", "0.5", "--processes", "1",

@@ -10,7 +10,6 @@ import cohere
 import numpy as np
 import pytest
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests import web
 from tests.conftest import running_server
@@ -19,12 +18,12 @@ TEXTS = ["The Eiffel Tower stands in Paris.", "Bananas are rich in potassium."]
 
 
 @pytest.fixture(scope="module")
-def url(tiny_checkpoints, tmp_path_factory):
+def url(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("cohere")
-    export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cohere-cross")
-    export.export(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
+    exports(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
     with running_server(repo) as url:
         yield url
 

@@ -19,7 +19,6 @@ import httpx
 import numpy as np
 import pytest
 
-from distilserve.models import export
 from distilserve.server.engine import load_engine
 from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
@@ -48,8 +47,8 @@ def _own_embedding(folder: Path, text: str) -> np.ndarray:
     return asyncio.run(run())
 
 
-def test_front_ends_share_one_engine_process(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
+def test_front_ends_share_one_engine_process(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
     port = free_port()
     log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
     server = subprocess.Popen(

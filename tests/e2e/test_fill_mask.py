@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests import web
 from tests.conftest import running_server, transformers_pipeline
@@ -31,13 +30,13 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def url(checkpoints, tiny_checkpoints, tmp_path_factory):
+def url(exports, checkpoints, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("fill-mask-repo")
-    export.export(checkpoints["bert"], repo / "bert", "onnx", task="fill-mask", max_length=32, check=False)
-    export.export(checkpoints["distilbert"], repo / "distilbert", "torchscript",
-                  task="fill-mask", check=False)
-    export.export(checkpoints["bert"], repo / "bert-torch", "torch", task="fill-mask", check=False)
-    export.export(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx", check=False)
+    exports(checkpoints["bert"], repo / "bert", "onnx", task="fill-mask", max_length=32, check=False)
+    exports(checkpoints["distilbert"], repo / "distilbert", "torchscript",
+            task="fill-mask", check=False)
+    exports(checkpoints["bert"], repo / "bert-torch", "torch", task="fill-mask", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx", check=False)
     with running_server(repo, max_inputs=8) as url:
         yield url
 
@@ -73,8 +72,8 @@ def test_tokens_equal_the_transformers_pipeline(url, checkpoints, model, family,
         assert "[CLS]" in ours[0]["sequence"]  # the other mask kept, special tokens shown
 
 
-def test_huggingface_hubs_fill_mask_at_the_root(checkpoints, tmp_path, monkeypatch):
-    export.export(checkpoints["bert"], tmp_path / "lone" / "mlm", "onnx", task="fill-mask", check=False)
+def test_huggingface_hubs_fill_mask_at_the_root(exports, checkpoints, tmp_path, monkeypatch):
+    exports(checkpoints["bert"], tmp_path / "lone" / "mlm", "onnx", task="fill-mask", check=False)
     expected = pipe(checkpoints, "bert")(TEXTS[0], top_k=2)
     with running_server(tmp_path / "lone") as lone:
         # the Inference API's answer: a text's tokens (per mask where it has several); for

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from distilserve.models import export, families
+from distilserve.models import families
 from distilserve.models.io import checkpoint, sentence_transformers
 from tests import web
 from tests.conftest import FAMILIES, running_server
@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.gpu,
 TEXTS = ["The cat sat on the mat.", "GPUs multiply matrices quickly.", "short"]
 
 
-def test_every_family_on_cuda_matches_the_cpu(tiny_checkpoints, tmp_path):
+def test_every_family_on_cuda_matches_the_cpu(exports, tiny_checkpoints, tmp_path):
     for family in FAMILIES:
-        export.export(tiny_checkpoints[family, "embed"], tmp_path / family, "torch")
+        exports(tiny_checkpoints[family, "embed"], tmp_path / family, "torch")
     out = {}
     for device, graphs in (("cpu", 0), ("cuda", 0), ("cuda", 4096)):  # then CUDA graphs
         with running_server(tmp_path, device=device, cuda_graph_tokens=graphs) as url:
@@ -43,7 +43,7 @@ def test_every_family_on_cuda_matches_the_cpu(tiny_checkpoints, tmp_path):
             assert (a * b).sum(-1).min() >= 0.999, (family, graphs)  # normalised: cosine
 
 
-def test_onnx_models_are_served_on_the_gpu_by_default(tiny_checkpoints, tmp_path):
+def test_onnx_models_are_served_on_the_gpu_by_default(exports, tiny_checkpoints, tmp_path):
     """`distilserve serve` of ONNX models (the embedded default's format) on a GPU machine:
     on the GPU, by ONNX Runtime with onnxruntime-gpu, else from each model's checkpoint
     traced with TorchScript; the CPU's embeddings either way."""
@@ -51,12 +51,12 @@ def test_onnx_models_are_served_on_the_gpu_by_default(tiny_checkpoints, tmp_path
 
     repo = tmp_path / "repo"
     for family in FAMILIES:
-        export.export(tiny_checkpoints[family, "embed"], repo / family, "onnx")
+        exports(tiny_checkpoints[family, "embed"], repo / family, "onnx")
     # a BGE-style model ([CLS] pooling, in its sentence-transformers files): traced from its
     # checkpoint on the GPU, it must pool as its ONNX graph does on the CPU
     bge = checkpoint.save(checkpoint.new("bert", "tiny", "embed", seed=5), tmp_path / "bge")
     sentence_transformers.write(sentence_transformers.Pipeline("cls", 64, True), bge, 32)
-    export.export(bge, repo / "bge", "onnx")
+    exports(bge, repo / "bge", "onnx")
     names = [*FAMILIES, "bge"]
     out = {}
     for device in ("cpu", "auto"):
@@ -76,11 +76,11 @@ def test_onnx_models_are_served_on_the_gpu_by_default(tiny_checkpoints, tmp_path
         assert (out["cpu", name] * out["auto", name]).sum(-1).min() >= 0.999, name
 
 
-def test_question_answering_on_cuda_answers_as_the_cpu(tmp_path):
+def test_question_answering_on_cuda_answers_as_the_cpu(exports, tmp_path):
     """A long context's windows batched on the GPU (fp32 there, so that near ties of a
     model with random weights keep their order) give the CPU's answers."""
     folder = checkpoint.save(checkpoint.new("bert", "tiny", "qa", seed=3), tmp_path / "ck")
-    export.export(folder, tmp_path / "repo" / "squad", "torch")
+    exports(folder, tmp_path / "repo" / "squad", "torch")
     body = {"inputs": [{"question": "Where is the tower?",
                         "context": "The Eiffel Tower stands in Paris. " * 20}],
             "top_k": 3, "max_seq_len": 64, "doc_stride": 16}
@@ -96,13 +96,13 @@ def test_question_answering_on_cuda_answers_as_the_cpu(tmp_path):
                                [a["score"] for a in answers["cpu"]], rtol=1e-3)
 
 
-def test_fill_mask_on_cuda_fills_as_the_cpu(tmp_path):
+def test_fill_mask_on_cuda_fills_as_the_cpu(exports, tmp_path):
     """A fill-mask model on the GPU (fp32, as above): each batch started, collected and
     its mask tokens decoded together (the decoder on the GPU too), with the token ids it
     was started with; the CPU's tokens and scores."""
     folder = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask", seed=3),
                              tmp_path / "ck")
-    export.export(folder, tmp_path / "repo" / "mlm", "torch", task="fill-mask")
+    exports(folder, tmp_path / "repo" / "mlm", "torch", task="fill-mask")
     body = {"inputs": [f"sentence {i} has a [MASK] here" + " and [MASK]" * (i % 3)
                        for i in range(12)], "top_k": 3}
     results = {}

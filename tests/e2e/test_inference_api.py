@@ -8,7 +8,6 @@ import huggingface_hub
 import numpy as np
 import pytest
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests import web
 from tests.conftest import running_server
@@ -18,16 +17,16 @@ NLI = ["entailment", "neutral", "contradiction"]
 
 
 @pytest.fixture(scope="module")
-def url(tiny_checkpoints, tmp_path_factory):
+def url(exports, tiny_checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("inference-api")
     repo = root / "repo"
     for task in ("embed", "classify", "ner"):
-        export.export(tiny_checkpoints["bert", task], repo / task, "onnx", check=False)
+        exports(tiny_checkpoints["bert", task], repo / task, "onnx", check=False)
     for name, task, labels in (("fill", "fill-mask", None), ("qa", "qa", None),
                                ("nli", "classify", NLI)):
         made = checkpoint.save(checkpoint.new("bert", "tiny", task, labels, seed=5),
                                root / name)
-        export.export(made, repo / name, "onnx", task=task, check=False)
+        exports(made, repo / name, "onnx", task=task, check=False)
     with running_server(repo) as url:
         yield url
 

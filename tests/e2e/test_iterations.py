@@ -14,7 +14,6 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoTokenizer
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests import web
 from tests.conftest import running_server
@@ -23,7 +22,7 @@ TEXTS = ["The Eiffel Tower stands in Paris.", "Bananas are rich in potassium.", 
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoints, tmp_path_factory):
+def served(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("iterations")
     for family, task, fmt, loop in (("minialbert", "embed", "onnx", "keep"),
                                     ("falbert", "embed", "torchscript", "keep"),
@@ -31,8 +30,8 @@ def served(tiny_checkpoints, tmp_path_factory):
                                     ("falbert", "ner", "onnx", "keep"),
                                     ("minialbert", "embed", "onnx", "unroll"),
                                     ("bert", "embed", "onnx", "unroll")):
-        export.export(tiny_checkpoints[family, task], repo / f"{family}-{task}-{fmt}-{loop}",
-                      fmt, loop, check=False)
+        exports(tiny_checkpoints[family, task], repo / f"{family}-{task}-{fmt}-{loop}",
+                fmt, loop, check=False)
     with running_server(repo) as url:
         yield url, tiny_checkpoints
 
@@ -134,12 +133,12 @@ def test_a_depth_the_model_cannot_run_is_a_422_saying_why(served, body, message)
     assert answer.status_code == 422 and message in answer.json()["error"]["message"]
 
 
-def test_an_unrolled_models_own_depth_is_taken(served, tiny_checkpoints, tmp_path):
+def test_an_unrolled_models_own_depth_is_taken(exports, served, tiny_checkpoints, tmp_path):
     url, _ = served
     assert post(url, "/v1/embed", {"model": "minialbert-embed-onnx-unroll", "inputs": "x",
                                    "iterations": 3}).status_code == 200
-    export.export(tiny_checkpoints["falbert", "embed"], tmp_path / "repo" / "traced",
-                  "torchscript", check=False)  # traced: unrolled
+    exports(tiny_checkpoints["falbert", "embed"], tmp_path / "repo" / "traced",
+            "torchscript", check=False)  # traced: unrolled
     with running_server(tmp_path / "repo") as other:
         answer = post(other, "/v1/embed", {"inputs": "x", "iterations": 4})
         assert answer.status_code == 200, answer.text

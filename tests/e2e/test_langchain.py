@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distilserve.models import export
 from tests import web
 from tests.conftest import running_server
 
@@ -23,10 +22,10 @@ def offline_tiktoken(tiktoken_cache):
 
 
 @pytest.fixture(scope="module")
-def repo(tiny_checkpoints, tmp_path_factory):
+def repo(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("langchain")
-    export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
-    made = export.export(tiny_checkpoints["bert", "embed"], repo / "o200k", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
+    made = exports(tiny_checkpoints["bert", "embed"], repo / "o200k", "onnx", check=False)
     made.model_copy(update={"token_ids": "o200k_base"}).write(repo / "o200k")
     return repo
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distilserve.models import export
 from tests import web
 from tests.conftest import running_server
 
@@ -14,9 +13,9 @@ TEXTS = ["The Eiffel Tower stands in Paris.", "Bananas are rich in potassium.", 
 
 
 @pytest.fixture(scope="module")
-def url(tiny_checkpoints, tmp_path_factory):
+def url(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("llama-index")
-    export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
     with running_server(repo, model_aliases="text-embedding-3-small=embed") as url:
         yield url
 

@@ -13,17 +13,16 @@ import tritonclient.http as triton
 from pydantic import ValidationError
 from tritonclient.utils import InferenceServerException
 
-from distilserve.models import export
 from distilserve.server.settings import Settings
 from tests import web
 from tests.conftest import running_server, unallocated_port
 
 
 @pytest.fixture(scope="module")
-def served(tiny_checkpoints, tmp_path_factory):
+def served(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("control")
     for task in ("embed", "classify"):
-        export.export(tiny_checkpoints["bert", task], repo / task, "onnx", check=False)
+        exports(tiny_checkpoints["bert", task], repo / task, "onnx", check=False)
     port = unallocated_port()
     with running_server(repo, model_control="explicit", grpc_port=port) as url:
         yield repo, url, f"127.0.0.1:{port}"
@@ -120,8 +119,8 @@ def test_grpc_loads_and_unloads_as_http_does(served):
         client.close()
 
 
-def test_refused_by_default_and_with_workers_or_polling(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "embed", "onnx", check=False)
+def test_refused_by_default_and_with_workers_or_polling(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "embed", "onnx", check=False)
     with running_server(tmp_path) as url:
         res = web.post(url + "/v2/repository/models/embed/unload")
         assert res.status_code == 400

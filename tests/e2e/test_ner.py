@@ -14,7 +14,6 @@ import huggingface_hub.utils
 import pytest
 from transformers import AutoTokenizer, pipeline
 
-from distilserve.models import export
 from tests import web
 from tests.conftest import running_server
 
@@ -25,10 +24,10 @@ TEXTS = [LONG, "Dogs bark.", LONG[::-1]]
 
 
 @pytest.fixture(scope="module")
-def url(tiny_checkpoints, tmp_path_factory):
+def url(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("ner")
-    export.export(tiny_checkpoints["bert", "ner"], repo / "tagger", "onnx",
-                  max_length=MAX_LENGTH, check=False)
+    exports(tiny_checkpoints["bert", "ner"], repo / "tagger", "onnx",
+            max_length=MAX_LENGTH, check=False)
     with running_server(repo, max_inputs=8) as url:
         yield url
 
@@ -123,9 +122,9 @@ def test_the_root_and_the_open_inference_protocol_take_stride_and_ignore_labels(
         url, inputs=LONG, aggregation_strategy="first", stride=4).json()["results"][0]
 
 
-def test_more_windows_than_the_queue_holds_is_a_413_naming_them(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["bert", "ner"], tmp_path / "tagger", "onnx",
-                  max_length=MAX_LENGTH, check=False)
+def test_more_windows_than_the_queue_holds_is_a_413_naming_them(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["bert", "ner"], tmp_path / "tagger", "onnx",
+            max_length=MAX_LENGTH, check=False)
     with running_server(tmp_path, max_queue=20) as url:
         res = ner(url, inputs=[LONG, "Dogs bark."], stride=21)  # one token on each time
         assert res.status_code == 413

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests.conftest import running_server
 
@@ -20,15 +19,15 @@ CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_checkpoints, splade_checkpoint, tmp_path_factory):
+def repository(exports, tiny_checkpoints, splade_checkpoint, tmp_path_factory):
     repo = tmp_path_factory.mktemp("openapi-repo")
     for task in ("embed", "classify", "ner"):  # the embedding model: for /embed_all too
-        export.export(tiny_checkpoints["bert", task], repo / f"bert-{task}", "onnx",
-                      token_embeddings=task == "embed", check=False)
+        exports(tiny_checkpoints["bert", task], repo / f"bert-{task}", "onnx",
+                token_embeddings=task == "embed", check=False)
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")
-    export.export(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
-    export.export(splade_checkpoint, repo / "splade", "onnx", check=False)  # for /embed_sparse
+    exports(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
+    exports(splade_checkpoint, repo / "splade", "onnx", check=False)  # for /embed_sparse
     return repo
 
 

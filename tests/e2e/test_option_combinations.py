@@ -10,7 +10,6 @@ import itertools
 import httpx
 import pytest
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests.conftest import running_server
 
@@ -72,23 +71,23 @@ ROUTES = {
 
 
 @pytest.fixture(scope="module")
-def url(tiny_checkpoints, splade_checkpoint, tmp_path_factory):
+def url(exports, tiny_checkpoints, splade_checkpoint, tmp_path_factory):
     repo = tmp_path_factory.mktemp("combinations")
-    export.export(tiny_checkpoints["bert", "embed"], repo / "pooled", "onnx", check=False)
-    export.export(tiny_checkpoints["bert", "embed"], repo / "tokens", "torch",
-                  token_embeddings=True, check=False)
-    export.export(splade_checkpoint, repo / "splade", "onnx", check=False)
-    export.export(tiny_checkpoints["bert", "classify"], repo / "sentiment", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "pooled", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "tokens", "torch",
+            token_embeddings=True, check=False)
+    exports(splade_checkpoint, repo / "splade", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "classify"], repo / "sentiment", "onnx", check=False)
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")
-    export.export(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
-    export.export(tiny_checkpoints["bert", "ner"], repo / "tagger", "onnx", check=False)
+    exports(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
+    exports(tiny_checkpoints["bert", "ner"], repo / "tagger", "onnx", check=False)
     nli = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["entailment", "neutral",
                                                                       "contradiction"]),
                           repo.parent / "nli-checkpoint")
-    export.export(nli, repo / "nli", "onnx", check=False)
+    exports(nli, repo / "nli", "onnx", check=False)
     squad = checkpoint.save(checkpoint.new("bert", "tiny", "qa"), repo.parent / "squad")
-    export.export(squad, repo / "squad", "onnx", check=False)
+    exports(squad, repo / "squad", "onnx", check=False)
     with running_server(repo) as url:
         yield url
 

@@ -21,8 +21,8 @@ def models(url) -> dict[str, dict]:
 
 
 @pytest.fixture
-def repo(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx", check=False)
+def repo(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx", check=False)
     return tmp_path / "repo"
 
 
@@ -81,7 +81,7 @@ def test_the_repository_is_served_as_it_changes(repo, tiny_checkpoints, caplog):
         assert gone.status_code == 404, gone.text
 
 
-def test_a_folder_is_tried_again_when_any_of_its_files_changes(repo, tiny_checkpoints, tmp_path):
+def test_a_folder_is_tried_again_when_any_of_its_files_changes(exports, repo, tiny_checkpoints, tmp_path):
     """A folder copied manifest first fails to load, then is served at the next poll after
     the rest arrives; an artefact copied under an unchanged manifest is loaded too."""
     import asyncio
@@ -91,7 +91,7 @@ def test_a_folder_is_tried_again_when_any_of_its_files_changes(repo, tiny_checkp
     from distilserve.server.settings import Settings
 
     made = tmp_path / "made"
-    export.export(tiny_checkpoints["bert", "embed"], made, "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], made, "onnx", check=False)
 
     async def copy_in_parts():
         service = Service(Settings(warmup=False), Metrics())

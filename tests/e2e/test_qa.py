@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import tritonclient.http as triton
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests import web
 from tests.conftest import running_server, transformers_pipeline
@@ -33,11 +32,11 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def url(checkpoints, tiny_checkpoints, tmp_path_factory):
+def url(exports, checkpoints, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("qa-repo")
-    export.export(checkpoints["bert"], repo / "bert", "onnx", check=False)
-    export.export(checkpoints["distilbert"], repo / "distilbert", "torchscript", check=False)
-    export.export(tiny_checkpoints["bert", "classify"], repo / "sentiment", "onnx", check=False)
+    exports(checkpoints["bert"], repo / "bert", "onnx", check=False)
+    exports(checkpoints["distilbert"], repo / "distilbert", "torchscript", check=False)
+    exports(tiny_checkpoints["bert", "classify"], repo / "sentiment", "onnx", check=False)
     with running_server(repo, max_inputs=8) as url:
         yield url
 
@@ -146,8 +145,8 @@ def test_the_open_inference_protocol_answers_as_v1_qa(url):
     assert "takes question and context" in lone.value.message()
 
 
-def test_huggingface_hubs_question_answering_at_the_root(checkpoints, tmp_path, monkeypatch):
-    export.export(checkpoints["bert"], tmp_path / "lone" / "squad", "onnx", check=False)
+def test_huggingface_hubs_question_answering_at_the_root(exports, checkpoints, tmp_path, monkeypatch):
+    exports(checkpoints["bert"], tmp_path / "lone" / "squad", "onnx", check=False)
     question, context = QUESTIONS[0]
     with running_server(tmp_path / "lone") as lone:
         expected = qa(lone, inputs=inputs()[:1], top_k=2).json()["results"][0]

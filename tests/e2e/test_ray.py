@@ -15,7 +15,6 @@ import httpx
 import numpy as np
 import pytest
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.server.ray_serve import GRPC_SERVICERS, Scaling, application, init_local
 from distilserve.server.settings import Settings
@@ -29,12 +28,12 @@ serve = pytest.importorskip("ray.serve")
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_checkpoints, tmp_path_factory):
+def repository(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("ray-repo")
-    export.export(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
-    export.export(tiny_checkpoints["minialbert", "ner"], repo / "ner", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
+    exports(tiny_checkpoints["minialbert", "ner"], repo / "ner", "onnx", check=False)
     mlm = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), repo.parent / "mlm")
-    export.export(mlm, repo / "mlm", "onnx", task="fill-mask", check=False)  # its replicas decode
+    exports(mlm, repo / "mlm", "onnx", task="fill-mask", check=False)  # its replicas decode
     (repo / "broken").mkdir()  # no manifest: left out, as `distilserve serve` does
     return repo
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from distilserve.models import export
 from tests import web
 from tests.conftest import free_port, wait_until_ready
 
@@ -47,8 +46,8 @@ def test_make_serve_and_the_image_install_the_runtime_and_make_test_the_dev_extr
     assert "RUN make install" in dockerfile and "[dev]" not in dockerfile
 
 
-def test_the_service_serves_with_the_dev_extras_unimportable(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx")
+def test_the_service_serves_with_the_dev_extras_unimportable(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx")
     port, log = free_port(), tmp_path / "serve.log"
     url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(

@@ -18,7 +18,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, pipeline
 
-from distilserve.models import export, families
+from distilserve.models import families
 from distilserve.models.io import checkpoint, sentence_transformers
 from tests import web
 from tests.conftest import FAMILIES, running_server, wait_for
@@ -62,21 +62,21 @@ def _multi_label(folder):
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_checkpoints, tmp_path_factory):
+def repository(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     cases = [(f, *s) for f in FAMILIES for s in SERVED]
     cases += [(f, "ner", "onnx", "keep") for f in families.RECURSIVE]
     cases += [(f, "embed", "torchscript", "keep") for f in families.RECURSIVE]
     for family, task, fmt, loop in cases:
-        export.export(tiny_checkpoints[family, task], repo / name(family, task, fmt, loop),
-                      fmt, loop, check=False)
-    export.export(checkpoint.minilm_path(), repo / "minilm", "onnx", max_length=256, check=False)
+        exports(tiny_checkpoints[family, task], repo / name(family, task, fmt, loop),
+                fmt, loop, check=False)
+    exports(checkpoint.minilm_path(), repo / "minilm", "onnx", max_length=256, check=False)
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")  # one logit: a cross-encoder
-    export.export(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
-    export.export(_bge_like(repo.parent / "bge-checkpoint"), repo / "bge", "onnx", check=False)
-    export.export(_multi_label(repo.parent / "multilabel-checkpoint"), repo / "multilabel",
-                  "onnx", check=False)
+    exports(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
+    exports(_bge_like(repo.parent / "bge-checkpoint"), repo / "bge", "onnx", check=False)
+    exports(_multi_label(repo.parent / "multilabel-checkpoint"), repo / "multilabel",
+            "onnx", check=False)
     (repo / "broken").mkdir()
     (repo / "broken" / "manifest.json").write_text(json.dumps(
         {"task": "embed", "family": "bert", "backend": "onnx", "max_length": 8,

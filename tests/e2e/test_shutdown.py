@@ -8,7 +8,6 @@ import threading
 import httpx
 import pytest
 
-from distilserve.models import export
 from loadtests.run import free_port, start_server
 from tests import web
 from tests.conftest import wait_for
@@ -16,8 +15,8 @@ from tests.conftest import wait_for
 pytestmark = pytest.mark.slow  # real servers in subprocesses, stopped by signals
 
 
-def test_sigterm_finishes_in_flight_requests_then_exits(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
+def test_sigterm_finishes_in_flight_requests_then_exits(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
     port = free_port()
     log = tmp_path / "server.log"
     # a batch waits 2 s for company, which keeps a request in the queue

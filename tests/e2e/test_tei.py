@@ -7,7 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.server.core import inference
 from tests import web
@@ -17,16 +16,16 @@ PAIR = ["How old is the Eiffel Tower?", "It was finished in 1889."]
 
 
 @pytest.fixture(scope="module")
-def url(tiny_checkpoints, tmp_path_factory):
+def url(exports, tiny_checkpoints, tmp_path_factory):
     """One embedding model (so that TEI's routes may leave it unnamed), a classifier, a
     cross-encoder and a NER model."""
     repo = tmp_path_factory.mktemp("tei")
-    export.export(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx", check=False)
-    export.export(tiny_checkpoints["bert", "classify"], repo / "classifier", "torch", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "classify"], repo / "classifier", "torch", check=False)
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")
-    export.export(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
-    export.export(tiny_checkpoints["bert", "ner"], repo / "tagger", "torch", check=False)
+    exports(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
+    exports(tiny_checkpoints["bert", "ner"], repo / "tagger", "torch", check=False)
     with running_server(repo, max_inputs=8) as url:
         yield url
 
@@ -165,10 +164,10 @@ def test_vertex_answers_each_instance_as_the_root(url):
     assert refused([])[0] == 422
 
 
-def test_a_lone_classifier_is_served_at_the_root(tiny_checkpoints, tmp_path, monkeypatch):
+def test_a_lone_classifier_is_served_at_the_root(exports, tiny_checkpoints, tmp_path, monkeypatch):
     """As TEI serves a classifier: its /predict at / and /info, unnamed; huggingface_hub's
     text_classification works against it."""
-    export.export(tiny_checkpoints["bert", "classify"], tmp_path / "sentiment", "torch", check=False)
+    exports(tiny_checkpoints["bert", "classify"], tmp_path / "sentiment", "torch", check=False)
     with running_server(tmp_path) as lone:
         text = "The soup was delicious."
         expected = post(lone, "/predict", {"inputs": text})
@@ -195,14 +194,14 @@ def test_a_lone_classifier_is_served_at_the_root(tiny_checkpoints, tmp_path, mon
                                           pytest.approx(logits[0]["score"], abs=1e-6))
 
 
-def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_checkpoints,
+def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(exports, tiny_checkpoints,
                                                                       tmp_path, monkeypatch):
     """A model exported with --token-embeddings: TEI's /embed_all gives every token's
     vector; /v1/embed and /v1/rerank pool them in the service, as the same checkpoint
     exported to pool inside its graph gives them."""
     source = tiny_checkpoints["bert", "embed"]
-    export.export(source, tmp_path / "pooled", "onnx", check=False)
-    export.export(source, tmp_path / "tokens", "onnx", token_embeddings=True, check=False)
+    exports(source, tmp_path / "pooled", "onnx", check=False)
+    exports(source, tmp_path / "tokens", "onnx", token_embeddings=True, check=False)
     texts = ["The cat sat on the mat.", "Dogs bark."]
     with running_server(tmp_path) as both:
         vectors = post(both, "/embed_all", {"inputs": texts})  # unnamed: the one that can
@@ -238,13 +237,13 @@ def test_embed_all_gives_the_token_vectors_that_the_other_routes_pool(tiny_check
             "128 tokens of 32)")
 
 
-def test_embed_sparse_gives_a_splade_models_non_zero_weights(splade_checkpoint,
-                                                              tiny_checkpoints, tmp_path,
-                                                              monkeypatch):
+def test_embed_sparse_gives_a_splade_models_non_zero_weights(exports, splade_checkpoint,
+                                                             tiny_checkpoints, tmp_path,
+                                                             monkeypatch):
     """TEI's /embed_sparse: a SPLADE model's embedding as {index, value} of its non-zero
     entries, which /v1/embed gives whole; /v1/rerank ranks by their dot product."""
-    export.export(splade_checkpoint, tmp_path / "splade", "onnx", check=False)
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "pooled", "onnx", check=False)
+    exports(splade_checkpoint, tmp_path / "splade", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "pooled", "onnx", check=False)
     texts = ["The cat sat on the mat.", "Dogs bark."]
     with running_server(tmp_path) as both:
         sparse = post(both, "/embed_sparse", {"inputs": texts})  # unnamed: the one that can

@@ -17,7 +17,6 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.server.routes.tei.grpc_services import SERVING, pb, pb_grpc
 from tests import web
@@ -33,16 +32,16 @@ def key(model: str | None = None) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def server(tiny_checkpoints, splade_checkpoint, tmp_path_factory):
+def server(exports, tiny_checkpoints, splade_checkpoint, tmp_path_factory):
     """An embedding model that gives its token vectors too, a SPLADE model and a
     cross-encoder (the one classifier, and the one that reranks unnamed)."""
     repo = tmp_path_factory.mktemp("tei-grpc")
-    export.export(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx",
-                  token_embeddings=True, check=False)
-    export.export(splade_checkpoint, repo / "splade", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], repo / "embedder", "onnx",
+            token_embeddings=True, check=False)
+    exports(splade_checkpoint, repo / "splade", "onnx", check=False)
     cross = checkpoint.save(checkpoint.new("bert", "tiny", "classify", ["relevant"]),
                             repo.parent / "cross-checkpoint")
-    export.export(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
+    exports(cross, repo / "cross", "onnx", relevant_label="relevant", check=False)
     port = unallocated_port()
     with running_server(repo, max_inputs=8, api_key="sekret", grpc_port=port) as url:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -272,8 +271,8 @@ def test_a_service_is_serving_only_with_a_model_that_does_what_it_does():
     assert SERVING["tei.v1.Predict"](svc) and not SERVING["tei.v1.Rerank"](svc)
 
 
-def test_a_health_watch_ends_not_serving_when_the_service_stops(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "embedder", "onnx", check=False)
+def test_a_health_watch_ends_not_serving_when_the_service_stops(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "embedder", "onnx", check=False)
     port = unallocated_port()
     statuses, watching = [], threading.Event()
     with running_server(tmp_path, grpc_port=port):

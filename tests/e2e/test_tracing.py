@@ -10,7 +10,6 @@ import threading
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from distilserve.models import export
 from tests import web
 from tests.conftest import running_server
 
@@ -48,9 +47,9 @@ def _attributes(span) -> dict:
     return {a.key: getattr(a.value, a.value.WhichOneof("value")) for a in span.attributes}
 
 
-def test_each_request_is_a_span_of_the_callers_trace(tiny_checkpoints, tmp_path, collector):
+def test_each_request_is_a_span_of_the_callers_trace(exports, tiny_checkpoints, tmp_path, collector):
     endpoint, spans = collector
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx", check=False)
     with running_server(tmp_path / "repo", otlp_endpoint=endpoint,
                         otlp_service_name="embedder") as url:
         traced = web.post(url + "/v1/embed", json={"inputs": "a sentence"}, headers={
@@ -88,7 +87,7 @@ def test_without_an_endpoint_nothing_is_traced():
     assert [m.kwargs["tracing"] for m in app.user_middleware if m.cls is RequestMetrics] == [None]
 
 
-def test_each_grpc_call_is_a_span_of_the_callers_trace(tiny_checkpoints, tmp_path, collector):
+def test_each_grpc_call_is_a_span_of_the_callers_trace(exports, tiny_checkpoints, tmp_path, collector):
     import grpc
     from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -96,7 +95,7 @@ def test_each_grpc_call_is_a_span_of_the_callers_trace(tiny_checkpoints, tmp_pat
     from tests.conftest import unallocated_port
 
     endpoint, spans = collector
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx", check=False)
     port = unallocated_port()
     with running_server(tmp_path / "repo", otlp_endpoint=endpoint, grpc_port=port):
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:

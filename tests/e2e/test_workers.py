@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton
 
-from distilserve.models import export
 from tests import web
 from tests.conftest import free_port, terminate, unallocated_port, wait_for
 
@@ -66,8 +65,8 @@ def _grpc_embed(port: int) -> tuple[int, ...]:
         client.close()
 
 
-def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
+def test_two_workers_share_the_port_and_the_metrics(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
     port, grpc_port = free_port(), unallocated_port()
     log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
@@ -126,14 +125,14 @@ def test_two_workers_share_the_port_and_the_metrics(tiny_checkpoints, tmp_path):
         terminate(server, _workers(log))
 
 
-def test_no_connection_arriving_after_sigterm_is_reset(tiny_checkpoints, tmp_path):
+def test_no_connection_arriving_after_sigterm_is_reset(exports, tiny_checkpoints, tmp_path):
     """``--workers 2`` told to stop while requests keep coming, each on a new connection:
     every one is answered or refused at connect, none accepted and then reset (the
     supervisor's copy of the listening socket, kept until the workers had drained, left
     connections queued for no one)."""
     import threading
 
-    export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
+    exports(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
     port = free_port()
     log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
     server = subprocess.Popen(

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from transformers import pipeline
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from tests import web
 from tests.conftest import running_server
@@ -36,11 +35,11 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def url(checkpoints, tiny_checkpoints, tmp_path_factory):
+def url(exports, checkpoints, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("zero-shot")
     for name, folder in checkpoints.items():
-        export.export(folder, repo / name, "onnx", check=False)
-    export.export(tiny_checkpoints["bert", "classify"], repo / "sentiment", "onnx", check=False)
+        exports(folder, repo / name, "onnx", check=False)
+    exports(tiny_checkpoints["bert", "classify"], repo / "sentiment", "onnx", check=False)
     with running_server(repo, max_inputs=8) as url:
         yield url
 
@@ -130,12 +129,12 @@ def test_the_root_answers_the_hugging_face_inference_apis_zero_shot_body(url, ch
     assert bad.status_code == 422 and "parameters: hypothesis_template" in bad.text
 
 
-def test_huggingface_hubs_zero_shot_and_token_classification(checkpoints, tiny_checkpoints,
+def test_huggingface_hubs_zero_shot_and_token_classification(exports, checkpoints, tiny_checkpoints,
                                                              tmp_path, monkeypatch):
     """Each against a service of that one model, as huggingface_hub's InferenceClient
     posts to the URL it is given."""
-    export.export(checkpoints["nli"], tmp_path / "zero" / "nli", "onnx", check=False)
-    export.export(tiny_checkpoints["bert", "ner"], tmp_path / "ner" / "tagger", "onnx", check=False)
+    exports(checkpoints["nli"], tmp_path / "zero" / "nli", "onnx", check=False)
+    exports(tiny_checkpoints["bert", "ner"], tmp_path / "ner" / "tagger", "onnx", check=False)
     text = "Angela Merkel visited Paris with Volkswagen."
     with running_server(tmp_path / "zero") as zero, running_server(tmp_path / "ner") as ner:
         expected = classify(zero, inputs=text, candidate_labels=LABELS,

@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from distilserve.models import export
 from loadtests import depths
 
 pytestmark = pytest.mark.slow  # a real server in a subprocess, under load
 
 
-def test_every_phase_is_answered_at_its_depths(tiny_checkpoints, tmp_path):
-    export.export(tiny_checkpoints["minialbert", "embed"], tmp_path / "repo" / "mini", "onnx",
-                  "keep")
+def test_every_phase_is_answered_at_its_depths(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["minialbert", "embed"], tmp_path / "repo" / "mini", "onnx",
+            "keep")
     figures = depths.run(tmp_path / "repo", "mini", clients=8, seconds=1.5, rounds=1,
                          out=tmp_path / "out")
     assert figures["iterations"] == {"min": 1, "max": 3, "default": 3}

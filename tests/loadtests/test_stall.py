@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from distilserve.models import export
 from loadtests import stall
 
 pytestmark = pytest.mark.slow  # thousands of connections
@@ -17,9 +16,9 @@ pytestmark = pytest.mark.slow  # thousands of connections
 LATE_S = 5.0
 
 
-def test_stalled_connections_from_one_address_leave_the_others_served(tiny_checkpoints,
-                                                                        tmp_path):
-    export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
+def test_stalled_connections_from_one_address_leave_the_others_served(exports, tiny_checkpoints,
+                                                                      tmp_path):
+    exports(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
     figures = stall.run(tmp_path / "repo", connections=4000, clients=16, seconds=6,
                         out=tmp_path / "out")
     served = figures["clients"]

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.models.runtime import open_backend
 from distilserve.models.runtime.base import INPUT_NAMES
@@ -150,9 +149,9 @@ def test_no_forward_pass_reads_a_tensor_on_the_host(tiny_checkpoints, family, ta
     assert out.device.type == "meta" and out.shape[0] == 2
 
 
-def test_only_a_pytorch_backend_on_a_gpu_uses_graphs(backends, tiny_checkpoints, tmp_path):
+def test_only_a_pytorch_backend_on_a_gpu_uses_graphs(exports, backends, tiny_checkpoints, tmp_path):
     assert backends["bert", "embed"].use_graphs(SHAPES) is False  # on the CPU
-    export.export(tiny_checkpoints["bert", "embed"], tmp_path / "onnx", "onnx")
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "onnx", "onnx")
     assert open_backend("onnx", tmp_path / "onnx", "model.onnx").use_graphs(SHAPES) is False
 
 
@@ -182,11 +181,11 @@ def test_on_cuda_graphs_give_what_the_eager_model_gives_without(tiny_checkpoints
 
 
 @pytest.fixture(scope="module")
-def torchscript(tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
+def torchscript(exports, tiny_checkpoints, tmp_path_factory) -> dict[str, Path]:
     """family -> its tiny embed checkpoint exported to TorchScript (for the gpu tests)."""
     root = tmp_path_factory.mktemp("torchscript")
     for family in FAMILIES:
-        export.export(tiny_checkpoints[family, "embed"], root / family, "torchscript")
+        exports(tiny_checkpoints[family, "embed"], root / family, "torchscript")
     return {family: root / family for family in FAMILIES}
 
 

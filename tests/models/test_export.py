@@ -51,6 +51,24 @@ def test_an_unchecked_export_is_the_checked_one_without_the_checks_record(
             for name in ("checked", "unchecked"))
     np.testing.assert_array_equal(a, b)
 
+
+def test_the_exports_fixture_gives_the_export_and_makes_each_once(exports, tiny_checkpoints,
+                                                                  tmp_path, monkeypatch):
+    """tests/conftest.py's ``exports``, which most of the suite's model folders come from:
+    what ``export`` gives, exported once and copied when asked for again."""
+    src = tiny_checkpoints["cmow", "classify"]
+    made = exports(src, tmp_path / "a", "onnx", check=False)
+    direct = export.export(src, tmp_path / "direct", "onnx", check=False)
+    timed = {"export_seconds"}
+    assert made.model_dump(exclude=timed) == direct.model_dump(exclude=timed)
+    monkeypatch.setattr(export, "export", lambda *args, **kw: pytest.fail("exported again"))
+    assert exports(src, tmp_path / "b", "onnx", check=False) == made
+    inputs = _fresh_inputs()
+    a, b = (open_backend("onnx", tmp_path / name, "model.onnx").run(inputs)
+            for name in ("b", "direct"))
+    np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("family,fmt,loop", CASES)
 def test_export_reloads_and_matches_pytorch_at_other_shapes(tiny_checkpoints, tmp_path,
                                                             family, fmt, loop):

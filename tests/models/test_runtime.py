@@ -48,12 +48,12 @@ def test_unknown_devices_are_refused(device):
 
 
 @pytest.fixture(scope="module")
-def exported(tiny_checkpoints, tmp_path_factory):
+def exported(exports, tiny_checkpoints, tmp_path_factory):
     root = tmp_path_factory.mktemp("runtime")
     out = {}
     for fmt in ("torch", "torchscript", "onnx"):
         out[fmt] = root / fmt
-        export.export(tiny_checkpoints["minialbert", "embed"], out[fmt], fmt)
+        exports(tiny_checkpoints["minialbert", "embed"], out[fmt], fmt)
     return out
 
 
@@ -400,7 +400,7 @@ def test_auto_keeps_onnx_in_fp32_where_the_checkpoint_cannot_run_in_bf16(
 
 
 @pytest.fixture(scope="module")
-def recursive_exports(tiny_checkpoints, tmp_path_factory):
+def recursive_exports(exports, tiny_checkpoints, tmp_path_factory):
     """(family, format, loop) -> (its model, its backend), a tiny embedding model of each
     recursive family in every format and loop (the checkpoint, format torch: its own)."""
     from distilserve.models.io import checkpoint
@@ -411,7 +411,7 @@ def recursive_exports(tiny_checkpoints, tmp_path_factory):
         model = checkpoint.load(folder).model.eval()
         for fmt, loop in (("onnx", "keep"), ("torchscript", "keep"), ("torch", "unroll"),
                           ("onnx", "unroll"), ("torchscript", "unroll")):
-            made = export.export(folder, root / f"{family}-{fmt}-{loop}", fmt, loop)
+            made = exports(folder, root / f"{family}-{fmt}-{loop}", fmt, loop)
             out[family, fmt, loop] = model, open_backend(
                 fmt, root / f"{family}-{fmt}-{loop}", made.artifact,
                 num_iterations=made.num_iterations)

@@ -330,13 +330,11 @@ def test_aliases_are_read_from_the_setting_and_the_manifests_and_clashes_said():
                      "the name 'x' is an alias of other and third"]
 
 
-def test_serve_refuses_a_name_two_models_would_answer_to(tiny_checkpoints, tmp_path, capsys,
-                                                          monkeypatch):
-    from distilserve.models import export
-
+def test_serve_refuses_a_name_two_models_would_answer_to(exports, tiny_checkpoints, tmp_path,
+                                                         capsys, monkeypatch):
     for name in ("a", "b"):
-        export.export(tiny_checkpoints["cmow", "embed"], tmp_path / name, "onnx",
-                      aliases=["text-embedding-3-small"])
+        exports(tiny_checkpoints["cmow", "embed"], tmp_path / name, "onnx",
+                aliases=["text-embedding-3-small"])
     assert main(["serve", "--model-repository", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "'text-embedding-3-small' is an alias of a and b" in err

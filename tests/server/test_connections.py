@@ -9,16 +9,15 @@ import time
 import httpx
 import pytest
 
-from distilserve.models import export
 from distilserve.server.connections import ClientWatch
 from tests import web
 from tests.conftest import running_server, wait_for
 
 
 @pytest.fixture(scope="module")
-def repository(tiny_checkpoints, tmp_path_factory):
+def repository(exports, tiny_checkpoints, tmp_path_factory):
     repo = tmp_path_factory.mktemp("connections-repo")
-    export.export(tiny_checkpoints["cmow", "embed"], repo / "cmow", "onnx", check=False)
+    exports(tiny_checkpoints["cmow", "embed"], repo / "cmow", "onnx", check=False)
     return repo
 
 

@@ -31,17 +31,17 @@ from tests.conftest import FAMILIES, TASKS, wait_for
 
 
 @pytest.fixture(scope="module")
-def torch_model(tiny_checkpoints, tmp_path_factory):
+def torch_model(exports, tiny_checkpoints, tmp_path_factory):
     folder = tmp_path_factory.mktemp("engine") / "falbert"
-    export.export(tiny_checkpoints["falbert", "embed"], folder, "torch", check=False)
+    exports(tiny_checkpoints["falbert", "embed"], folder, "torch", check=False)
     return folder
 
 
 @pytest.fixture(scope="module")
-def onnx_model(tiny_checkpoints, tmp_path_factory):
+def onnx_model(exports, tiny_checkpoints, tmp_path_factory):
     """A tiny BERT embedding model (32 wide, 128 positions) exported to ONNX."""
     folder = tmp_path_factory.mktemp("engine") / "bert"
-    export.export(tiny_checkpoints["bert", "embed"], folder, "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], folder, "onnx", check=False)
     return folder
 
 
@@ -193,12 +193,12 @@ def test_an_int8_model_says_so(tiny_checkpoints, tmp_path):
     assert "quantization" not in load_engine("m", folder, Settings(), Metrics()).describe()
 
 
-def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(tmp_path):
+def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(exports, tmp_path):
     from distilserve.models.io.manifest import DECODER
 
     source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
     folder = tmp_path / "model"
-    manifest = export.export(source, folder, "onnx", task="fill-mask")
+    manifest = exports(source, folder, "onnx", task="fill-mask")
     assert manifest.task == "fill-mask" and DECODER in manifest.files
     engine = load_engine("m", folder, Settings(), Metrics())
     weight, bias = read_decoder(folder)
@@ -212,7 +212,7 @@ def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(tmp_path):
         load_engine("m", folder, Settings(), Metrics())
 
 
-def test_a_fill_mask_decoder_runs_where_its_model_runs_on_a_gpu(tmp_path, monkeypatch):
+def test_a_fill_mask_decoder_runs_where_its_model_runs_on_a_gpu(exports, tmp_path, monkeypatch):
     """On a GPU the decoder is placed on the model's device in its dtype (checked on CUDA by
     tests/models/test_runtime.py and tests/e2e/test_gpu.py); elsewhere it runs on the host."""
     import torch
@@ -221,7 +221,7 @@ def test_a_fill_mask_decoder_runs_where_its_model_runs_on_a_gpu(tmp_path, monkey
 
     source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
     folder = tmp_path / "model"
-    export.export(source, folder, "onnx", task="fill-mask")
+    exports(source, folder, "onnx", task="fill-mask")
     placed = []
     monkeypatch.setattr(torch_device, "linear", lambda w, b, device, dtype: placed.append(
         (w.shape, device, dtype)) or "on the GPU")
@@ -242,13 +242,13 @@ def test_cuda_without_a_gpu_names_the_model(torch_model):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible")
 def test_an_onnx_model_runs_its_checkpoint_where_onnxruntime_cannot_use_the_gpu(
-        tiny_checkpoints, tmp_path, monkeypatch, caplog):
+        tiny_checkpoints, tmp_path, monkeypatch, caplog, exports):
     """The service opts in (models/runtime's checkpoint_instead): here the 'GPU' is the CPU,
     made visible to the choice and given to the torch backend in its place."""
     from distilserve.models.runtime import selection, torch_device
 
     folder = tmp_path / "onnx"
-    export.export(tiny_checkpoints["bert", "embed"], folder, "onnx")
+    exports(tiny_checkpoints["bert", "embed"], folder, "onnx")
     texts = ["The cat sat on the mat.", "A longer sentence about something else entirely."]
     onnx = load_engine("m", folder, Settings(), Metrics())
     assert onnx.describe()["backend"] == "onnx"
@@ -265,7 +265,7 @@ def test_an_onnx_model_runs_its_checkpoint_where_onnxruntime_cannot_use_the_gpu(
 
 
 def test_auto_serves_an_onnx_model_in_bf16_on_a_cpu_with_bf16_matrix_units(
-        onnx_model, tiny_checkpoints, tmp_path, monkeypatch, caplog):
+        onnx_model, tiny_checkpoints, tmp_path, monkeypatch, caplog, exports):
     """Where the processor has bf16 matrix units, ``auto`` runs an ONNX model's checkpoint
     in bf16 (ONNX Runtime computes in fp32), says why in /v1/models and the log, and gives
     what fp32 gives within bf16's precision; where it has none, or for CMOW, ONNX Runtime
@@ -287,7 +287,7 @@ def test_auto_serves_an_onnx_model_in_bf16_on_a_cpu_with_bf16_matrix_units(
     cosines = (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
     assert cosines.min() >= 0.999 and not np.array_equal(a, b)
     cmow = tmp_path / "cmow"  # whose products of small matrices bf16 slows down
-    export.export(tiny_checkpoints["cmow", "embed"], cmow, "onnx")
+    exports(tiny_checkpoints["cmow", "embed"], cmow, "onnx")
     described = load_engine("m", cmow, Settings(dtype="auto"), Metrics()).describe()
     assert (described["backend"], described["dtype"]) == ("onnx", "fp32")
     monkeypatch.setattr(base, "bf16_units", lambda: None)
@@ -296,7 +296,7 @@ def test_auto_serves_an_onnx_model_in_bf16_on_a_cpu_with_bf16_matrix_units(
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_familys_onnx_model_is_served_in_bf16_on_the_cpu(family, tiny_checkpoints,
+def test_every_familys_onnx_model_is_served_in_bf16_on_the_cpu(exports, family, tiny_checkpoints,
                                                                tmp_path):
     """Each family's ONNX export run in bf16 by the service (its checkpoint, traced), for
     each task: what fp32 gives, within bf16's precision; where the export's bf16 check
@@ -310,7 +310,7 @@ def test_every_familys_onnx_model_is_served_in_bf16_on_the_cpu(family, tiny_chec
     ran = []
     for task in TASKS:
         folder = tmp_path / task
-        export.export(tiny_checkpoints[family, task], folder, "onnx")
+        exports(tiny_checkpoints[family, task], folder, "onnx")
         if "bf16" not in Manifest.read(folder).allowed_dtypes:
             with pytest.raises(ModelLoadError, match="dtype bf16 is not one this model runs in"):
                 load_engine("m", folder, Settings(dtype="bf16"), Metrics())
@@ -398,11 +398,11 @@ def test_the_warm_up_is_not_counted(torch_model):
     assert (served["execution_count"], served["inference_count"]) == (1, 1)
 
 
-def test_question_answering_runs_each_pair_as_its_windows(tiny_checkpoints, tmp_path):
+def test_question_answering_runs_each_pair_as_its_windows(exports, tiny_checkpoints, tmp_path):
 
     folder = tmp_path / "squad"
-    export.export(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
-                  folder, "onnx")
+    exports(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
+            folder, "onnx")
     engine = load_engine("squad", folder, Settings(), Metrics())
     pairs = [("Where?", "word " * 60), ("Who?", "Ada.")]
 
@@ -529,14 +529,14 @@ def test_an_asynchronous_backend_starts_the_next_batch_before_collecting_the_las
 
 
 def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collected(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, exports):
     """Each input's output is its mask tokens' logits [M, V]: the decoder applied to its
     own mask vectors, in batches of several inputs, with a synchronous backend and with one
     that starts a batch and collects it later (a GPU's; the token ids go with the batch)."""
 
     source = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "mlm")
     folder = tmp_path / "model"
-    export.export(source, folder, "onnx", task="fill-mask")
+    exports(source, folder, "onnx", task="fill-mask")
     texts = [f"word {i} [MASK] " + "[MASK] " * (i % 3) + "end" * (i % 2) for i in range(40)]
     engine = load_engine("m", folder, Settings(), Metrics())
     weight, bias = read_decoder(folder)
@@ -559,7 +559,7 @@ def test_a_fill_mask_batch_decodes_its_masks_whether_run_or_started_and_collecte
 
 
 def test_a_batch_is_postprocessed_once_whether_run_or_collected(
-        onnx_model, tiny_checkpoints, tmp_path, monkeypatch):
+        onnx_model, tiny_checkpoints, tmp_path, monkeypatch, exports):
     """What every request does to its outputs unless it asks otherwise is done once per
     batch, on the model's thread (per request on the event loop, such small numpy calls
     cost a fifth of the throughput at 512 clients): a dense embedding model's unit vectors,
@@ -576,7 +576,7 @@ def test_a_batch_is_postprocessed_once_whether_run_or_collected(
     np.testing.assert_allclose(unit, outputs / np.linalg.norm(outputs, axis=1, keepdims=True),
                                rtol=1e-5, atol=1e-6)
     for task in ("classify", "ner"):
-        export.export(tiny_checkpoints["bert", task], tmp_path / task, "onnx")
+        exports(tiny_checkpoints["bert", task], tmp_path / task, "onnx")
     classified = _run(load_engine("c", tmp_path / "classify", Settings(), Metrics()), texts)
     logits, scores = np.stack(classified.outputs), np.stack(classified.postprocessed)  # [N, L]
     assert logits.shape == scores.shape == (len(texts), 2)
@@ -712,7 +712,7 @@ HEADS = [(family, task) for family in FAMILIES for task in TASKS] + [
 
 @pytest.mark.parametrize("fmt", ["torch", "torchscript"])
 @pytest.mark.parametrize(("family", "task"), HEADS)
-def test_every_head_serves_in_the_half_dtypes_its_export_passed(family, task, fmt, tmp_path):
+def test_every_head_serves_in_the_half_dtypes_its_export_passed(exports, family, task, fmt, tmp_path):
     """What a GPU runs, on the CPU: each family and task, in each half dtype the export's
     parity check passed (a TorchScript graph traced again at load in it; the torch
     format's checkpoint), through the engine, gives fp32's outputs' shapes, finite. The
@@ -720,7 +720,7 @@ def test_every_head_serves_in_the_half_dtypes_its_export_passed(family, task, fm
     labels = ["a", "b", "c"] if task in ("classify", "ner") else None
     source = checkpoint.save(checkpoint.new(family, "tiny", task, labels, seed=1),
                              tmp_path / "ck")
-    manifest = export.export(source, tmp_path / "m", fmt, task=task)
+    manifest = exports(source, tmp_path / "m", fmt, task=task)
     texts = {"fill-mask": ["a [MASK] here", "two [MASK] and [MASK] words"],
              "qa": [("who?", "a context of some words")]}.get(task, ["hello", "a b c d"])
     outputs = {}

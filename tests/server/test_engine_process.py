@@ -158,16 +158,15 @@ def test_a_front_end_serves_the_engines_models_with_their_own_outputs(oip_reposi
 
 
 @pytest.fixture(scope="module")
-def decoding_repository(tmp_path_factory):
+def decoding_repository(exports, tmp_path_factory):
     """Fill-mask (its batches decode their mask tokens in the engine) and question
     answering (a row per token, with windows of its pairs)."""
-    from distilserve.models import export
     from distilserve.models.io import checkpoint
 
     root, repo = tmp_path_factory.mktemp("decoding"), tmp_path_factory.mktemp("repo")
     for task in ("fill-mask", "qa"):
         saved = checkpoint.save(checkpoint.new("bert", "tiny", task, seed=4), root / task)
-        export.export(saved, repo / task, "onnx", task=task, max_length=32, check=False)
+        exports(saved, repo / task, "onnx", task=task, max_length=32, check=False)
     return repo
 
 

@@ -8,7 +8,6 @@ import signal
 
 import pytest
 
-from distilserve.models import export
 from loadtests.run import free_port, start_server
 from tests import web
 from tests.conftest import wait_for
@@ -18,8 +17,8 @@ pytestmark = pytest.mark.slow  # real servers in subprocesses
 
 @pytest.mark.parametrize("workers", ["1", "2"])
 def test_json_logs_are_one_object_a_line_with_the_access_logs_fields(
-        tiny_checkpoints, tmp_path, workers):
-    export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
+        tiny_checkpoints, tmp_path, workers, exports):
+    exports(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
     port, log = free_port(), tmp_path / "server.log"
     server = start_server(tmp_path / "repo", port, log, {
         "DISTILSERVE_LOG_FORMAT": "json", "DISTILSERVE_ACCESS_LOG": "true",

@@ -8,7 +8,6 @@ import pickle
 
 import pytest
 
-from distilserve.models import export
 from distilserve.server.engine import InputTooLong, ModelUnavailable, QueueFull, load_engine
 from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
@@ -32,9 +31,9 @@ class FakeHandle:
 
 
 @pytest.fixture(scope="module")
-def folder(tiny_checkpoints, tmp_path_factory):
+def folder(exports, tiny_checkpoints, tmp_path_factory):
     target = tmp_path_factory.mktemp("ray-unit") / "embed"
-    export.export(tiny_checkpoints["bert", "embed"], target, "onnx", check=False)
+    exports(tiny_checkpoints["bert", "embed"], target, "onnx", check=False)
     return target
 
 
@@ -117,12 +116,12 @@ class LocalHandle:
         return run()
 
 
-def test_question_answering_makes_its_windows_on_the_replica(tmp_path):
+def test_question_answering_makes_its_windows_on_the_replica(exports, tmp_path):
     from distilserve.models.io import checkpoint
 
     squad = tmp_path / "squad"
-    export.export(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
-                  squad, "onnx")
+    exports(checkpoint.save(checkpoint.new("bert", "tiny", "qa"), tmp_path / "ck"),
+            squad, "onnx")
     replica = load_engine("squad", squad, Settings(threads=1), Metrics())
     engine = ray_deployments.remote_engine(squad, Settings(threads=4), Metrics(),
                                           LocalHandle(replica), replica.describe(),
