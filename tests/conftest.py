@@ -93,8 +93,9 @@ class Exports:
     """``distilserve.models.export.export`` for the tests whose subject is not the export:
     each distinct export (the source folder's files, the format, the loop form and the
     options) is made once per run, in a folder that pytest-xdist's workers share, and
-    copied to where a test asks for it, which may change its copy. Not for a folder a
-    running service watches: a copy is not put in place at once, as an export is."""
+    copied to where a test asks for it (its manifest naming the source asked for), which
+    may change its copy. Not for a folder a running service watches: a copy is not put in
+    place at once, as an export is."""
 
     def __init__(self, root: Path):
         self.root = root
@@ -114,7 +115,11 @@ class Exports:
                 staging.rename(made)
             shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(made, output)
-        return Manifest.read(Path(output))
+        manifest = Manifest.read(Path(output))
+        if manifest.source != str(Path(source)):  # made from another worker's copy of it
+            manifest = manifest.model_copy(update={"source": str(Path(source))})
+            manifest.write(Path(output))
+        return manifest
 
 
 def shared_folder(tmp_path_factory) -> Path:

@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -9,6 +10,7 @@ from transformers import AutoTokenizer
 
 from distilserve.models import export, families, samples
 from distilserve.models.io import checkpoint
+from distilserve.models.io.manifest import Manifest
 from distilserve.models.runtime import open_backend
 from distilserve.server.cli import main
 from distilserve.server.core.postprocess import sentence_embeddings
@@ -55,14 +57,18 @@ def test_an_unchecked_export_is_the_checked_one_without_the_checks_record(
 def test_the_exports_fixture_gives_the_export_and_makes_each_once(exports, tiny_checkpoints,
                                                                   tmp_path, monkeypatch):
     """tests/conftest.py's ``exports``, which most of the suite's model folders come from:
-    what ``export`` gives, exported once and copied when asked for again."""
+    what ``export`` gives, exported once and copied when asked for again, also for the
+    same files elsewhere (another pytest-xdist worker's checkpoint), naming them."""
     src = tiny_checkpoints["cmow", "classify"]
     made = exports(src, tmp_path / "a", "onnx", check=False)
     direct = export.export(src, tmp_path / "direct", "onnx", check=False)
     timed = {"export_seconds"}
     assert made.model_dump(exclude=timed) == direct.model_dump(exclude=timed)
+    elsewhere = shutil.copytree(src, tmp_path / "elsewhere")
     monkeypatch.setattr(export, "export", lambda *args, **kw: pytest.fail("exported again"))
-    assert exports(src, tmp_path / "b", "onnx", check=False) == made
+    again = exports(elsewhere, tmp_path / "b", "onnx", check=False)
+    assert again == made.model_copy(update={"source": str(elsewhere)})
+    assert Manifest.read(tmp_path / "b") == again
     inputs = _fresh_inputs()
     a, b = (open_backend("onnx", tmp_path / name, "model.onnx").run(inputs)
             for name in ("b", "direct"))
