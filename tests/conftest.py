@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny checkpoints of every family and task, built once per session."""
+"""Shared fixtures: tiny checkpoints of every family and task, built once per session, and
+the model folders exported from them, each export made once per run."""
 
 from __future__ import annotations
 
