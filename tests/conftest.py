@@ -105,8 +105,9 @@ class Exports:
         from distilserve.models import export
         from distilserve.models.io.manifest import Manifest
 
+        source, output = Path(source), Path(output)
         key = hashlib.sha256(repr((fmt, loop, sorted(options.items()))).encode())
-        for file in sorted(p for p in Path(source).rglob("*") if p.is_file()):
+        for file in sorted(p for p in source.rglob("*") if p.is_file()):
             key.update(str(file.relative_to(source)).encode() + b"\0" + file.read_bytes())
         made = self.root / key.hexdigest()[:24]
         if not made.exists():
@@ -116,10 +117,10 @@ class Exports:
                 staging.rename(made)
             shutil.rmtree(staging, ignore_errors=True)
         shutil.copytree(made, output)
-        manifest = Manifest.read(Path(output))
-        if manifest.source != str(Path(source)):  # made from another worker's copy of it
-            manifest = manifest.model_copy(update={"source": str(Path(source))})
-            manifest.write(Path(output))
+        manifest = Manifest.read(output)
+        if manifest.source != str(source):  # made from another worker's copy of it
+            manifest = manifest.model_copy(update={"source": str(source)})
+            manifest.write(output)
         return manifest
 
 
