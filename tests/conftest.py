@@ -243,6 +243,13 @@ def transformers_pipeline(task: str, folder, family: str):
 def running_server(repository, until: str = "/ready", **settings):
     """A real uvicorn server on 127.0.0.1 and a free port, in a thread; yields its URL
     once ``until`` (/ready) answers 200, and stops it afterwards."""
+    with serving(repository, until, **settings) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def serving(repository, until: str = "/ready", **settings):
+    """running_server's server, yielded with its URL: ``(url, server)``."""
     from distilserve.server.app import create_app
     from distilserve.server.connections import Config, Server
     from distilserve.server.settings import Settings
@@ -258,7 +265,7 @@ def running_server(repository, until: str = "/ready", **settings):
     url = f"http://127.0.0.1:{port}"
     wait_until_ready(url, thread.is_alive, "the test server", until)
     try:
-        yield url
+        yield url, server
     finally:
         server.should_exit = True
         thread.join(30)

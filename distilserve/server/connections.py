@@ -18,6 +18,12 @@ A request's handler learns that its client went away (to drop its queued inputs)
 sets off when it loses the connection, rather than from a task per request waiting for
 ``http.disconnect`` (the ASGI way), which costs the event loop time on every request.
 
+On a graceful stop (SIGTERM, SIGINT, a restart's retirement), as nginx's: an idle
+keep-alive connection is closed and a request in flight answered, then its connection
+closed (uvicorn's); and a request awaited on a new connection, or begun on a kept-alive one,
+is served too, then its connection closed, rather than closed unanswered (the header
+deadline still bounds the wait).
+
 uvicorn re-raises SIGTERM/SIGINT once it has drained, so a clean shutdown would exit
 with the signal's status; ``Server`` exits normally (0), as Kubernetes and systemd expect.
 ``Workers`` is uvicorn's supervisor of ``--workers N``, which stops listening as soon as
@@ -117,6 +123,8 @@ class Guarded(HttpToolsProtocol):
         self.header_timeout, self.body_timeout = config.header_timeout, config.body_timeout
         self.deadline: asyncio.TimerHandle | None = None
         self.address: str | None = None  # the client's, once admitted
+        self.receiving = False  # a request's headers begun, not complete
+        self.last_request = False  # stopping: the next request is the connection's last
 
     def _arm(self, reason: str, seconds: float) -> None:
         if self.deadline is None:
@@ -162,12 +170,16 @@ class Guarded(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self.scope["extensions"] = {DISCONNECT: ClientWatch()}
+        self.receiving = True
         self._arm("header_timeout", self.header_timeout)  # a keep-alive request's, from its
         # first byte
 
     def on_headers_complete(self) -> None:
         self._disarm()
+        self.receiving = False
         super().on_headers_complete()
+        if self.last_request and self.cycle is not None:
+            self.cycle.keep_alive = False
         for name, value in self.headers:
             if name == b"transfer-encoding" or name == b"content-length" and value != b"0":
                 self._arm("body_timeout", self.body_timeout)  # a body is to come
@@ -181,6 +193,16 @@ class Guarded(HttpToolsProtocol):
         if not self.transport.is_closing():
             self._count("keep_alive_timeout")
         super().timeout_keep_alive_handler()
+
+    def shutdown(self) -> None:
+        """uvicorn's (an idle keep-alive connection closed, a request in flight its
+        connection's last), but a request awaited on a new connection, or begun, is served
+        as the connection's last."""
+        awaited = self.cycle is None or self.cycle.response_complete and self.receiving
+        if awaited and not self.transport.is_closing():
+            self.last_request = True
+        else:
+            super().shutdown()
 
     def connection_lost(self, exc) -> None:
         self._disarm()

@@ -1,8 +1,9 @@
 """distilserve/server/connections.py: stalled clients are cut off, connections are capped, and the
-requests of well-behaved clients are served meanwhile."""
+requests of well-behaved clients are served meanwhile, and through a graceful stop."""
 
 from __future__ import annotations
 
+import http.client
 import socket
 import time
 
@@ -11,7 +12,7 @@ import pytest
 
 from distilserve.server.connections import ClientWatch
 from tests import web
-from tests.conftest import running_server, wait_for
+from tests.conftest import running_server, serving, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +90,44 @@ def test_connections_past_the_cap_get_503(repository):
         wait_for(lambda: web.post(url + "/v1/embed", json={"inputs": "x"},
                                     timeout=60).status_code == 200,
                  "a request to be served once the connections are gone", 60)
+
+
+def until_closed(s: socket.socket) -> bytes:
+    """What the server sends on ``s`` until it closes the connection."""
+    answer = b""
+    try:
+        while chunk := s.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    return answer
+
+
+def test_a_stop_serves_the_requests_awaited_and_closes_the_idle_connections(repository):
+    body = b'{"inputs": "the last"}'
+    request = (b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    with serving(repository) as (url, server):
+        port = int(url.rsplit(":", 1)[1])
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # kept alive
+        idle.request("GET", "/health")
+        assert idle.getresponse().read() and idle.sock is not None
+        new = socket.create_connection(("127.0.0.1", port))  # its request yet to come
+        begun = socket.create_connection(("127.0.0.1", port))
+        begun.sendall(request[:30])  # its request's first bytes
+        protocols = server.server_state.connections
+        wait_for(lambda: len(protocols) == 3 and any(p.receiving for p in protocols),
+                 "three connections accepted, a request begun on one")
+        server.should_exit = True  # what SIGTERM does
+        wait_for(lambda: closed_by_server(idle.sock), "the idle connection to be closed", 60)
+        new.sendall(request)  # sent as the stop began: served, then the connections closed
+        begun.sendall(request[30:])
+        for s in (new, begun):
+            answer = until_closed(s)
+            assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+            assert b"connection: close" in answer.lower()
+            s.close()
+        idle.close()
 
 
 def test_a_client_watch_calls_back_until_stopped():
