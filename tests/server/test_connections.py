@@ -4,6 +4,7 @@ requests of well-behaved clients are served meanwhile, and through a graceful st
 from __future__ import annotations
 
 import http.client
+import json
 import socket
 import time
 
@@ -42,6 +43,28 @@ def closed_by_server(s: socket.socket) -> bool:
         return True
 
 
+def until_closed(s: socket.socket) -> bytes:
+    """What the server sends on ``s`` until it closes the connection (a bound for a hung
+    server: 10 minutes)."""
+    answer = b""
+    s.settimeout(600)
+    try:
+        while chunk := s.recv(65536):
+            answer += chunk
+    except ConnectionResetError:
+        pass
+    return answer
+
+
+def embed_request(text: str, close: bool = False) -> bytes:
+    """A raw HTTP/1.1 POST of ``text`` to /v1/embed (asking to close the connection after
+    it with ``close``)."""
+    body = json.dumps({"inputs": text}).encode()
+    connection = b"Connection: close\r\n" if close else b""
+    return (b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n%s\r\n" % (len(body), connection)) + body
+
+
 def test_stalled_connections_are_closed_while_others_are_served(repository):
     with running_server(repository, header_timeout=2.0) as url:
         port = int(url.rsplit(":", 1)[1])
@@ -64,16 +87,12 @@ def test_stalled_connections_are_closed_while_others_are_served(repository):
 def test_a_slow_but_steady_client_within_the_timeout_is_served(repository):
     with running_server(repository, header_timeout=3.0) as url:
         port = int(url.rsplit(":", 1)[1])
-        body = b'{"inputs": "slow"}'
-        request = (b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                   b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)) + body
+        request = embed_request("slow", close=True)
         with socket.create_connection(("127.0.0.1", port)) as s:
             for part in (request[:20], request[20:60], request[60:]):
                 s.sendall(part)
                 time.sleep(0.5)
-            answer = b""
-            while chunk := s.recv(65536):
-                answer += chunk
+            answer = until_closed(s)
         assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
 
 
@@ -92,23 +111,8 @@ def test_connections_past_the_cap_get_503(repository):
                  "a request to be served once the connections are gone", 60)
 
 
-def until_closed(s: socket.socket) -> bytes:
-    """What the server sends on ``s`` until it closes the connection (a bound for a hung
-    server: 10 minutes)."""
-    answer = b""
-    s.settimeout(600)
-    try:
-        while chunk := s.recv(65536):
-            answer += chunk
-    except ConnectionResetError:
-        pass
-    return answer
-
-
 def test_a_stop_serves_the_requests_awaited_and_closes_the_idle_connections(repository):
-    body = b'{"inputs": "the last"}'
-    request = (b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-               b"Content-Length: %d\r\n\r\n" % len(body)) + body
+    request = embed_request("the last")
     # a long header deadline: the requests awaited are not cut off, however slow this machine
     with serving(repository, header_timeout=600.0) as (url, server):
         port = int(url.rsplit(":", 1)[1])
