@@ -243,7 +243,17 @@ class Workers(Multiprocess):
     listening sockets when told to stop (SIGTERM, SIGINT), before the workers drain: once
     they have closed theirs too, a new connection is refused at connect, where the
     supervisor's copy would have kept the socket listening, its connections queued for
-    no one and reset when it exits."""
+    no one and reset when it exits. It replaces a worker that dies as soon as it is gone,
+    even while the worker was being pinged."""
+
+    def keep_subprocess_alive(self) -> None:
+        # each worker's end of its health-check pipe, closed in the supervisor once the
+        # worker has its own: a worker that dies while pinged then ends the ping at once
+        # (EOF), where the supervisor's copy would keep the pipe open for the whole
+        # health-check timeout, the dead worker unreplaced and signals unhandled meanwhile
+        for process in self.processes:
+            process.child_conn.close()
+        super().keep_subprocess_alive()
 
     def handle_term(self) -> None:
         self._stop_listening()

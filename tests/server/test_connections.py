@@ -1,17 +1,23 @@
 """distilserve/server/connections.py: stalled clients are cut off, connections are capped, and the
-requests of well-behaved clients are served meanwhile, and through a graceful stop."""
+requests of well-behaved clients are served meanwhile, and through a graceful stop; the
+workers' supervisor replaces a dead worker at once."""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
+import signal
 import socket
+import threading
 import time
 
 import httpx
 import pytest
+import uvicorn
+from uvicorn.supervisors.multiprocess import SIGNALS, Process
 
-from distilserve.server.connections import ClientWatch
+from distilserve.server.connections import ClientWatch, Workers
 from tests import web
 from tests.conftest import running_server, serving, wait_for
 
@@ -152,3 +158,37 @@ def test_a_client_watch_calls_back_until_stopped():
     watch.on_gone(lambda: called.append("late"))  # the client has gone: at once
     assert called == ["first", "late"]
     first()  # stopping after the call is harmless
+
+
+async def nothing(scope, receive, send):  # the supervisor's workers' app: never called
+    raise NotImplementedError
+
+
+@pytest.mark.slow  # worker processes
+def test_a_worker_dying_while_pinged_is_replaced_at_once():
+    """The supervisor pings a worker that does not answer (stopped), and the worker dies
+    meanwhile: the ping ends there and the worker is replaced, where the supervisor would
+    have waited for the whole health-check timeout (an hour here)."""
+    handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}  # the supervisor takes them
+    sock = socket.create_server(("127.0.0.1", 0))
+    config = uvicorn.Config(f"{__name__}:nothing", workers=1, timeout_worker_healthcheck=3600)
+    try:
+        workers = Workers(config, sockets=[sock])
+        stopped = Process(config, [sock])
+        stopped.start()
+        os.kill(stopped.pid, signal.SIGSTOP)
+        workers.processes.append(stopped)
+        supervising = threading.Thread(target=workers.keep_subprocess_alive)
+        supervising.start()
+        time.sleep(1)  # the ping sent, unanswered
+        os.kill(stopped.pid, signal.SIGKILL)
+        supervising.join(timeout=600)
+        assert not supervising.is_alive(), "the supervisor waits on a dead worker's ping"
+        (replacement,) = workers.processes
+        assert replacement is not stopped and replacement.process.is_alive()
+        workers.terminate_all()
+        workers.join_all()
+    finally:
+        sock.close()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)

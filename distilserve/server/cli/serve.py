@@ -182,8 +182,8 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
         engine.start()
     try:
         # a new worker loads its models before it is ready (distilserve.server.app.app_from_environment):
-        # SIGHUP's restart waits this long for each (uvicorn's 5 s, which a worker loading
-        # on a busy machine overran, aborted it); a hung worker is found as late
+        # SIGHUP's restart waits this long for each; a worker alive but not answering its
+        # health check is found as late, a dead one at once (Workers)
         config = Config(WORKER_APP, factory=True,
                         workers=settings.workers, timeout_worker_healthcheck=WORKER_READY_S,
                         **common)
