@@ -86,6 +86,14 @@ def repository(exports, tiny_checkpoints, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def minilm_alone(repository, tmp_path_factory):
+    """A repository of the MiniLM alone, for the servers started with settings of their own."""
+    small = tmp_path_factory.mktemp("minilm-alone")
+    shutil.copytree(repository / "minilm", small / "minilm")
+    return small
+
+
+@pytest.fixture(scope="module")
 def url(repository):
     with running_server(repository, max_inputs=64, max_input_chars=2000,
                         max_body_bytes=200_000) as url:
@@ -113,7 +121,7 @@ def test_models_lists_every_good_folder_and_omits_the_broken_one(url, repository
 def test_strict_readiness_is_503_while_a_model_failed(repository, tmp_path):
     small = tmp_path / "repo"
     small.mkdir()
-    for folder in ("minilm", "broken"):
+    for folder in (name("bert", "embed", "onnx"), "broken"):
         shutil.copytree(repository / folder, small / folder)
     with running_server(small, until="/health", require_all_models=True) as u:
         ready = wait_for(lambda: (r := web.get(u + "/ready")).status_code == 503
@@ -532,11 +540,8 @@ def test_metrics_count_requests_by_route_and_status(url):
     assert 'distilserve_queue_depth{model="minilm"}' in text
 
 
-def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path):
-    small = tmp_path / "repo"
-    small.mkdir()
-    shutil.copytree(repository / "minilm", small / "minilm")
-    with running_server(small, max_queue=2, api_key="sekret") as u:
+def test_tiny_queue_burst_gets_429_never_500_then_recovers(minilm_alone):
+    with running_server(minilm_alone, max_queue=2, api_key="sekret") as u:
         auth = {"Authorization": "Bearer sekret"}
 
         async def burst():
@@ -584,12 +589,9 @@ def test_tiny_queue_burst_gets_429_never_500_then_recovers(repository, tmp_path)
             "/health", "/ready", "/ping", "/", "/v2/health/live", "/v2/health/ready")}
 
 
-def test_cors_lets_the_origins_named_call_from_a_browser(repository, tmp_path, url):
-    small = tmp_path / "repo"
-    small.mkdir()
-    shutil.copytree(repository / "minilm", small / "minilm")
+def test_cors_lets_the_origins_named_call_from_a_browser(minilm_alone, url):
     page, other = "https://app.example", "https://elsewhere.example"
-    with running_server(small, api_key="sekret", cors_allow_origins=f" {page}, ") as u:
+    with running_server(minilm_alone, api_key="sekret", cors_allow_origins=f" {page}, ") as u:
         # the browser's preflight carries no API key: answered before the key is asked for
         preflight = {"Access-Control-Request-Method": "POST",
                      "Access-Control-Request-Headers": "authorization, content-type"}
@@ -616,11 +618,8 @@ def test_cors_lets_the_origins_named_call_from_a_browser(repository, tmp_path, u
     assert res.status_code == 200 and "access-control-allow-origin" not in res.headers
 
 
-def test_inputs_of_a_client_that_went_away_are_not_run(repository, tmp_path):
-    small = tmp_path / "repo"
-    small.mkdir()
-    shutil.copytree(repository / "minilm", small / "minilm")
-    with running_server(small, max_batch_size=1) as u:
+def test_inputs_of_a_client_that_went_away_are_not_run(minilm_alone):
+    with running_server(minilm_alone, max_batch_size=1) as u:
         before = _forward_passes(u, "minilm")
 
         async def scenario():
