@@ -172,13 +172,13 @@ def test_a_worker_dying_while_pinged_is_replaced_at_once():
     handlers = {sig: signal.getsignal(sig) for sig in SIGNALS}  # the supervisor takes them
     sock = socket.create_server(("127.0.0.1", 0))
     config = uvicorn.Config(f"{__name__}:nothing", workers=1, timeout_worker_healthcheck=3600)
+    workers = Workers(config, sockets=[sock])
+    stopped = Process(config, [sock])
     try:
-        workers = Workers(config, sockets=[sock])
-        stopped = Process(config, [sock])
         stopped.start()
         os.kill(stopped.pid, signal.SIGSTOP)
         workers.processes.append(stopped)
-        supervising = threading.Thread(target=workers.keep_subprocess_alive)
+        supervising = threading.Thread(target=workers.keep_subprocess_alive, daemon=True)
         supervising.start()
         time.sleep(1)  # the ping sent, unanswered
         os.kill(stopped.pid, signal.SIGKILL)
@@ -186,9 +186,10 @@ def test_a_worker_dying_while_pinged_is_replaced_at_once():
         assert not supervising.is_alive(), "the supervisor waits on a dead worker's ping"
         (replacement,) = workers.processes
         assert replacement is not stopped and replacement.process.is_alive()
-        workers.terminate_all()
-        workers.join_all()
     finally:
+        for process in {stopped, *workers.processes}:
+            process.kill()
+            process.process.join()
         sock.close()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
