@@ -100,9 +100,9 @@ def measure(spec: dict) -> dict:
         torch.cuda.synchronize(device)
         loaded_mb = torch.cuda.memory_allocated(device) / 2**20
         torch.cuda.reset_peak_memory_stats(device)
-    else:
-        loaded_mb = status_mb("VmRSS") or 0.0
+    else:  # the peak reset first: what is resident after it is at most the peak from then
         reset = _reset_peak_rss()
+        loaded_mb = status_mb("VmRSS") or 0.0
     step()  # the first: AdamW's state is made, kernels chosen
     times = []
     for _ in range(spec["steps"]):

@@ -26,7 +26,9 @@ def test_fewer_reuses_keep_fewer_activations_and_step_faster():
         "falbert", "tiny", "classify", training.LABELS,
         overrides=dict(harness._reuses(8))).num_parameters()
     assert deep["parameter_mb"] == pytest.approx(deep["parameters"] * 4 / 2**20)
-    assert deep["step_memory_mb"] > 0 and deep["peak_memory_mb"] > deep["loaded_mb"]
+    # the step's growth over the loaded model: none at all where this process (the tests')
+    # already holds the memory the step takes, never less
+    assert deep["step_memory_mb"] >= 0 and deep["peak_memory_mb"] >= deep["loaded_mb"] > 0
 
 
 @pytest.mark.slow  # the harness's worker processes
@@ -41,6 +43,7 @@ def test_the_harness_writes_the_fine_tuning_rows_table_and_chart(tmp_path,
         assert {"model", "mode", "batch_size", "length", "sentences_per_s", "peak_memory_mb",
                 "parameters", "device", "dtype"} <= set(r)
         assert r["mode"] == "training" and r["device"] == "cpu"
+        assert r["step_memory_mb"] > 0  # a process of its own: the step's memory is new
     written = (tmp_path / "REPORT.md").read_text()
     assert "## Fine-tuning" in written and "| falbert tiny 2 reuses | 2 |" in written
     assert (tmp_path / "training.png").stat().st_size > 0
