@@ -29,12 +29,21 @@ def repository(exports, tiny_checkpoints, tmp_path_factory):
     return repo
 
 
+def embed_request(text: str, close: bool = False) -> bytes:
+    """A raw HTTP/1.1 POST of ``text`` to /v1/embed (asking to close the connection after
+    it with ``close``)."""
+    body = json.dumps({"inputs": text}).encode()
+    connection = b"Connection: close\r\n" if close else b""
+    return (b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n%s\r\n" % (len(body), connection)) + body
+
+
 def stalled(port: int, count: int) -> list[socket.socket]:
     """Connections that send half a request header and then nothing."""
     out = []
     for _ in range(count):
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"POST /v1/embed HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Ty")
+        s.sendall(embed_request("stalled")[:50])
         out.append(s)
     return out
 
@@ -60,15 +69,6 @@ def until_closed(s: socket.socket) -> bytes:
     except ConnectionResetError:
         pass
     return answer
-
-
-def embed_request(text: str, close: bool = False) -> bytes:
-    """A raw HTTP/1.1 POST of ``text`` to /v1/embed (asking to close the connection after
-    it with ``close``)."""
-    body = json.dumps({"inputs": text}).encode()
-    connection = b"Connection: close\r\n" if close else b""
-    return (b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n%s\r\n" % (len(body), connection)) + body
 
 
 def test_stalled_connections_are_closed_while_others_are_served(repository):
