@@ -94,12 +94,19 @@ class Exports:
     """``distilserve.models.export.export`` for the tests whose subject is not the export:
     each distinct export (the source folder's files, the format, the loop form and the
     options) is made once per run, in a folder that pytest-xdist's workers share, and
-    copied to where a test asks for it (its manifest naming the source asked for), which
-    may change its copy. Not for a folder a running service watches: a copy is not put in
-    place at once, as an export is."""
+    copied to where a test asks for it (its manifest naming the source asked for). Not for
+    a folder a running service watches: a copy is not put in place at once, as an export is.
+
+    A copy's files of a mebibyte or more (artifacts, weights) are hard links to the run's
+    one export (``copy``): a test may change the small files of its copy, and remove or
+    replace any file (unlink it, then write), but never write into a large one, which
+    would change every copy; ``check_untouched`` fails the run where one was."""
+
+    LINKED_FROM = 1 << 20  # bytes
 
     def __init__(self, root: Path):
         self.root = root
+        self.linked: dict[str, int] = {}  # a file linked -> its mtime (ns) then
 
     def __call__(self, source, output, fmt: str = "onnx", loop: str = "unroll", **options):
         from distilserve.models import export
@@ -116,12 +123,29 @@ class Exports:
             with contextlib.suppress(OSError):  # another worker's came first: that one
                 staging.rename(made)
             shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(made, output)
+        self.copy(made, output)
         manifest = Manifest.read(output)
         if manifest.source != str(source):  # made from another worker's copy of it
             manifest = manifest.model_copy(update={"source": str(source)})
             manifest.write(output)
         return manifest
+
+    def copy(self, folder, to) -> None:
+        """``shutil.copytree``, with the large files linked."""
+        def place(src: str, dst: str) -> None:
+            if os.path.getsize(src) < self.LINKED_FROM:
+                shutil.copy2(src, dst)
+                return
+            os.link(src, dst)
+            self.linked.setdefault(src, os.stat(src).st_mtime_ns)
+
+        shutil.copytree(folder, to, copy_function=place)
+
+    def check_untouched(self) -> None:
+        written = [f for f, mtime in self.linked.items()
+                   if os.path.exists(f) and os.stat(f).st_mtime_ns != mtime]
+        assert not written, (f"a test wrote into {written}, linked to its copies of a model "
+                             "folder (conftest.Exports): replace a file rather than write into it")
 
 
 def shared_folder(tmp_path_factory) -> Path:
@@ -135,7 +159,9 @@ def shared_folder(tmp_path_factory) -> Path:
 def exports(tmp_path_factory) -> Exports:
     root = shared_folder(tmp_path_factory) / "exports"
     root.mkdir(exist_ok=True)
-    return Exports(root)
+    made = Exports(root)
+    yield made
+    made.check_untouched()
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,6 @@ import base64
 import json
 import logging
 import re
-import shutil
 import socket
 import time
 
@@ -86,10 +85,10 @@ def repository(exports, tiny_checkpoints, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def minilm_alone(repository, tmp_path_factory):
+def minilm_alone(repository, exports, tmp_path_factory):
     """A repository of the MiniLM alone, for the servers started with settings of their own."""
     small = tmp_path_factory.mktemp("minilm-alone")
-    shutil.copytree(repository / "minilm", small / "minilm")
+    exports.copy(repository / "minilm", small / "minilm")
     return small
 
 
@@ -118,11 +117,11 @@ def test_models_lists_every_good_folder_and_omits_the_broken_one(url, repository
     assert "broken" in ready["failed"] and "model.onnx" in ready["failed"]["broken"]
 
 
-def test_strict_readiness_is_503_while_a_model_failed(repository, tmp_path):
+def test_strict_readiness_is_503_while_a_model_failed(repository, exports, tmp_path):
     small = tmp_path / "repo"
     small.mkdir()
     for folder in (name("bert", "embed", "onnx"), "broken"):
-        shutil.copytree(repository / folder, small / folder)
+        exports.copy(repository / folder, small / folder)
     with running_server(small, until="/health", require_all_models=True) as u:
         ready = wait_for(lambda: (r := web.get(u + "/ready")).status_code == 503
                          and "failed" in r.json()["status"] and r, "the load to finish")

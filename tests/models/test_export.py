@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 
 import numpy as np
@@ -14,7 +15,7 @@ from distilserve.models.io.manifest import Manifest
 from distilserve.models.runtime import open_backend
 from distilserve.server.cli import main
 from distilserve.server.core.postprocess import sentence_embeddings
-from tests.conftest import FAMILIES
+from tests.conftest import FAMILIES, Exports
 
 CASES = [(family, fmt, loop)
          for family in FAMILIES for fmt in ("onnx", "torchscript")
@@ -73,6 +74,30 @@ def test_the_exports_fixture_gives_the_export_and_makes_each_once(exports, tiny_
     a, b = (open_backend("onnx", tmp_path / name, "model.onnx").run(inputs)
             for name in ("b", "direct"))
     np.testing.assert_array_equal(a, b)
+
+
+def test_the_exports_fixtures_copies_link_large_files_and_a_write_into_one_fails_the_run(tmp_path):
+    folder = tmp_path / "model"
+    (folder / "checkpoint").mkdir(parents=True)
+    (folder / "model.onnx").write_bytes(bytes(Exports.LINKED_FROM))
+    (folder / "manifest.json").write_text("{}")
+    (folder / "checkpoint" / "model.safetensors").write_bytes(bytes(Exports.LINKED_FROM + 1))
+    for file in folder.rglob("*"):  # made a while ago (the clock's tick is coarser than ns)
+        os.utime(file, (0, 0))
+    exports = Exports(tmp_path / "exports")
+    exports.copy(folder, tmp_path / "a")
+    exports.copy(tmp_path / "a", tmp_path / "b")
+    for name in ("model.onnx", "checkpoint/model.safetensors"):
+        assert (folder / name).stat().st_nlink == 3  # the one file, in three folders
+    assert (tmp_path / "b" / "manifest.json").stat().st_nlink == 1
+    (tmp_path / "a" / "manifest.json").write_text('{"task": "embed"}')  # a copy: its own
+    (tmp_path / "b" / "model.onnx").unlink()  # replaced: the others keep theirs
+    (tmp_path / "b" / "model.onnx").write_bytes(b"broken")
+    exports.check_untouched()
+    with open(tmp_path / "b" / "checkpoint" / "model.safetensors", "r+b") as f:
+        f.write(b"broken")  # into the one file: every copy's
+    with pytest.raises(AssertionError, match=r"wrote into \['\S+/model/checkpoint/model\."):
+        exports.check_untouched()
 
 
 @pytest.mark.parametrize("family,fmt,loop", CASES)

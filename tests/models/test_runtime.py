@@ -5,7 +5,6 @@ in the tests marked gpu)."""
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
 from pathlib import Path
 
@@ -213,9 +212,9 @@ def test_onnx_asked_for_a_gpu_goes_to_its_checkpoint_which_says_there_is_none(ex
 
 @NO_GPU
 def test_auto_keeps_onnx_on_the_cpu_when_the_checkpoint_cannot_run_on_the_gpu(
-        exported, tmp_path, monkeypatch, caplog):
+        exported, exports, tmp_path, monkeypatch, caplog):
     folder = tmp_path / "m"
-    shutil.copytree(exported["onnx"], folder)
+    exports.copy(exported["onnx"], folder)
     (folder / "checkpoint" / "model.safetensors").unlink()
     # a GPU as far as the choice can tell; the checkpoint's backend is placed on the CPU
     monkeypatch.setattr(selection, "GPU_DEVICE_FILES", (str(tmp_path),))  # a driver's, there
@@ -372,11 +371,11 @@ def test_the_service_runs_an_onnx_model_from_its_checkpoint_in_bf16_on_a_cpu_wit
 
 
 def test_auto_keeps_onnx_in_fp32_where_the_checkpoint_cannot_run_in_bf16(
-        exported, tmp_path, units, monkeypatch, caplog):
+        exported, exports, tmp_path, units, monkeypatch, caplog):
     """No weights in the checkpoint, or no torch to run it (the CPU-only install serves
     ONNX without it): ONNX Runtime in fp32, with why; asked for by name, an error."""
     folder = tmp_path / "m"
-    shutil.copytree(exported["onnx"], folder)
+    exports.copy(exported["onnx"], folder)
     units(AMD_ZEN4)
     monkeypatch.setitem(sys.modules, "distilserve.models.runtime.torchscript", None)  # no torch
     with caplog.at_level(logging.WARNING, logger="distilserve"):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import shutil
 import threading
 
 import numpy as np
@@ -132,9 +131,9 @@ def test_a_model_runs_in_the_dtype_asked_for(torch_model):
     assert cos.min() >= 0.999
 
 
-def test_a_dtype_that_failed_the_exports_parity_check_is_refused(torch_model, tmp_path):
+def test_a_dtype_that_failed_the_exports_parity_check_is_refused(torch_model, exports, tmp_path):
     folder = tmp_path / "model"
-    shutil.copytree(torch_model, folder)
+    exports.copy(torch_model, folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["dtypes"] = {"fp32": {"passed": True}, "fp16": {"passed": False}}  # as recorded
     manifest["dtype"] = "fp16"  # the model's own choice, over the service's
@@ -156,12 +155,12 @@ def test_a_dtype_that_failed_the_exports_parity_check_is_refused(torch_model, tm
     ({"task": "ner", "labels": ["O"], "pooling": None, "dimensions": None},
      r"its artifact gives outputs of shape \[1, 32\] .* \(task ner, labels 1\) says \[1, 128, 1\]"),
 ])
-def test_a_manifest_that_says_other_than_its_artifact_does_is_refused(onnx_model, tmp_path,
-                                                                       change, words):
+def test_a_manifest_that_says_other_than_its_artifact_does_is_refused(onnx_model, exports,
+                                                                       tmp_path, change, words):
     """Edited by hand, or beside another model's artifact: refused at load, naming the
     folder, rather than failing the requests (an IndexError, a 500) it cannot serve."""
     folder = tmp_path / "model"
-    shutil.copytree(onnx_model, folder)
+    exports.copy(onnx_model, folder)
     manifest = json.loads((folder / "manifest.json").read_text())
     (folder / "manifest.json").write_text(json.dumps({**manifest, **change}))
     with pytest.raises(ModelLoadError, match=f"^{folder}: {words}"):
@@ -169,12 +168,12 @@ def test_a_manifest_that_says_other_than_its_artifact_does_is_refused(onnx_model
 
 
 def test_a_broken_tokenizer_json_is_named_and_a_missing_one_made_by_transformers(onnx_model,
-                                                                                 tmp_path):
+                                                                                 exports, tmp_path):
     """The manifest's ``tokenizer`` has the service read checkpoint/tokenizer.json alone:
     where that file does not read, the error names it; where it is gone, transformers makes
     the tokenizer from vocab.txt, as it did before the manifest said anything."""
     folder = tmp_path / "model"
-    shutil.copytree(onnx_model, folder)
+    exports.copy(onnx_model, folder)
     assert Manifest.read(folder).tokenizer is not None
     file = folder / "checkpoint" / "tokenizer.json"
     whole = load_engine("m", folder, Settings(), Metrics()).text.tokens(["Hello, world"], True)
@@ -207,6 +206,7 @@ def test_a_fill_mask_model_loads_its_decoder_and_names_a_broken_one(exports, tmp
     np.testing.assert_allclose(engine.runner.decoder(vectors), vectors @ weight.T + bias, rtol=1e-6)
     assert engine.describe()["mask_token"] == "[MASK]"
     assert engine.text.target_ids(["paris", "paris", "[MASK]"]) == [3000, engine.text.mask_id]
+    (folder / DECODER).unlink()  # linked to the run's export (conftest.Exports)
     (folder / DECODER).write_bytes(b"not safetensors")
     with pytest.raises(ModelLoadError, match=r"decoder\.safetensors: .*a fill-mask model's"):
         load_engine("m", folder, Settings(), Metrics())
