@@ -91,6 +91,7 @@ def test_the_exports_fixtures_copies_link_large_files_and_a_write_into_one_fails
         assert (folder / name).stat().st_nlink == 3  # the one file, in three folders
     assert (tmp_path / "b" / "manifest.json").stat().st_nlink == 1
     (tmp_path / "a" / "manifest.json").write_text('{"task": "embed"}')  # a copy: its own
+    assert (folder / "manifest.json").read_text() == "{}"
     (tmp_path / "b" / "model.onnx").unlink()  # replaced: the others keep theirs
     (tmp_path / "b" / "model.onnx").write_bytes(b"broken")
     exports.check_untouched()
