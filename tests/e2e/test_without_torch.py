@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +49,7 @@ def answers(url: str) -> dict:
 
 
 def test_onnx_models_are_served_with_torch_and_transformers_unimportable(tiny_checkpoints,
-                                                                         tmp_path):
+                                                                         exports, tmp_path):
     repo, older = tmp_path / "repo", tmp_path / "older"
     # a fill-mask model whose tokenizer cleans up its decoded texts (spaces before ",", "?")
     masked = checkpoint.save(checkpoint.new("bert", "tiny", "fill-mask"), tmp_path / "masked")
@@ -63,7 +62,7 @@ def test_onnx_models_are_served_with_torch_and_transformers_unimportable(tiny_ch
         manifest = export.export(source, folder, "onnx", task=task)
         assert manifest.tokenizer.unk_token_id == 100  # bert-base-uncased's
         # the same folder as an export before the manifest said it: through transformers
-        shutil.copytree(folder, older / folder.name)
+        exports.copy(folder, older / folder.name)
         manifest = json.loads((folder / FILE).read_text())
         del manifest["tokenizer"]
         (older / folder.name / FILE).write_text(json.dumps(manifest))
