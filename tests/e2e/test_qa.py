@@ -103,7 +103,7 @@ def test_a_question_is_never_cut(url):
              max_seq_len=64, doc_stride=30)  # room for 21 tokens of context: not over 30
     assert res.status_code == 413 and "not more than the windows' overlap, 30" in res.text
     res = qa(url, model="bert", inputs={"question": "q", "context": "c"}, max_seq_len=129)
-    assert res.status_code == 422 and "more than model 'bert''s max_length, 128" in res.text
+    assert res.status_code == 422 and "more than the max_length of model 'bert', 128" in res.text
 
 
 @pytest.mark.parametrize("body, status, message", [

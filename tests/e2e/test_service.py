@@ -332,10 +332,10 @@ BAD = [
     ("/v1/rerank", {"model": "minilm", "query": "q", "documents": [{"txt": "d"}]}, 422,
      "documents.0.text: Field required"),  # no union branch names in the message
     ("/v1/embeddings", {"model": "minilm", "input": "x", "dimensions": 1000}, 422,
-     "dimensions 1000 is more than model 'minilm''s width, 384"),
+     "dimensions 1000 is more than the width of model 'minilm', 384"),
     ("/v1/embed", {"model": "minilm", "inputs": "x", "dimensions": 0}, 422, "dimensions"),
     ("/v1/embeddings", {"model": "minilm", "input": [[2023, 999_999]]}, 422,
-     "input 0: token id 999999 is not in model 'minilm''s vocabulary"),
+     "input 0: token id 999999 is not in the vocabulary of model 'minilm'"),
     ("/v1/embeddings", {"model": "minilm", "input": [[5], [-1]]}, 422,
      "input.1.0: Input should be greater than or equal to 0"),
     ("/v1/embeddings", {"model": "minilm", "input": []}, 422, "input"),

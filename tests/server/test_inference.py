@@ -69,10 +69,10 @@ def test_limits_are_the_settings_and_name_the_input():
 def test_what_only_the_model_can_refuse_is_refused_before_it_runs():
     m = engine()
     assert refused(lambda: inference.check_embedding_request(m, ["a"], 5)).message == (
-        "dimensions 5 is more than model 'm''s width, 4")
+        "dimensions 5 is more than the width of model 'm', 4")
     e = refused(lambda: inference.check_token_ids(m, ["a", [1, 10]]))
-    assert (e.reason, e.message) == ("invalid", "input 1: token id 10 is not in model 'm''s "
-                                     "vocabulary (0 to 9)")
+    assert (e.reason, e.message) == ("invalid", "input 1: token id 10 is not in the "
+                                     "vocabulary of model 'm' (0 to 9)")
     assert refused(lambda: inference.check_iterations(m, 2)).message == (
         "iterations 2: model 'm' is a bert model, not a recursive one: its depth is fixed")
     assert refused(lambda: inference.with_prompt(m, ["a"], "query")).message == (

@@ -92,7 +92,7 @@ def test_what_the_model_cannot_do_is_refused_before_it_runs():
     reader = engine(never, task="qa", text=text, max_length=8)
     assert refused(tasks.answer(call(reader), None, [("q", "c")], 1, 15, False, True,
                                 max_seq_len=9)).message == (
-        "max_seq_len 9 is more than model 'm''s max_length, 8")
+        "max_seq_len 9 is more than the max_length of model 'm', 8")
     for pair, empty in ((("", "c"), "question"), (("q", ""), "context")):
         assert refused(tasks.answer(call(reader), None, [("q", "c"), pair], 1, 15, False,
                                     True)).message == f"input 1: its {empty} is empty"

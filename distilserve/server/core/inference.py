@@ -86,8 +86,8 @@ def check_embedding_request(engine, texts: list, dimensions: int | None) -> None
     """What only the model can say is wrong with an embedding request, said before its
     inputs are queued: ``dimensions`` over its width, token ids outside its vocabulary."""
     if dimensions is not None and engine.dimensions and dimensions > engine.dimensions:
-        raise Refusal("invalid", f"dimensions {dimensions} is more than model "
-                      f"{engine.name!r}'s width, {engine.dimensions}")
+        raise Refusal("invalid", f"dimensions {dimensions} is more than the width of "
+                      f"model {engine.name!r}, {engine.dimensions}")
     check_token_ids(engine, texts)
 
 
@@ -98,8 +98,8 @@ def check_token_ids(engine, texts: list) -> None:
         if isinstance(text, list):
             bad = next((t for t in text if not 0 <= t < engine.text.vocab_size), None)
             if bad is not None:
-                raise Refusal("invalid", f"input {i}: token id {bad} is not in model "
-                              f"{engine.name!r}'s vocabulary (0 to "
+                raise Refusal("invalid", f"input {i}: token id {bad} is not in the vocabulary "
+                              f"of model {engine.name!r} (0 to "
                               f"{engine.text.vocab_size - 1})")
 
 

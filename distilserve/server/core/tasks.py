@@ -168,8 +168,8 @@ async def fill(call: Call, model: str | None, texts: list[str], truncation: str 
     if targets is not None:
         ids = engine.text.target_ids(targets)
         if not ids:
-            raise Refusal("invalid", "targets: none has a token in model "
-                          f"{engine.name!r}'s vocabulary")
+            raise Refusal("invalid", "targets: none has a token in the vocabulary of model "
+                          f"{engine.name!r}")
     # each answer holds its input's tokens (the sequence with the mask filled)
     masks = sum(min(text.count(mask), engine.max_length) for text in texts)
     k = min(top_k, engine.text.vocab_size if ids is None else len(ids))
@@ -179,8 +179,8 @@ async def fill(call: Call, model: str | None, texts: list[str], truncation: str 
 
     def each(i: int, logits, encoding) -> list[list[dict]]:
         if engine.text.mask_id not in encoding.ids:
-            raise Refusal("invalid", f"input {i}: its {mask} was cut, past model "
-                          f"{engine.name!r}'s max_length ({engine.max_length} tokens)")
+            raise Refusal("invalid", f"input {i}: its {mask} was cut, past the max_length "
+                          f"of model {engine.name!r} ({engine.max_length} tokens)")
         return postprocess.fill_mask(logits, encoding.ids, engine.text.mask_id, top_k, ids,
                                      engine.text.text_of)
 
@@ -218,8 +218,8 @@ async def answer(call: Call, model: str | None, pairs: list[tuple[str, str]], to
                           " is empty")
     size = max_seq_len or min(engine.max_length, WINDOW)
     if size > engine.max_length:
-        raise Refusal("invalid", f"max_seq_len {size} is more than model {engine.name!r}'s "
-                      f"max_length, {engine.max_length}")
+        raise Refusal("invalid", f"max_seq_len {size} is more than the max_length of "
+                      f"model {engine.name!r}, {engine.max_length}")
     stride = min(STRIDE, size // 2) if doc_stride is None else doc_stride
     check_answer_size(engine, len(pairs) * top_k, min(max_answer_len, size), "tokens",
                       f"answers ({len(pairs)} inputs x top_k {top_k})")
