@@ -9,6 +9,7 @@ import asyncio
 import json
 import resource
 import time
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -16,6 +17,11 @@ import numpy as np
 def cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def _address(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname, parts.port
 
 
 async def _client(host: str, port: int, path: str, bodies: list[bytes], until: float,
@@ -67,7 +73,7 @@ def beside_bulk(url: str, path: str, bulk: dict, queries: list[dict],
     ``queries`` one at a time, for ``seconds``: (the bulk client's figures, the query
     client's), a query's latency being what a large request costs the requests queued
     behind it."""
-    host, port = url.removeprefix("http://").split(":")
+    host, port = _address(url)
     figures = [([], {}), ([], {})]
 
     async def main():
@@ -113,7 +119,7 @@ def _summary(clients: int, latencies: list[float], statuses: dict, wall: float,
 def _drive(url: str, path: str, payloads: list[dict], clients: int, seconds: float,
            key: str | None = None) -> tuple[list[float], dict, float, float]:
     """Runs the clients in this process: (latencies in s, statuses, wall s, CPU s)."""
-    host, port = url.removeprefix("http://").split(":")
+    host, port = _address(url)
     bodies = [json.dumps(p).encode() for p in payloads]
     latencies: list[float] = []
     statuses: dict[int, int] = {}

@@ -10,6 +10,7 @@ import logging
 import re
 import socket
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
@@ -452,7 +453,7 @@ def test_a_client_gone_before_its_body_arrived_is_a_499_not_a_500(url, caplog):
         return _metric(url, "distilserve_requests_total", route="/v1/embed", status=status)
 
     before = {status: count(status) for status in ("499", "500")}
-    port = int(url.rsplit(":", 1)[1])
+    port = urlsplit(url).port
     uvicorn_log = logging.getLogger("uvicorn.error")  # which does not propagate
     uvicorn_log.addHandler(caplog.handler)
     try:

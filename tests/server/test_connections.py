@@ -11,6 +11,7 @@ import signal
 import socket
 import threading
 import time
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -73,7 +74,7 @@ def until_closed(s: socket.socket) -> bytes:
 
 def test_stalled_connections_are_closed_while_others_are_served(repository):
     with running_server(repository, header_timeout=2.0) as url:
-        port = int(url.rsplit(":", 1)[1])
+        port = urlsplit(url).port
         hung = stalled(port, 200)
         assert not any(closed_by_server(s) for s in hung)  # open until the timeout
         with httpx.Client(timeout=60) as client:  # served meanwhile, on one connection
@@ -92,7 +93,7 @@ def test_stalled_connections_are_closed_while_others_are_served(repository):
 
 def test_a_slow_but_steady_client_within_the_timeout_is_served(repository):
     with running_server(repository, header_timeout=3.0) as url:
-        port = int(url.rsplit(":", 1)[1])
+        port = urlsplit(url).port
         request = embed_request("slow", close=True)
         with socket.create_connection(("127.0.0.1", port)) as s:
             for part in (request[:20], request[20:60], request[60:]):
@@ -106,7 +107,7 @@ def test_connections_past_the_cap_get_503(repository):
     # the test closes the stalled connections itself: a long header timeout, so that none
     # is cut off before the request past the cap, however slow this machine is
     with running_server(repository, max_connections=8, header_timeout=60.0) as url:
-        port = int(url.rsplit(":", 1)[1])
+        port = urlsplit(url).port
         hung = stalled(port, 8)  # accepted, in order, before the next connection
         refused = web.post(url + "/v1/embed", json={"inputs": "x"}, timeout=60)
         assert refused.status_code == 503
@@ -121,7 +122,7 @@ def test_a_stop_serves_the_requests_awaited_and_closes_the_idle_connections(repo
     request = embed_request("the last")
     # a long header deadline: the requests awaited are not cut off, however slow this machine
     with serving(repository, header_timeout=600.0) as (url, server):
-        port = int(url.rsplit(":", 1)[1])
+        port = urlsplit(url).port
         idle = http.client.HTTPConnection("127.0.0.1", port, timeout=600)  # kept alive
         idle.request("GET", "/health")
         assert idle.getresponse().read() and idle.sock is not None
@@ -188,8 +189,9 @@ def test_a_worker_dying_while_pinged_is_replaced_at_once():
         assert replacement is not stopped and replacement.process.is_alive()
     finally:
         for process in {stopped, *workers.processes}:
-            process.kill()
-            process.process.join()
+            if process.process.pid is not None:  # (a start that failed is the error to see)
+                process.kill()
+                process.process.join()
         sock.close()
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
