@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from loadtests import lightload
 from loadtests.run import free_port, repository_or_default, start_server
 
 
@@ -32,18 +33,15 @@ async def _one(port: int, source: str, body: bytes, key: str) -> tuple[int | Non
     except OSError:
         return None, False
     try:
-        writer.write(b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer %s\r\nContent-Length: %d\r\nConnection: close"
-                     b"\r\n\r\n%s" % (key.encode(), len(body), body))
+        writer.write(lightload.request("/v1/embed", body, key=key, close=True))
         answer = await reader.read()
     except OSError:
         return None, False
     finally:
         writer.close()
-    if not answer.startswith(b"HTTP/1.1 "):
-        return None, False
     head = answer.split(b"\r\n\r\n", 1)[0].lower()
-    return int(answer[9:12]), b"\r\nretry-after:" in head
+    status = lightload.status_of(answer)
+    return status, status is not None and b"\r\nretry-after:" in head
 
 
 def burst(port: int, key: str, requests: int, addresses: int) -> dict:

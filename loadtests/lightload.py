@@ -24,23 +24,35 @@ def _address(url: str) -> tuple[str, int]:
     return parts.hostname, parts.port
 
 
-async def _client(host: str, port: int, path: str, bodies: list[bytes], until: float,
-                  latencies: list[float], statuses: dict, key: str | None = None,
-                  start: int = 0) -> None:
-    """Sends ``bodies`` in turn from the ``start``-th (clients start apart, so that
-    different bodies are in flight at once) until ``until``, at least one whatever the
+def request(path: str, body: bytes, host: str = "127.0.0.1", key: str | None = None,
+            close: bool = False, length: int | None = None) -> bytes:
+    """An HTTP/1.1 POST of the JSON ``body`` to ``path``, as the bytes sent: with the API
+    key ``key``, asking to close the connection after it with ``close``, and declaring
+    ``length`` bytes of body where the sender means to send fewer."""
+    head = [f"POST {path} HTTP/1.1", f"Host: {host}", "Content-Type: application/json",
+            *([f"Authorization: Bearer {key}"] if key else []),
+            f"Content-Length: {len(body) if length is None else length}",
+            *(["Connection: close"] if close else [])]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def status_of(answer: bytes) -> int | None:
+    """The status of an HTTP/1.1 answer's bytes; None where there is none."""
+    return int(answer[9:12]) if answer.startswith(b"HTTP/1.1 ") else None
+
+
+async def _client(host: str, port: int, requests: list[bytes], until: float,
+                  latencies: list[float], statuses: dict, start: int = 0) -> None:
+    """Sends ``requests`` in turn from the ``start``-th (clients start apart, so that
+    different requests are in flight at once) until ``until``, at least one whatever the
     time (a phase on a busy machine has figures to give)."""
-    auth = f"Authorization: Bearer {key}\r\n".encode() if key else b""
     reader, writer = await asyncio.open_connection(host, port)
     i = start
     try:
         while i == start or time.perf_counter() < until:
-            body = bodies[i % len(bodies)]
-            i += 1
             started = time.perf_counter()
-            writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                         b"%sContent-Length: %d\r\n\r\n%s" % (path.encode(), host.encode(),
-                                                                auth, len(body), body))
+            writer.write(requests[i % len(requests)])
+            i += 1
             await writer.drain()
             status_line = await reader.readline()
             length = 0
@@ -79,8 +91,8 @@ def beside_bulk(url: str, path: str, bulk: dict, queries: list[dict],
     async def main():
         until = time.perf_counter() + seconds
         await asyncio.gather(*(
-            _client(host, int(port), path, [json.dumps(p).encode() for p in payloads],
-                    until, latencies, statuses)
+            _client(host, port, [request(path, json.dumps(p).encode(), host)
+                                 for p in payloads], until, latencies, statuses)
             for payloads, (latencies, statuses) in zip(([bulk], queries), figures)))
 
     cpu, wall = cpu_s(), time.perf_counter()
@@ -120,14 +132,14 @@ def _drive(url: str, path: str, payloads: list[dict], clients: int, seconds: flo
            key: str | None = None) -> tuple[list[float], dict, float, float]:
     """Runs the clients in this process: (latencies in s, statuses, wall s, CPU s)."""
     host, port = _address(url)
-    bodies = [json.dumps(p).encode() for p in payloads]
+    requests = [request(path, json.dumps(p).encode(), host, key) for p in payloads]
     latencies: list[float] = []
     statuses: dict[int, int] = {}
 
     async def main():
         until = time.perf_counter() + seconds
-        await asyncio.gather(*(_client(host, int(port), path, bodies, until, latencies,
-                                       statuses, key, n) for n in range(clients)))
+        await asyncio.gather(*(_client(host, port, requests, until, latencies, statuses, n)
+                               for n in range(clients)))
 
     cpu, wall = cpu_s(), time.perf_counter()
     asyncio.run(main())

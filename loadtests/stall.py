@@ -47,13 +47,11 @@ def _opening(kind: str, key: str) -> bytes:
     """What a connection of ``kind`` sends first (with the API key: a key does not buy a
     stalled connection more time)."""
     if kind == "half_header":
-        return b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Ty"
+        return lightload.request("/v1/embed", b"", key=key)[:50]
     if kind == "idle_keep_alive":
-        return b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        return b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
     sent = b'{"inputs": "a"' if kind == "short_body" else b"{"
-    return (b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Authorization: Bearer %s\r\nContent-Length: 1000\r\n\r\n%s"
-            % (key.encode(), sent))
+    return lightload.request("/v1/embed", sent, key=key, length=1000)
 
 
 async def _stall(kind: str, port: int, key: str, until: float, record: dict) -> None:
@@ -88,7 +86,7 @@ async def _stall(kind: str, port: int, key: str, until: float, record: dict) -> 
         finally:
             writer.close()
         lived = time.monotonic() - since
-        status = int(got[9:12]) if got.startswith(b"HTTP/1.1 ") else None
+        status = lightload.status_of(got)
         if status == 503 and b"retry-after" in got.lower():
             record["refused_503"] += 1
         else:

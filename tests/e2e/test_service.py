@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, pipeline
 
 from distilserve.models import families
 from distilserve.models.io import checkpoint, sentence_transformers
+from loadtests import lightload
 from tests import web
 from tests.conftest import FAMILIES, running_server, wait_for
 
@@ -459,9 +460,8 @@ def test_a_client_gone_before_its_body_arrived_is_a_499_not_a_500(url, caplog):
     try:
         for _ in range(3):
             with socket.create_connection(("127.0.0.1", port)) as sock:
-                sock.sendall(b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                             b"application/json\r\nContent-Length: 1000\r\n\r\n"
-                             b'{"model": "minilm", "inputs": "half a bo')
+                sock.sendall(lightload.request(
+                    "/v1/embed", b'{"model": "minilm", "inputs": "half a bo', length=1000))
         wait_for(lambda: count("499") - before["499"] == 3, "three 499s", seconds=120)
     finally:
         uvicorn_log.removeHandler(caplog.handler)

@@ -19,6 +19,7 @@ import uvicorn
 from uvicorn.supervisors.multiprocess import SIGNALS, Process
 
 from distilserve.server.connections import ClientWatch, Workers
+from loadtests import lightload
 from tests import web
 from tests.conftest import running_server, serving, wait_for
 
@@ -33,10 +34,7 @@ def repository(exports, tiny_checkpoints, tmp_path_factory):
 def embed_request(text: str, close: bool = False) -> bytes:
     """A raw HTTP/1.1 POST of ``text`` to /v1/embed (asking to close the connection after
     it with ``close``)."""
-    body = json.dumps({"inputs": text}).encode()
-    connection = b"Connection: close\r\n" if close else b""
-    return (b"POST /v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n%s\r\n" % (len(body), connection)) + body
+    return lightload.request("/v1/embed", json.dumps({"inputs": text}).encode(), close=close)
 
 
 def stalled(port: int, count: int) -> list[socket.socket]:
