@@ -55,7 +55,7 @@ def test_sync_client_mirrors_the_routes(url):
         assert c.decode(ids, model="cmow-embed") == ["hello world"]
         assert c.decode([ids], model="cmow-embed", skip_special_tokens=False) == [
             "[CLS] hello world [SEP]"]
-        with pytest.raises(BadRequest, match="more than model 'cmow-embed'"):
+        with pytest.raises(BadRequest, match="more than the width of model 'cmow-embed'"):
             c.embed("x", dimensions=100_000)
         with pytest.raises(BadRequest, match="prompt_name 'query': model 'cmow-embed' has no"):
             c.embed("x", prompt_name="query")  # sent: this model has none

@@ -187,7 +187,8 @@ def text_request(model="embed", n=2, shape=None, **parameters) -> service_pb2.Mo
     (text_request(shape=[3]), KEY, grpc.StatusCode.INVALID_ARGUMENT, "its shape [3] says 3"),
     (text_request(dimensions="x"), KEY, grpc.StatusCode.INVALID_ARGUMENT,
      "parameters: dimensions"),
-    (text_request(dimensions=99), KEY, grpc.StatusCode.INVALID_ARGUMENT, "width, 32"),
+    (text_request(dimensions=99), KEY, grpc.StatusCode.INVALID_ARGUMENT,
+     "width of model 'embed', 32"),
     (text_request(model="ner", aggregation_strategy="most"), KEY,
      grpc.StatusCode.INVALID_ARGUMENT, "aggregation_strategy"),
 ])
