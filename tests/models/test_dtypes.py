@@ -68,3 +68,26 @@ def test_attention_bias_is_in_the_compute_dtype(dtype):
     bias = attention_bias(mask, dtype)
     assert bias.dtype == dtype and bias.shape == (1, 1, 1, 3)
     assert bias[0, 0, 0, :2].eq(0).all() and bias[0, 0, 0, 2] == torch.finfo(dtype).min
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if "fp16" in families.get(f).dtypes])
+def test_the_exports_fp16_linears_in_fp32_are_torchs_fp16(family):
+    """The export's fp16 check computes linear layers in fp32 from their fp16 values: the
+    numbers torch's own fp16 GEMM gives (sums in fp32: fp16 sums of 0.1 would stop at 256,
+    these reach 20000; the result rounded to fp16), every other op in fp16, and a model's
+    outputs within two fp16 steps of torch's own."""
+    from distilserve.models.export.parity import Fp16LinearsInFp32
+
+    x, w = torch.full((2, 200000), 0.1).half(), torch.ones(3, 200000).half()
+    with Fp16LinearsInFp32():
+        summed = F.linear(x, w)
+        assert summed.dtype == torch.float16 and torch.add(x, x).dtype == torch.float16
+    assert summed.eq(F.linear(x, w)).all() and summed.eq(20000).all()
+    model = checkpoint.new(family, "tiny", "embed").model.half()
+    ids, mask, types = batch(3, 17)
+    with torch.no_grad():
+        native = model(ids, mask, types)
+        with Fp16LinearsInFp32():
+            emulated = model(ids, mask, types)
+    assert emulated.dtype == torch.float16
+    assert torch.allclose(emulated.float(), native.float(), rtol=0, atol=4e-3)

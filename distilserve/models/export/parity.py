@@ -8,7 +8,9 @@ import copy
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from distilserve.models import samples
 from distilserve.models.runtime.base import INPUT_NAMES
@@ -92,10 +94,25 @@ def agreement(task: str, reference: np.ndarray, other: np.ndarray, mask: np.ndar
     return {"argmax_agreement": float(same.mean())}
 
 
+class Fp16LinearsInFp32(TorchFunctionMode):
+    """Computes fp16 linear layers as a GPU's fp16 GEMM does: the fp16 values multiplied
+    and summed in fp32, the result rounded to fp16 once. The same numbers as torch's own
+    fp16 GEMM on the CPU up to the order of the sums, without its cost on a CPU that has no
+    fp16 matrix instructions (most have none)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.linear or args[0].dtype != torch.float16:
+            return func(*args, **kwargs)
+        up = lambda t: t.float() if isinstance(t, torch.Tensor) else t  # noqa: E731
+        return func(*map(up, args), **{k: up(v) for k, v in kwargs.items()}).half()
+
+
 def dtype_parity(model: nn.Module, task: str, dtypes, batches: list[dict[str, np.ndarray]],
                  references: list[np.ndarray]) -> dict[str, dict]:
     """How each half-precision dtype the family runs in compares with fp32, in PyTorch on
-    the CPU (torch runs fp16 and bf16 there), at the parity batches. Embeddings: the
+    the CPU (torch runs fp16 and bf16 there; fp16's linear layers as a GPU computes them,
+    ``Fp16LinearsInFp32``), at the parity batches. Embeddings: the
     lowest cosine over every batch; classify / ner: argmax agreement on the sample
     sentences (the last batch; NER on its real tokens). A dtype that fails is recorded,
     and the service will not run the model in it."""
@@ -106,7 +123,7 @@ def dtype_parity(model: nn.Module, task: str, dtypes, batches: list[dict[str, np
         if name == "fp32":
             continue
         half = copy.deepcopy(model).to(TORCH_DTYPES[name])
-        with torch.no_grad():
+        with torch.no_grad(), Fp16LinearsInFp32():
             got = [half(*(torch.from_numpy(b[k]) for k in INPUT_NAMES)).float().numpy()
                    for b in batches]
         del half
