@@ -3,6 +3,8 @@ on a fixed batch, and the student is a normal checkpoint that exports and serves
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,13 @@ STUDENTS = {"minialbert": "tiny", "falbert": "tiny", "cmow": "tiny", "bert": Non
 
 
 @pytest.fixture(scope="module")
+def options(tmp_path_factory):
+    """``distill.Options`` with one cache of the sentences read for the module's runs (a
+    run's subject is not the reading, which has its own test)."""
+    return functools.partial(distill.Options, cache_dir=tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
     """A tiny BERT teacher (2 layers, 4 heads, 32 wide), like the tiny students, with
     weights large enough that its layers differ (at the usual 0.02 its attention is
@@ -31,19 +40,19 @@ def teacher(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", list(STUDENTS))
-def test_a_few_steps_lower_the_loss_and_the_student_exports_and_serves(teacher, tmp_path,
-                                                                      family):
-    opts = distill.Options(family=family, output=tmp_path / "student", preset=STUDENTS[family],
-                           steps=8, batch_size=8, max_length=32, lr=3e-3, teacher=teacher,
-                           save_every=4, held_out=40, corpus_limit=3000)
+def test_a_few_steps_lower_the_loss_and_the_student_exports_and_serves(options, teacher,
+                                                                      tmp_path, family):
+    opts = options(family=family, output=tmp_path / "student", preset=STUDENTS[family],
+                   steps=8, batch_size=8, max_length=32, lr=3e-3, teacher=teacher,
+                   save_every=4, held_out=40, corpus_limit=3000)
     record = distill.distill(opts, progress=lambda s: None)
     for stage in record["stages"]:  # F-ALBERT: LR-ALBERT from the teacher, then IP from it
         assert stage["fixed_batch_loss_after"] < stage["fixed_batch_loss_before"], stage
-    # the recorded fidelity is what the saved student does on the held-out sentences (it
-    # was once measured with dropout still on: the student left training in train mode)
+    # the recorded fidelity is what the saved student does on the held-out sentences, in
+    # eval mode (dropout off)
     student = checkpoint.load(opts.output)
     teacher_ckpt = checkpoint.load(teacher)
-    _, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed)
+    _, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed, cache=opts.cache_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(teacher_ckpt.tokenizer_dir))
     again = distill.fidelity(
         distill.embed_all(teacher_ckpt.model, tokenizer, held[:40], opts.max_length),
@@ -69,12 +78,12 @@ def wide_teacher(tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", ["bert", "minialbert", "falbert", "cmow"])
-def test_a_student_narrower_than_the_teacher_learns(wide_teacher, tmp_path, family):
+def test_a_student_narrower_than_the_teacher_learns(options, wide_teacher, tmp_path, family):
     """32 wide and 4 heads against 48 and 6: a learned map to the teacher's width, and
     attention compared head-averaged."""
-    opts = distill.Options(family=family, output=tmp_path / "student", preset="tiny",
-                           steps=6, batch_size=8, max_length=32, lr=3e-3,
-                           teacher=wide_teacher, save_every=3, held_out=30, corpus_limit=2000)
+    opts = options(family=family, output=tmp_path / "student", preset="tiny",
+                   steps=6, batch_size=8, max_length=32, lr=3e-3,
+                   teacher=wide_teacher, save_every=3, held_out=30, corpus_limit=2000)
     record = distill.distill(opts, progress=lambda s: None)
     for stage in record["stages"]:
         assert stage["fixed_batch_loss_after"] < stage["fixed_batch_loss_before"], stage
@@ -85,26 +94,26 @@ def test_a_student_narrower_than_the_teacher_learns(wide_teacher, tmp_path, fami
 
 
 def test_a_preset_that_cannot_learn_from_the_teacher_is_refused_before_training(
-        wide_teacher, tmp_path):
-    opts = distill.Options(family="minialbert", output=tmp_path / "s", preset="tiny",
-                           steps=2, max_length=200, teacher=wide_teacher)
+        options, wide_teacher, tmp_path):
+    opts = options(family="minialbert", output=tmp_path / "s", preset="tiny",
+                   steps=2, max_length=200, teacher=wide_teacher)
     with pytest.raises(ValueError, match="minialbert preset 'tiny' takes at most 128 tokens"):
         distill.distill(opts, progress=lambda s: None)
     assert not (tmp_path / "s").exists()
 
 
-def test_a_batch_larger_than_the_sentences_read_is_refused(teacher, tmp_path):
-    opts = distill.Options(family="bert", output=tmp_path / "s", preset="tiny", steps=2,
-                           batch_size=5000, corpus_limit=2000, teacher=teacher)
+def test_a_batch_larger_than_the_sentences_read_is_refused(options, teacher, tmp_path):
+    opts = options(family="bert", output=tmp_path / "s", preset="tiny", steps=2,
+                   batch_size=5000, corpus_limit=2000, teacher=teacher)
     with pytest.raises(ValueError, match="sentences to train on \\(of 2000 to read\\), fewer "
                                          "than a batch of 5000: read more"):
         distill.distill(opts, progress=lambda s: None)
 
 
-def test_resumes_from_the_last_save(teacher, tmp_path):
-    opts = distill.Options(family="minialbert", output=tmp_path / "s", preset="tiny", steps=4,
-                           batch_size=4, max_length=16, teacher=teacher, save_every=2,
-                           held_out=20, corpus_limit=2000)
+def test_resumes_from_the_last_save(options, teacher, tmp_path):
+    opts = options(family="minialbert", output=tmp_path / "s", preset="tiny", steps=4,
+                   batch_size=4, max_length=16, teacher=teacher, save_every=2,
+                   held_out=20, corpus_limit=2000)
     distill.distill(opts, progress=lambda s: None)
     seen = []
     opts.steps = 6
@@ -113,8 +122,8 @@ def test_resumes_from_the_last_save(teacher, tmp_path):
     assert steps and all(not s.startswith("distill step 1/") for s in steps)
 
 
-def test_a_run_cut_short_resumes_at_the_same_learning_rate(teacher, tmp_path, monkeypatch,
-                                                         recwarn):
+def test_a_run_cut_short_resumes_at_the_same_learning_rate(options, teacher, tmp_path,
+                                                         monkeypatch, recwarn):
     """Cut after its first save (step 2 of 6), a run resumes there with its schedule where
     it was: at its next save (step 4) the learning rate is a whole run's, and the schedule
     is not stepped before the optimiser (torch warns when it is)."""
@@ -126,9 +135,9 @@ def test_a_run_cut_short_resumes_at_the_same_learning_rate(teacher, tmp_path, mo
         torch_save(state, path)
 
     def run(output):
-        distill.distill(distill.Options(family="minialbert", output=output, preset="tiny",
-                                        steps=6, batch_size=4, max_length=16, teacher=teacher,
-                                        save_every=2, held_out=20, corpus_limit=2000),
+        distill.distill(options(family="minialbert", output=output, preset="tiny",
+                                steps=6, batch_size=4, max_length=16, teacher=teacher,
+                                save_every=2, held_out=20, corpus_limit=2000),
                         progress=lambda s: None)
 
     monkeypatch.setattr(distill.torch, "save", save_state)
@@ -180,10 +189,10 @@ def test_recursive_students_start_from_the_teacher(teacher, family):
     assert agreement(checkpoint.new(family, "tiny", "embed", seed=0).model) < 0.2
 
 
-def test_falbert_resumes_each_stage_from_its_own_save(teacher, tmp_path):
-    opts = distill.Options(family="falbert", output=tmp_path / "s", preset="tiny", steps=4,
-                           batch_size=4, max_length=16, teacher=teacher, save_every=2,
-                           held_out=20, corpus_limit=2000)
+def test_falbert_resumes_each_stage_from_its_own_save(options, teacher, tmp_path):
+    opts = options(family="falbert", output=tmp_path / "s", preset="tiny", steps=4,
+                   batch_size=4, max_length=16, teacher=teacher, save_every=2,
+                   held_out=20, corpus_limit=2000)
     distill.distill(opts, progress=lambda s: None)  # LR steps 1-2, IP steps 3-4
     seen = []
     opts.steps = 8  # LR goes on to step 4, then IP from the LR-ALBERT's step 4
@@ -217,17 +226,17 @@ def test_the_corpus_says_how_far_along_it_is_and_is_read_once(tmp_path, monkeypa
 
 
 @pytest.mark.parametrize("family", ["minialbert", "falbert"])
-def test_any_depth_trains_every_exit_and_fidelity_is_recorded_by_depth(teacher, tmp_path,
-                                                                       family):
+def test_any_depth_trains_every_exit_and_fidelity_is_recorded_by_depth(options, teacher,
+                                                                       tmp_path, family):
     """--any-depth: the output loss is the mean over every iteration's exit (not the last
     one's alone), and a recursive student's fidelity is recorded at each depth, the last
     being its fidelity."""
     runs = {}
     for any_depth in (False, True):
-        opts = distill.Options(family=family, output=tmp_path / f"s-{any_depth}", preset="tiny",
-                               steps=4, batch_size=8, max_length=32, lr=3e-3,
-                               teacher=teacher, held_out=40, corpus_limit=3000,
-                               any_depth=any_depth)
+        opts = options(family=family, output=tmp_path / f"s-{any_depth}", preset="tiny",
+                       steps=4, batch_size=8, max_length=32, lr=3e-3,
+                       teacher=teacher, held_out=40, corpus_limit=3000,
+                       any_depth=any_depth)
         runs[any_depth] = distill.distill(opts, progress=lambda s: None)
     for record in runs.values():
         depths = record["fidelity_by_depth"]
