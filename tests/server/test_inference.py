@@ -63,6 +63,7 @@ def test_limits_are_the_settings_and_name_the_input():
     e = refused(lambda: inference.check_limits(c, ["a", "x" * 21]))
     assert (e.reason, e.message) == ("too_large", "input 1 has 21 characters; at most 20 "
                                      "(DISTILSERVE_MAX_INPUT_CHARS)")
+    assert e.input == "input 1"
     inference.check_limits(c, [("a" * 10, "b" * 10)])  # a pair: its texts' characters
 
 
@@ -71,8 +72,8 @@ def test_what_only_the_model_can_refuse_is_refused_before_it_runs():
     assert refused(lambda: inference.check_embedding_request(m, ["a"], 5)).message == (
         "dimensions 5 is more than the width of model 'm', 4")
     e = refused(lambda: inference.check_token_ids(m, ["a", [1, 10]]))
-    assert (e.reason, e.message) == ("invalid", "input 1: token id 10 is not in the "
-                                     "vocabulary of model 'm' (0 to 9)")
+    assert (e.reason, e.message, e.input) == ("invalid", "input 1: token id 10 is not in "
+                                              "the vocabulary of model 'm' (0 to 9)", "input 1")
     assert refused(lambda: inference.check_iterations(m, 2)).message == (
         "iterations 2: model 'm' is a bert model, not a recursive one: its depth is fixed")
     assert refused(lambda: inference.with_prompt(m, ["a"], "query")).message == (
@@ -82,20 +83,22 @@ def test_what_only_the_model_can_refuse_is_refused_before_it_runs():
     assert inference.with_prompt(prompted, ["a"], None) == ["d: a"]
 
 
-@pytest.mark.parametrize("error, reason, retry, said", [
-    (InputTooLong(1, 9, 8), "input_too_long", None, "document 0 has 9 tokens"),
-    (NotFinite(1, 7), "not_finite", None, "model 'm': document 0: the model's outputs"),
-    (OverQueue("30 inputs"), "too_large", None, "model 'm': 30 inputs; send fewer"),
-    (QueueFull("9 queued"), "overloaded", 1, "model 'm' is busy (9 queued)"),
-    (ModelUnavailable("gone"), "unavailable", 1, "model 'm' is unavailable (gone)")])
-def test_the_runs_failures_are_refusals_and_counted_failed(error, reason, retry, said):
+@pytest.mark.parametrize("error, reason, retry, said, which", [
+    (InputTooLong(1, 9, 8), "input_too_long", None, "document 0 has 9 tokens", "document 0"),
+    (NotFinite(1, 7), "not_finite", None, "model 'm': document 0: the model's outputs",
+     "document 0"),
+    (OverQueue("30 inputs"), "too_large", None, "model 'm': 30 inputs; send fewer", None),
+    (QueueFull("9 queued"), "overloaded", 1, "model 'm' is busy (9 queued)", None),
+    (ModelUnavailable("gone"), "unavailable", 1, "model 'm' is unavailable (gone)", None)])
+def test_the_runs_failures_are_refusals_and_counted_failed(error, reason, retry, said, which):
     async def run(texts):
         raise error
 
     m = engine(run)
     e = refused(lambda: inference.infer(call(m), m, ["q", "d"], "right",
                                         named=lambda i: f"document {i - 1}"))
-    assert (e.reason, e.retry_after) == (reason, retry) and e.message.startswith(said)
+    assert (e.reason, e.retry_after, e.input) == (reason, retry, which)
+    assert e.message.startswith(said)
     assert [kind for kind, _ in m.series.answered] == ["failed"]
 
 

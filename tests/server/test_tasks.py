@@ -83,8 +83,9 @@ def test_what_the_model_cannot_do_is_refused_before_it_runs():
     never, asked = outputs([])
     text = SimpleNamespace(mask_token="[MASK]", room=6, vocab_size=10)
     filler = engine(never, task="fill-mask", text=text, max_length=8)
-    assert refused(tasks.fill(call(filler), None, ["no mask"], "right", 5)).message == (
-        "input 0 has no [MASK]: the mask token of model 'm', which fill-mask fills")
+    e = refused(tasks.fill(call(filler), None, ["no mask"], "right", 5))
+    assert (e.message, e.input) == (
+        "input 0 has no [MASK]: the mask token of model 'm', which fill-mask fills", "input 0")
     tagger = engine(never, task="ner", text=text, max_length=8, labels=["O"])
     assert refused(tasks.recognise(call(tagger), None, ["a"], None, "simple", (),
                                    stride=6)).message.startswith("stride 6: model 'm' reads "
@@ -94,6 +95,6 @@ def test_what_the_model_cannot_do_is_refused_before_it_runs():
                                 max_seq_len=9)).message == (
         "max_seq_len 9 is more than the max_length of model 'm', 8")
     for pair, empty in ((("", "c"), "question"), (("q", ""), "context")):
-        assert refused(tasks.answer(call(reader), None, [("q", "c"), pair], 1, 15, False,
-                                    True)).message == f"input 1: its {empty} is empty"
+        e = refused(tasks.answer(call(reader), None, [("q", "c"), pair], 1, 15, False, True))
+        assert (e.message, e.input) == (f"input 1: its {empty} is empty", "input 1")
     assert asked == []

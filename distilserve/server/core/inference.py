@@ -68,7 +68,8 @@ def check_limits(call: Call, texts: list, count: int | None = None, what: str = 
         size = sum(map(len, text)) if isinstance(text, tuple) else len(text)
         if size > settings.max_input_chars:
             raise Refusal("too_large", f"{named(i)} has {size} characters; at most "
-                          f"{settings.max_input_chars} (DISTILSERVE_MAX_INPUT_CHARS)")
+                          f"{settings.max_input_chars} (DISTILSERVE_MAX_INPUT_CHARS)",
+                          input=named(i))
 
 
 def check_answer_size(engine, count: int, each: int, unit: str = "numbers",
@@ -100,7 +101,7 @@ def check_token_ids(engine, texts: list) -> None:
             if bad is not None:
                 raise Refusal("invalid", f"input {i}: token id {bad} is not in the vocabulary "
                               f"of model {engine.name!r} (0 to "
-                              f"{engine.text.vocab_size - 1})")
+                              f"{engine.text.vocab_size - 1})", input=f"input {i}")
 
 
 def check_iterations(engine, iterations: int | None) -> None:
@@ -135,7 +136,7 @@ def read_foreign(engine, texts: list) -> list:
         if isinstance(ids, list) and (bad := vocabulary.outside(ids)) is not None:
             raise Refusal("invalid", f"input {i}: token id {bad} is not in "
                           f"{vocabulary.name} (0 to {vocabulary.size - 1}), the vocabulary "
-                          f"model {engine.name!r} reads token ids in")
+                          f"model {engine.name!r} reads token ids in", input=f"input {i}")
     return [vocabulary.text(t) if isinstance(t, list) else t for t in texts]
 
 
@@ -186,10 +187,11 @@ async def infer(call: Call, engine, texts: list, truncation: str | None,
         task.uncancel()
         raise client_closed() from None
     except InputTooLong as e:
-        raise Refusal("input_too_long", e.said(named(e.index))) from None
-    except NotFinite as e:
-        raise Refusal("not_finite", f"model {engine.name!r}: {e.said(named(e.index))}"
+        raise Refusal("input_too_long", e.said(named(e.index)), input=named(e.index)
                       ) from None
+    except NotFinite as e:
+        raise Refusal("not_finite", f"model {engine.name!r}: {e.said(named(e.index))}",
+                      input=named(e.index)) from None
     except OverQueue as e:
         raise Refusal("too_large", f"model {engine.name!r}: {e}; send fewer per request"
                       ) from None

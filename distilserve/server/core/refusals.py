@@ -21,11 +21,14 @@ REASONS = (
 
 class Refusal(Exception):
     """``reason`` (one of REASONS, or a transport's own kind), ``message`` in a client's
-    words, ``retry_after`` in seconds where trying again later will do."""
+    words, ``retry_after`` in seconds where trying again later will do, and ``input`` the
+    input refused where one is (as the message names it: "input 1", "document 0")."""
 
-    def __init__(self, reason: str, message: str, retry_after: int | None = None):
+    def __init__(self, reason: str, message: str, retry_after: int | None = None,
+                 input: str | None = None):
         super().__init__(message)
         self.reason, self.message, self.retry_after = reason, message, retry_after
+        self.input = input
 
 
 class ModelLoadError(Exception):

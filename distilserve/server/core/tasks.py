@@ -163,7 +163,7 @@ async def fill(call: Call, model: str | None, texts: list[str], truncation: str 
     for i, text in enumerate(texts):
         if mask not in text:
             raise Refusal("invalid", f"input {i} has no {mask}: the mask token of model "
-                          f"{engine.name!r}, which fill-mask fills")
+                          f"{engine.name!r}, which fill-mask fills", input=f"input {i}")
     ids = None
     if targets is not None:
         ids = engine.text.target_ids(targets)
@@ -180,7 +180,8 @@ async def fill(call: Call, model: str | None, texts: list[str], truncation: str 
     def each(i: int, logits, encoding) -> list[list[dict]]:
         if engine.text.mask_id not in encoding.ids:
             raise Refusal("invalid", f"input {i}: its {mask} was cut, past the max_length "
-                          f"of model {engine.name!r} ({engine.max_length} tokens)")
+                          f"of model {engine.name!r} ({engine.max_length} tokens)",
+                          input=f"input {i}")
         return postprocess.fill_mask(logits, encoding.ids, engine.text.mask_id, top_k, ids,
                                      engine.text.text_of)
 
@@ -200,7 +201,7 @@ def _check_questions(engine, pairs: list[tuple[str, str]], size: int, stride: in
                           f"{len(encoding.ids)} tokens with [CLS] and [SEP], which leaves "
                           f"{max(room, 0)} of a {size}-token window (max_seq_len) to its "
                           f"context, not more than the windows' overlap, {stride} "
-                          "(doc_stride): a question is never cut")
+                          "(doc_stride): a question is never cut", input=f"input {i}")
 
 
 async def answer(call: Call, model: str | None, pairs: list[tuple[str, str]], top_k: int,
@@ -215,7 +216,7 @@ async def answer(call: Call, model: str | None, pairs: list[tuple[str, str]], to
     for i, (question, context) in enumerate(pairs):
         if not question or not context:  # (the pipeline's refusal too)
             raise Refusal("invalid", f"input {i}: its {'context' if question else 'question'}"
-                          " is empty")
+                          " is empty", input=f"input {i}")
     size = max_seq_len or min(engine.max_length, WINDOW)
     if size > engine.max_length:
         raise Refusal("invalid", f"max_seq_len {size} is more than the max_length of "
