@@ -98,7 +98,7 @@ class Fp16LinearsInFp32(TorchFunctionMode):
     """Computes fp16 linear layers as a GPU's fp16 GEMM does: the fp16 values multiplied
     and summed in fp32, the result rounded to fp16 once. The same numbers as torch's own
     fp16 GEMM on the CPU up to the order of the sums, without its cost on a CPU that has no
-    fp16 matrix instructions (most have none)."""
+    fp16 matrix instructions."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

@@ -67,9 +67,10 @@ def check_limits(call: Call, texts: list, count: int | None = None, what: str = 
     for i, text in enumerate(texts):
         size = sum(map(len, text)) if isinstance(text, tuple) else len(text)
         if size > settings.max_input_chars:
-            raise Refusal("too_large", f"{named(i)} has {size} characters; at most "
+            which = named(i)
+            raise Refusal("too_large", f"{which} has {size} characters; at most "
                           f"{settings.max_input_chars} (DISTILSERVE_MAX_INPUT_CHARS)",
-                          input=named(i))
+                          input=which)
 
 
 def check_answer_size(engine, count: int, each: int, unit: str = "numbers",
@@ -187,11 +188,12 @@ async def infer(call: Call, engine, texts: list, truncation: str | None,
         task.uncancel()
         raise client_closed() from None
     except InputTooLong as e:
-        raise Refusal("input_too_long", e.said(named(e.index)), input=named(e.index)
-                      ) from None
+        which = named(e.index)
+        raise Refusal("input_too_long", e.said(which), input=which) from None
     except NotFinite as e:
-        raise Refusal("not_finite", f"model {engine.name!r}: {e.said(named(e.index))}",
-                      input=named(e.index)) from None
+        which = named(e.index)
+        raise Refusal("not_finite", f"model {engine.name!r}: {e.said(which)}",
+                      input=which) from None
     except OverQueue as e:
         raise Refusal("too_large", f"model {engine.name!r}: {e}; send fewer per request"
                       ) from None
