@@ -4,6 +4,7 @@ inference routes' fast path, distilserve/server/routes/fast_path.py, renders the
 from __future__ import annotations
 
 import json
+import sys
 from typing import get_args
 
 from fastapi import FastAPI, Request
@@ -132,7 +133,9 @@ def unparseable(error: Exception) -> str:
         return f"malformed JSON: the body is not UTF-8 (byte {error.start})"
     if isinstance(error, RecursionError):
         return "malformed JSON: nested too deeply"
-    return f"malformed JSON: {error}"  # e.g. an integer of more than 4300 digits
+    if isinstance(error, ValueError):  # what json.loads raises besides the two above
+        return f"malformed JSON: a number of more than {sys.get_int_max_str_digits()} digits"
+    return f"malformed JSON: {error}"
 
 
 def not_json(content_type: str) -> str:
