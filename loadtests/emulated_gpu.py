@@ -5,17 +5,13 @@ loadtests.peer --emulate-gpu`` (or loadtests.engines) measures that service.
 
 Its ``launch`` takes ``LAUNCH_S`` without the GIL and queues the batch on the device; the
 device runs batches one after another, each ``FIXED_S`` + ``PER_INPUT_S`` per input;
-``collect`` waits for the batch. The times are those of a MiniLM-sized model from CUDA
-graphs (the default on a GPU) on an H100 (26 Nov, TorchScript, fp16): one sentence took
-0.44-0.47 ms in-process, tokenising included, and batches of 256 ran at 54,500-58,600
-sentences/s (here 0.42 ms and about 58,000). Without graphs the launches took about 1.5 ms
-a batch, and the stand-in's earlier figures (the README's, and loadtests/RESULTS.md's but
-its last paragraph) were taken with 1.5 ms, 0.8 ms and 18 µs. The outputs are ones of the
-model's output shape (an embedding, a logit per label, or a row per token: NER's labels,
-QA's start and end, fill-mask's vectors before the decoder): only timing is emulated. (Ones,
-not zeros: a zero embedding has no length, and its normalisation took the slow path that
-postprocess.normalize keeps for lengths out of float32's range, on every request: the
-stand-in's figures of 27 Nov and before include it)."""
+``collect`` waits for the batch. The times are those of a MiniLM-sized model run from CUDA
+graphs (the default on a GPU) in fp16 on an H100: one sentence in-process, tokenising
+included, and batches of 256 (loadtests/GPU_RESULTS.md has the measurements). The outputs
+are ones of the model's output shape (an embedding, a logit per label, or a row per token:
+NER's labels, QA's start and end, fill-mask's vectors before the decoder): only timing is
+emulated. (Ones, not zeros: a zero embedding has no length, and its normalisation would
+take the slow path that postprocess.normalize keeps for lengths out of float32's range.)"""
 
 from __future__ import annotations
 

@@ -7,10 +7,7 @@
 # profile", carry=[".gpu"], timeout_s=540), then at once (the machine stays warm 30 s) with
 # the time left `... STEP_SECONDS=170 bash loadtests/gpu.sh workers nographs`, or `...
 # STEP_SECONDS=300 bash loadtests/gpu.sh bench` (rows are kept as measured: a rerun on the
-# same machine goes on). Timings: the machine's start 30 s, tests 2 min, peer 3.7, the other
-# service steps 2 each; on an H100, 27 Nov, `tests peer gc700` took 496 s and
-# `benchgraphs` 4.7 min (14.2 minutes of device time with the start); on an H200, 27 Nov,
-# `tests peer eager` 455 s and `STEP_SECONDS=170 ... workers nographs` 242 s. Steps, run in
+# same machine goes on); loadtests/GPU_RESULTS.md says how long each call took. Steps, run in
 # the order given (the service steps use /tmp/minilm, a MiniLM-shaped model that
 # .gpu/setup.sh writes; CUDA graphs for batches of up to 4,096 padded tokens, the default,
 # unless a step says):
@@ -26,9 +23,8 @@
 #             engine process, in 2 interleaved rounds beside the in-process rate
 #             (python -m loadtests.engines; about 7 minutes: STEP_SECONDS=480)
 #   gc700     the same with Python's own garbage-collection threshold
-#             (DISTILSERVE_GC_THRESHOLD=700, the service's until 27 Nov): beside `peer`,
-#             what the service's threshold (50,000) gains on this machine (on an H100,
-#             27 Nov, nothing one run each could tell apart)
+#             (DISTILSERVE_GC_THRESHOLD=700): beside `peer`, what the service's
+#             threshold (50,000) gains on this machine
 #   eager     the torch backend (no TorchScript)
 #   profile   the peer step's distilserve again, with py-spy sampling its threads in each
 #             phase (loadtests/profile.py): where the event loop and the model's threads
@@ -117,8 +113,7 @@ for name in "$@"; do
   timeout -k 10 "$STEP_SECONDS" bash -c "$(declare -f cli repo load step); step $name" ||
     { echo "== $name FAILED ($?)"; failed=$((failed + 1)); }
   # the bench's exported checkpoints (artifacts/, hundreds of MB) stay: the archive must
-  # fit the 16 MiB a file brought back may have (on 27 Nov it did not, and the benchgraphs
-  # report came back only as printed)
+  # fit the 16 MiB a file brought back may have
   tar -czf "$archive" --exclude=artifacts -C /tmp gpu
 done
 for table in /tmp/gpu/*/peer.md /tmp/gpu/engines/engines.md; do

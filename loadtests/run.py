@@ -229,8 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         for m in served:
             by_task.setdefault(m["task"], m["id"])
         embed = by_task["embed"]
-        # side by side, in rounds: this machine's speed drifts by 10-20% from minute to
-        # minute, so each round compares the service with the ceiling measured just before
+        # side by side, in rounds: a machine's speed drifts from minute to minute, so each
+        # round compares the service with the ceiling measured just before
         ceiling_model = InProcess(repository / embed)
         payloads = [{"model": embed, "inputs": s} for s in samples.SENTENCES]
         rounds = []

@@ -25,8 +25,8 @@ def request_id(given: str) -> str:
     """A request's id: the one its client gave (printable ASCII, at most 200 characters; a
     proxy's, e.g. ingress-nginx's), else a new one: 128 random bits in hex, as a UUID's,
     from ``random`` (seeded per process, again in a forked child) rather than uuid4's
-    os.urandom, whose system call lets go of the GIL: under load the event loop then
-    waited for it, 18 us a request (loadtests/RESULTS.md)."""
+    os.urandom, whose system call lets go of the GIL, so that under load the event loop
+    waits to take it back (loadtests/RESULTS.md)."""
     return (given if 0 < len(given) <= 200 and given.isascii() and given.isprintable()
             else f"{random.getrandbits(128):032x}")
 

@@ -40,8 +40,8 @@ def test_drawing_needs_a_folder_with_results(tmp_path, capsys):
 
 
 def test_no_charts_where_no_row_was_measured(tmp_path, capsys):
-    """(every row failed: the charts had been drawn with empty axes, matplotlib warning of
-    a legend with nothing in it)"""
+    """Every row failed: no chart is drawn (it would have empty axes and a legend with
+    nothing in it), and the report says so."""
     failed = [{**r, "error": "CUDA graphs need a GPU"} for r in _committed()]
     report.write(tmp_path, failed, {"fp32": 100e9}, {}, {"torch": "2.13.0"})
     assert (tmp_path / "REPORT.md").exists()

@@ -12,9 +12,8 @@ from loadtests.emulated_gpu import EmulatedGpu
 
 
 def test_embeddings_have_a_length_so_normalising_them_is_the_usual_work():
-    """Zeros (the stand-in's outputs until 27 Nov) have no length: every request's
-    normalisation took the float64 path kept for lengths out of float32's range, a cost a
-    real model's embeddings do not have, which skewed the profiles taken with it."""
+    """Zeros have no length: every request's normalisation would take the float64 path
+    kept for lengths out of float32's range, a cost a real model's embeddings do not have."""
     batch = pad([TokenIds([101, 7, 102], [0] * 3), TokenIds([101, 102], [0] * 2)])
     pooled = EmulatedGpu(width=8).run(batch)
     assert pooled.shape == (2, 8) and pooled.dtype == np.float32
