@@ -13,7 +13,7 @@ def status(label: str):
     """A live status line on stderr; yields a progress(step) function that also logs."""
     from rich.console import Console
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, log_path=False)  # (the caller would always be progress)
     with console.status(label) as line:
         def progress(step: str) -> None:
             line.update(step)
