@@ -43,8 +43,8 @@ class OnnxBackend(Backend):
         options.intra_op_num_threads = threads  # 0: onnxruntime's choice (all cores)
         options.inter_op_num_threads = 1
         options.log_severity_level = 3  # errors only
-        # idle pool threads sleep instead of spinning: on a few cores a spinning pool takes
-        # the CPU that HTTP handling and tokenisation need between batches
+        # idle pool threads sleep instead of spinning: a spinning pool takes the cores that
+        # the other models' runs, HTTP handling and tokenisation need (loadtests/RESULTS.md)
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         providers = ["CPUExecutionProvider"]
         if device.startswith("cuda"):
