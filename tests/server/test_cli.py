@@ -62,6 +62,17 @@ def test_serve_refuses_an_unknown_device_in_one_line(tmp_path, capsys):
     assert err.count("\n") == 0 and "unknown device 'tpu'" in err
 
 
+@pytest.mark.parametrize("command", ["serve", "ray"])
+def test_a_cache_that_cannot_hold_the_default_is_refused_in_one_line(command, tmp_path,
+                                                                      capsys, monkeypatch):
+    (tmp_path / "a-file").touch()
+    monkeypatch.setenv("DISTILSERVE_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    assert main([command]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"distilserve {command}: cannot build the embedded default in "
+                   f"{tmp_path / 'a-file' / 'cache'} (DISTILSERVE_CACHE_DIR): Not a directory")
+
+
 def test_export_int8_prints_the_agreement_figures(tiny_checkpoints, tmp_path, capsys):
     out = tmp_path / "repo" / "m"
     assert main(["export", tiny_checkpoints["bert", "embed"], "--output", str(out),

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -81,6 +83,22 @@ def require(feature: str) -> None:
         except ImportError as e:
             raise Refused(f"{feature} needs the {extra} extra (pip install -c constraints.txt "
                           f"'distilserve[{extra}]'): {e}") from None
+
+
+def buildable_default(cache_dir: Path) -> None:
+    """A one-line refusal where the embedded default is not built in the cache folder
+    ``cache_dir`` (DISTILSERVE_CACHE_DIR) and cannot be: a folder that cannot be made or
+    written."""
+    from distilserve.server import embedded_default
+
+    if embedded_default.is_built(cache_dir):
+        return
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=cache_dir).close()
+    except OSError as e:
+        raise Refused(f"cannot build the embedded default in {cache_dir} "
+                      f"(DISTILSERVE_CACHE_DIR): {e.strerror or e}") from None
 
 
 def listening_socket(host: str, port: int):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from distilserve.server.cli.common import Refused, listening_socket, require, status
+from distilserve.server.cli.common import Refused, buildable_default, listening_socket, require, status
 
 
 def add(sub) -> None:
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
     if repository is None:  # the embedded default, built here first (on the first run)
         from distilserve.server.embedded_default import ensure_default_repository
 
+        buildable_default(settings.cache_dir)
         with status("building the embedded default") as progress:
             repository = ensure_default_repository(settings.cache_dir, progress)
     if not repository.is_dir():

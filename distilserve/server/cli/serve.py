@@ -6,7 +6,7 @@ import argparse
 import ipaddress
 from pathlib import Path
 
-from distilserve.server.cli.common import Refused, listening_socket, require
+from distilserve.server.cli.common import Refused, buildable_default, listening_socket, require
 
 WORKER_READY_S = 120  # how long a new worker of --workers N may take to load (see serve_workers)
 WORKER_APP = "distilserve.server.app:app_from_environment"  # each worker's app factory
@@ -83,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
         raise Refused(f"model repository {repository} is not a folder")
     if repository is not None:
         check_names(repository, settings)
+    else:
+        buildable_default(settings.cache_dir)
     port = settings.port
     try:  # the ports first: a port in use is a one-line error before anything loads
         sock = listening_socket(settings.host, port)
