@@ -1,4 +1,5 @@
 import socket
+import stat
 import sys
 
 import pytest
@@ -30,6 +31,22 @@ def test_new_writes_a_loadable_checkpoint(tmp_path, capsys):
     assert (ckpt.family, ckpt.task, ckpt.labels) == ("falbert", "ner", ["O", "B-PER", "I-PER"])
     for name in ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt"]:
         assert (tmp_path / name).exists()
+
+
+def test_new_replaces_a_folder_that_holds_files_only_with_force(tmp_path, capsys):
+    out = tmp_path / "ck"
+    assert main(["new", "bert", "--output", str(out), "--task", "classify",
+                 "--labels", "no,yes"]) == 0
+    (out / "kept.txt").write_text("the user's")
+    assert main(["new", "cmow", "--output", str(out)]) == 2
+    assert f"distilserve new: {out} already holds files" in capsys.readouterr().err
+    assert checkpoint.load(out).family == "bert" and (out / "kept.txt").exists()
+
+    assert main(["new", "cmow", "--output", str(out), "--force"]) == 0
+    assert checkpoint.load(out).family == "cmow" and not (out / "kept.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["ck"]  # no staging folder left
+    folder = stat.S_IMODE(out.stat().st_mode)  # safetensors' own 0600 not kept
+    assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == folder & 0o666
 
 
 def test_new_with_an_unknown_preset_fails_clearly(tmp_path, capsys):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,9 +156,17 @@ def fresh_model(family: str, preset: str = "tiny", task: str = "embed",
 
 
 def save(ckpt: Checkpoint, output: str | Path) -> Path:
-    """Writes config.json + model.safetensors + tokenizer files."""
+    """Writes config.json + model.safetensors + tokenizer files, each readable by whoever
+    may read the folder."""
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
+    _save(ckpt, out)
+    for weights in out.rglob("*.safetensors"):  # (safetensors makes its files 0600)
+        weights.chmod(stat.S_IMODE(out.stat().st_mode) & 0o666)
+    return out
+
+
+def _save(ckpt: Checkpoint, out: Path) -> None:
     kind = family_of(ckpt.family)
     if not kind.transformers:
         config = dict(ckpt.config)
@@ -183,12 +192,11 @@ def save(ckpt: Checkpoint, output: str | Path) -> Path:
     if not (Path(ckpt.tokenizer_dir) / "tokenizer.json").exists():
         # a slow tokenizer's files: saved as the fast tokenizer the service loads
         fast_tokenizer(ckpt.tokenizer_dir).save_pretrained(str(out))
-        return out
+        return
     for name in TOKENIZER_FILES:
         src = Path(ckpt.tokenizer_dir) / name
         if src.exists() and src.resolve() != (out / name).resolve():
             shutil.copyfile(src, out / name)
-    return out
 
 
 def fast_tokenizer(folder: str | Path):
