@@ -314,6 +314,14 @@ def test_a_student_that_cannot_learn_from_the_teacher_is_one_line(capsys, tmp_pa
     assert err[-1] == "distilserve distill: minialbert preset 'tiny' takes at most 128 tokens"
 
 
+def test_distill_does_not_write_over_a_checkpoint_it_did_not_start(capsys, tmp_path):
+    assert main(["new", "bert", "--output", str(tmp_path / "mine")]) == 0
+    assert main(["distill", "bert", "--output", str(tmp_path / "mine")]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"{tmp_path / 'mine'} holds a checkpoint that is no distillation to resume (it has no "
+        "distill_state.pt): name another folder")
+
+
 @pytest.mark.parametrize("host, loopback", [
     ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
     ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("example.internal", False)])

@@ -51,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     if args.any_depth and args.family not in ("minialbert", "falbert"):
         raise Refused(f"--any-depth is for the recursive families (minialbert, falbert), "
                       f"not {args.family}")
+    if (args.output / "config.json").exists() and not (args.output / distill.STATE).exists():
+        raise Refused(f"{args.output} holds a checkpoint that is no distillation to resume "
+                      f"(it has no {distill.STATE}): name another folder")
     opts = distill.Options(family=args.family, output=args.output, preset=args.preset,
                            steps=args.steps, seed=args.seed, batch_size=args.batch_size,
                            lr=args.lr, teacher=args.teacher, cache_dir=Settings().cache_dir,
