@@ -37,6 +37,18 @@ def test_labels_and_task_come_back(tmp_path, family):
     assert checkpoint.load(tmp_path, task="embed").task == "embed"
 
 
+@pytest.mark.parametrize("family", ["bert", "minialbert"])  # transformers' config, our own
+def test_a_head_is_not_loaded_as_another_tasks_head(tiny_checkpoints, family):
+    """A sequence classifier's head has the shape of a token classifier's: loaded as one it
+    would serve NER from weights trained for another task. An encoder asked for a head
+    says which tensors it lacks, and why."""
+    with pytest.raises(CheckpointError, match=r"a classify model: its head does not do ner"):
+        checkpoint.load(tiny_checkpoints[family, "classify"], task="ner")
+    with pytest.raises(CheckpointError, match=r"(missing: |needs id2label).*an encoder "
+                       r"without a classify head"):
+        checkpoint.load(tiny_checkpoints[family, "embed"], task="classify")
+
+
 @pytest.mark.parametrize("family", ["bert", "cmow"])  # transformers' config, and our own
 def test_labels_are_in_their_ids_order_and_a_bad_id2label_is_named(tmp_path, family):
     path = checkpoint.save(checkpoint.new(family, "tiny", "classify", ["a", "b", "c"]),

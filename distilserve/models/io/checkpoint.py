@@ -333,7 +333,16 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     file, state = read_state_dict(encoder)
     kind = _known_by_tensors(kind, config, state, config_file)
     family = kind.name
-    task = task or heads.task_of_architecture((config.get("architectures") or [""])[0])
+    architecture = (config.get("architectures") or [""])[0]
+    own_task = heads.task_of_architecture(architecture)
+    if own_task != "embed" and task not in (None, "embed", own_task):  # another task's head
+        raise CheckpointError(f"{config_file}: its architectures say {architecture}, a "
+                              f"{own_task} model: its head does not do {task} (as an "
+                              "embedding model, its encoder alone serves)")
+    # a head asked of an encoder: said where its labels or tensors lack
+    head_hint = (f" (its architectures say {architecture or 'none'}: an encoder without a "
+                 f"{task} head)" if task not in (None, "embed", "fill-mask", own_task) else "")
+    task = task or own_task
     pipeline = None
     if task == "embed":
         try:
@@ -344,7 +353,7 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
             pipeline = dataclasses.replace(pipeline or st.Pipeline(), pooling=pooling)
     labels = _labels(config, kind, config_file) if task in LABELLED else []
     if task in LABELLED and not labels:
-        raise CheckpointError(f"{config_file}: a {task} model needs id2label")
+        raise CheckpointError(f"{config_file}: a {task} model needs id2label{head_hint}")
     if token_embeddings and task != "embed":
         raise CheckpointError(f"{path}: token embeddings are an embedding model's, not this "
                               f"{task} model's")
@@ -370,7 +379,10 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     if not kind.transformers:
         if hasattr(model, "convert_checkpoint_state"):  # a published layout -> ours
             state = model.convert_checkpoint_state(state)
-        load_weights(model, state, file)
+        try:
+            load_weights(model, state, file)
+        except CheckpointError as e:
+            raise CheckpointError(f"{e}{head_hint}") from None
         known = {f.name for f in dataclasses.fields(kind.config_class)}
         extra = {k: v for k, v in config.items() if k not in known | {
             "architectures", "id2label", "label2id"}}
@@ -390,7 +402,7 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
             if task == "fill-mask":
                 raise CheckpointError(f"{e} (fill-mask runs a masked-language model's head: "
                                       "its checkpoint has it, as a ...ForMaskedLM's)") from None
-            raise
+            raise CheckpointError(f"{e}{head_hint}") from None
         if dense:
             model.dense = heads.Dense(dense.in_features, dense.out_features, dense.bias,
                                       dense.activation)
