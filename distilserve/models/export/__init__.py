@@ -22,11 +22,8 @@ quantize.py makes the int8 model.
 
 from __future__ import annotations
 
-import shutil
 import stat
-import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -48,13 +45,13 @@ from distilserve.models.export.parity import (
 )
 from distilserve.models.export.quantize import quantize_int8
 from distilserve.models.io import checkpoint
+from distilserve.models.io.folders import replacing
 from distilserve.models.io.manifest import DECODER, Manifest, TokenizerFacts
 from distilserve.models.runtime import open_backend
 from distilserve.models.runtime.tracing import example_inputs, trace
 from distilserve.models.tasks import PER_TOKEN, least_max_length
 
-__all__ = ["ARTIFACT", "FORMATS", "ExportError", "example_inputs", "export", "replace",
-           "trace"]
+__all__ = ["ARTIFACT", "FORMATS", "ExportError", "example_inputs", "export", "trace"]
 
 FORMATS = ("onnx", "torchscript", "torch")
 ARTIFACT = {"onnx": "model.onnx", "torchscript": "model.ts", "torch": None}
@@ -128,20 +125,12 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
     # said before anything is written: a caller that stops the export there (the embedded
     # default's build, when the service stops) is left no folder made after its clean-up
     progress(f"exporting to {fmt}" + (f" (loop {loop})" if ckpt.family in families.RECURSIVE else ""))
-    output.parent.mkdir(parents=True, exist_ok=True)
-    # made with the umask's mode, as the files in it are (mkdtemp's would be 0700: a
-    # repository exported by one user, unreadable to a service running as another)
-    staging = output.parent / f".{output.name}.{uuid.uuid4().hex[:12]}"
-    staging.mkdir()
-    try:
+    with replacing(output) as staging:
         manifest = _export_into(staging, ckpt, tokenizer, fmt, loop, quantize, max_length,
                                 progress, relevant_label, token_embeddings, aliases, check)
         progress("moving into place")
         _as_the_umask_makes(staging)
-        replace(staging, output)
-        return manifest
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
 
 
 def _check_vocabulary(ckpt: checkpoint.Checkpoint, tokens: int, source: Path) -> None:
@@ -165,19 +154,6 @@ def _as_the_umask_makes(folder: Path) -> None:
     folders = stat.S_IMODE(folder.stat().st_mode)
     for path in folder.rglob("*"):
         path.chmod(folders if path.is_dir() else folders & 0o666)
-
-
-def replace(new: Path, output: Path) -> None:
-    """Puts the complete folder ``new`` at ``output`` by two renames: ``output`` holds the
-    old model until an instant before it holds the new one, and never a half-written one
-    (a server's next load finds one or the other, or for that instant none)."""
-    old = None
-    if output.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-        output.rename(old / "model")
-    new.rename(output)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 def _tokenizer_facts(folder: Path) -> TokenizerFacts | None:

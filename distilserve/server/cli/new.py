@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
-import uuid
 from pathlib import Path
 
 from distilserve.models import families
@@ -38,25 +36,18 @@ def run(args: argparse.Namespace) -> int:
         for name, family in families.REGISTRY.items():
             print(f"{name}: {', '.join(family.preset_names)}")
         return 0
-    from distilserve.models.export import replace
     from distilserve.models.io import checkpoint
+    from distilserve.models.io.folders import replacing
 
     if not args.family or not args.output:
         raise Refused("FAMILY and --output are required (or --list)")
     out = Path(args.output)
-    holds_files = out.is_dir() and any(out.iterdir())
-    if holds_files and not args.force:
+    if out.is_dir() and any(out.iterdir()) and not args.force:
         raise Refused(f"{out} already holds files (a checkpoint?); pass --force to replace it")
     labels = [x.strip() for x in args.labels.split(",")] if args.labels is not None else None
     ckpt = checkpoint.new(args.family, args.preset, args.task, labels, seed=args.seed)
-    if holds_files:  # written beside it, then put in its place: no file of the old one stays
-        staging = out.parent / f".{out.name}.{uuid.uuid4().hex[:12]}"
-        try:
-            replace(checkpoint.save(ckpt, staging), out)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-    else:
-        checkpoint.save(ckpt, out)
+    with replacing(out) as staging:  # (no file of a folder replaced stays)
+        checkpoint.save(ckpt, staging)
     print(f"wrote {args.family}/{args.preset} ({args.task}, "
           f"{ckpt.num_parameters() / 1e6:.2f}M parameters) to {out}")
     return 0

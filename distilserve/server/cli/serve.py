@@ -83,8 +83,6 @@ def run(args: argparse.Namespace) -> int:
         raise Refused(f"model repository {repository} is not a folder")
     if repository is not None:
         check_names(repository, settings)
-    else:
-        buildable_default(settings.cache_dir)
     port = settings.port
     try:  # the ports first: a port in use is a one-line error before anything loads
         sock = listening_socket(settings.host, port)
@@ -98,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     if repository is None:
         from distilserve.server import embedded_default
 
+        buildable_default(settings.cache_dir)
         say("serving the embedded default%s", "" if embedded_default.is_built(settings.cache_dir)
             else "; it is built on this first start (a few minutes; /ready says how far along)")
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
