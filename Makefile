@@ -46,7 +46,7 @@ clean:
 	rm -rf $(VENV)
 
 # Distils MiniLM into a student of each family and adds them to the default repository
-# (12-19 minutes per family on 2 cores). STEPS=N to change the length.
+# (how long each took: the docs' results pages). STEPS=N to change the length.
 distill: install
 	for family in bert minialbert falbert cmow; do \
 		$(BIN)/distilserve distill $$family --output students/$$family $(if $(STEPS),--steps $(STEPS)) --add-to-default || exit 1; \
