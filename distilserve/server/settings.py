@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import difflib
 import gc
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -27,8 +28,11 @@ def _alias_pairs(text: str) -> list[tuple[str, str]]:
     return pairs
 
 
+PREFIX = "DISTILSERVE_"
+
+
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DISTILSERVE_", protected_namespaces=())
+    model_config = SettingsConfigDict(env_prefix=PREFIX, protected_namespaces=())
 
     model_repository: Path | None = Field(None, description="folder of model folders; "
                                           "none: the embedded default")
@@ -264,3 +268,17 @@ class Settings(BaseSettings):
         gpu = not device.startswith("cpu")
         return (self.max_batch_size or (256 if gpu else 64 if dtype == "bf16" else 32),
                 self.max_batch_tokens or (65_536 if gpu else 512 * self.model_threads()))
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A line for each DISTILSERVE_* variable of ``environ`` that names no setting (a typo,
+    which would be ignored unsaid), with the setting it is closest to."""
+    names = [name.upper() for name in Settings.model_fields]
+    lines = []
+    for variable in sorted(environ):
+        prefix, name = variable[:len(PREFIX)].upper(), variable[len(PREFIX):].upper()
+        if prefix == PREFIX and name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            lines.append(f"{variable} is not a setting: ignored"
+                         + (f" (did you mean {PREFIX}{close[0]}?)" if close else ""))
+    return lines

@@ -1,6 +1,7 @@
 """The first start of ``distilserve serve``: the port opens at once while the embedded
 default is built (/health 200, /ready 503 saying what is being built, progress in the log
-when no terminal shows it), and a port in use is a one-line error before anything loads.
+when no terminal shows it, a DISTILSERVE_* variable that is no setting warned of), and a
+port in use is a one-line error before anything loads.
 The full build itself is tested once, in test_embedded_default.py."""
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_port_opens_while_the_default_is_built(tmp_path):
     port, log = free_port(), tmp_path / "serve.log"
-    env = {**os.environ, "DISTILSERVE_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**os.environ, "DISTILSERVE_CACHE_DIR": str(tmp_path / "cache"),
+           "DISTILSERVE_MAX_BATCH": "8"}  # a typo, said
     server = subprocess.Popen([sys.executable, "-m", "distilserve.server.cli", "serve", "--port", str(port)],
                               cwd=ROOT, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -53,6 +55,8 @@ def test_the_port_opens_while_the_default_is_built(tmp_path):
         said = log.read_text()
         assert f"listening on http://127.0.0.1:{port}\n" in said
         assert "serving the embedded default; it is built on this first start" in said
+        assert ("WARNING DISTILSERVE_MAX_BATCH is not a setting: ignored (did you mean "
+                "DISTILSERVE_MAX_BATCH_SIZE?)") in said
     finally:
         server.send_signal(signal.SIGTERM)  # stops the build too
         try:

@@ -225,20 +225,20 @@ def test_a_port_out_of_range_is_a_one_line_error(command, port, capsys, tmp_path
 
 
 @pytest.mark.parametrize("variable,value,words", [
-    # inf: the model's thread failed to sleep and the service never became ready; 1e12: it
-    # slept for 31 years
+    # inf: the model's thread would fail to sleep and the service never become ready;
+    # 1e12: it would sleep for 31 years
     ("MAX_WAIT_MS", "inf", "max_wait_ms: Input should be less than or equal to 60000"),
     ("MAX_WAIT_MS", "1e12", "max_wait_ms: Input should be less than or equal to 60000"),
-    # a secret not filled in: before, the service ran without a key
+    # a secret not filled in: the service would run without a key
     ("API_KEY", "", "api_key: set but empty: unset DISTILSERVE_API_KEY"),
     ("API_KEY", " \n", "api_key: set but empty"),
-    # before, every batch of spans failed to send, each logged
+    # every batch of spans would fail to send, each logged
     ("OTLP_ENDPOINT", "otel:4318", "otlp_endpoint: 'otel:4318' is not an http"),
-    # an ONNX Runtime session started that many threads: loading took minutes a model
+    # an ONNX Runtime session would start that many threads: minutes to load a model
     ("THREADS", "100000", "threads: Input should be less than or equal to 1024"),
-    # the repository read without a pause: a core busy
+    # the repository would be read without a pause: a core busy
     ("POLL_SECONDS", "1e-6", "poll_seconds: 1e-06 s: 0 (never) or at least 0.1"),
-    # both binds went through: the service started and answered no HTTP request
+    # both binds would go through: the service would start and answer no HTTP request
     ("GRPC_PORT", "8000", "grpc_port 8000 is the HTTP port too: gRPC needs a port of its own"),
 ])
 def test_settings_past_what_could_work_are_refused_in_one_line(variable, value, words,
@@ -255,6 +255,18 @@ def test_settings_past_what_could_work_are_refused_in_one_line(variable, value, 
         Settings()
     line = str(Refused.invalid(refused.value))
     assert line.startswith(words) and "\n" not in line
+
+
+def test_a_variable_that_is_no_setting_is_named_with_the_closest_one():
+    from distilserve.server.settings import unknown_variables
+
+    assert unknown_variables({"DISTILSERVE_APIKEY": "k", "distilserve_port": "1",
+                              "DISTILSERVE_MAX_BATCH": "8", "DISTILSERVE_LOAD_NER": "x",
+                              "DISTILSERVE_DEVICE": "cpu", "HOME": "/root"}) == [
+        "DISTILSERVE_APIKEY is not a setting: ignored (did you mean DISTILSERVE_API_KEY?)",
+        "DISTILSERVE_LOAD_NER is not a setting: ignored",
+        "DISTILSERVE_MAX_BATCH is not a setting: ignored (did you mean "
+        "DISTILSERVE_MAX_BATCH_SIZE?)"]
 
 
 def test_a_shared_engine_that_would_poll_is_refused(monkeypatch):

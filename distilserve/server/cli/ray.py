@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from distilserve.server import logs
-    from distilserve.server.settings import Settings
+    from distilserve.server.settings import Settings, unknown_variables
 
     require("distilserve ray")
     try:
@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if settings.grpc_port is not None:
         require("--grpc-port")
     logging.basicConfig(level=logging.INFO, format=logs.TEXT)
+    for line in unknown_variables(os.environ):
+        logging.getLogger("distilserve").warning(line)
     repository = settings.model_repository
     if repository is None:  # the embedded default, built here first (on the first run)
         from distilserve.server.embedded_default import ensure_default_repository

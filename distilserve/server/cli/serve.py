@@ -45,6 +45,7 @@ def add(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import logging
+    import os
 
     from pydantic import ValidationError
 
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from distilserve.server.app import create_app
     from distilserve.server.connections import Config, Server
     from distilserve.server.core.threads import leave_an_abandoned_build
-    from distilserve.server.settings import Settings
+    from distilserve.server.settings import Settings, unknown_variables
 
     overrides = {k: v for k, v in (("model_repository", args.model_repository),
                                    ("host", args.host), ("port", args.port),
@@ -93,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         raise Refused(f"cannot listen on {settings.host}:{port}: {e.strerror or e}") from None
     log_config = logs.configure(settings.log_format)
     say = logging.getLogger("distilserve").info
+    for line in unknown_variables(os.environ):
+        logging.getLogger("distilserve").warning(line)
     if repository is None:
         from distilserve.server import embedded_default
 
