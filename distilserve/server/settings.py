@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import gc
+import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,6 +30,11 @@ def _alias_pairs(text: str) -> list[tuple[str, str]]:
 
 
 PREFIX = "DISTILSERVE_"
+# what Kubernetes sets in a pod for each Service of its namespace, NAME_SERVICE_HOST,
+# NAME_SERVICE_PORT[_PORTNAME] and NAME_PORT[_N_TCP[_PROTO|_PORT|_ADDR]] (NAME_PORT's
+# value a URL): for a Service named distilserve or distilserve-..., settings they are not
+SERVICE_LINK = re.compile(r".*_SERVICE_(HOST|PORT(_\w+)?)|.*_PORT_\d+_(TCP|UDP|SCTP)(_\w+)?")
+SERVICE_LINK_VALUE = re.compile(r"(tcp|udp|sctp)://")
 
 
 class Settings(BaseSettings):
@@ -155,6 +161,17 @@ class Settings(BaseSettings):
         "text", description="text, or json: one JSON object a line (time, level, logger, "
         "message; an access line's client, method, path, status) for log collectors")
 
+    @field_validator("port", "grpc_port", mode="before")
+    @classmethod
+    def _a_port(cls, value):
+        """A port number, not what Kubernetes sets in every pod of a namespace for a Service
+        named distilserve (or distilserve-grpc): DISTILSERVE_PORT=tcp://ADDRESS:PORT."""
+        if isinstance(value, str) and SERVICE_LINK_VALUE.match(value):
+            raise ValueError(f"{value!r} is the address Kubernetes gives a Service's pods, not "
+                             "a port: set the port, or enableServiceLinks: false in the pod's "
+                             "spec")
+        return value
+
     @field_validator("poll_seconds")
     @classmethod
     def _a_poll(cls, value: float) -> float:
@@ -272,12 +289,15 @@ class Settings(BaseSettings):
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     """A line for each DISTILSERVE_* variable of ``environ`` that names no setting (a typo,
-    which would be ignored unsaid), with the setting it is closest to."""
+    which would be ignored unsaid), with the setting it is closest to; Kubernetes' links
+    to Services (SERVICE_LINK) left out."""
     names = [name.upper() for name in Settings.model_fields]
     lines = []
     for variable in sorted(environ):
-        prefix, name = variable[:len(PREFIX)].upper(), variable[len(PREFIX):].upper()
-        if prefix == PREFIX and name not in names:
+        upper = variable.upper()
+        name = upper.removeprefix(PREFIX)
+        link = SERVICE_LINK.fullmatch(upper) or SERVICE_LINK_VALUE.match(environ[variable])
+        if upper.startswith(PREFIX) and name not in names and not link:
             close = difflib.get_close_matches(name, names, n=1)
             lines.append(f"{variable} is not a setting: ignored"
                          + (f" (did you mean {PREFIX}{close[0]}?)" if close else ""))

@@ -238,6 +238,9 @@ def test_a_port_out_of_range_is_a_one_line_error(command, port, capsys, tmp_path
     ("THREADS", "100000", "threads: Input should be less than or equal to 1024"),
     # the repository would be read without a pause: a core busy
     ("POLL_SECONDS", "1e-6", "poll_seconds: 1e-06 s: 0 (never) or at least 0.1"),
+    # Kubernetes' link to a Service named distilserve, set in its namespace's pods
+    ("PORT", "tcp://10.0.0.11:80", "port: 'tcp://10.0.0.11:80' is the address Kubernetes "
+     "gives a Service's pods, not a port"),
     # both binds would go through: the service would start and answer no HTTP request
     ("GRPC_PORT", "8000", "grpc_port 8000 is the HTTP port too: gRPC needs a port of its own"),
 ])
@@ -262,7 +265,12 @@ def test_a_variable_that_is_no_setting_is_named_with_the_closest_one():
 
     assert unknown_variables({"DISTILSERVE_APIKEY": "k", "distilserve_port": "1",
                               "DISTILSERVE_MAX_BATCH": "8", "DISTILSERVE_LOAD_NER": "x",
-                              "DISTILSERVE_DEVICE": "cpu", "HOME": "/root"}) == [
+                              "DISTILSERVE_DEVICE": "cpu", "HOME": "/root",
+                              # Kubernetes' links to Services named distilserve(-gpu)
+                              "DISTILSERVE_SERVICE_HOST": "10.0.0.1",
+                              "DISTILSERVE_SERVICE_PORT_GRPC": "8001",
+                              "DISTILSERVE_PORT_80_TCP_ADDR": "10.0.0.1",
+                              "DISTILSERVE_GPU_PORT": "tcp://10.0.0.2:80"}) == [
         "DISTILSERVE_APIKEY is not a setting: ignored (did you mean DISTILSERVE_API_KEY?)",
         "DISTILSERVE_LOAD_NER is not a setting: ignored",
         "DISTILSERVE_MAX_BATCH is not a setting: ignored (did you mean "
