@@ -32,7 +32,7 @@ def _alias_pairs(text: str) -> list[tuple[str, str]]:
 PREFIX = "DISTILSERVE_"
 # what Kubernetes sets in a pod for each Service of its namespace, NAME_SERVICE_HOST,
 # NAME_SERVICE_PORT[_PORTNAME] and NAME_PORT[_N_TCP[_PROTO|_PORT|_ADDR]] (NAME_PORT's
-# value a URL): for a Service named distilserve or distilserve-..., settings they are not
+# value a URL): not settings, where a Service is named distilserve or distilserve-...
 SERVICE_LINK = re.compile(r".*_SERVICE_(HOST|PORT(_\w+)?)|.*_PORT_\d+_(TCP|UDP|SCTP)(_\w+)?")
 SERVICE_LINK_VALUE = re.compile(r"(tcp|udp|sctp)://")
 
