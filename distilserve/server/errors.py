@@ -213,10 +213,14 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def on_http_error(request: Request, exc: StarletteHTTPException):
+        where = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:  # no route there (a model not found is a Refusal)
+            exc.detail = f"no route {where} (GET /openapi.json lists them)"
         if exc.status_code == 405:  # Starlette's Allow names the methods of the first
             # route of the path (GET / and POST / are two), not of all of them
-            exc.headers = {**(exc.headers or {}), "Allow": ", ".join(
-                _allowed(request.app.router.routes, request.scope))}
+            allowed = ", ".join(_allowed(request.app.router.routes, request.scope))
+            exc.headers = {**(exc.headers or {}), "Allow": allowed}
+            exc.detail = f"no route {where}: {request.url.path} takes {allowed}"
         return http_error(exc)
 
     @app.exception_handler(Exception)

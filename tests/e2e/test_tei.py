@@ -293,6 +293,7 @@ def test_the_root_and_ping_are_readiness_checks(url):
         assert res.status_code == 200 and res.json() == ready
     wrong = web.put(url + "/")  # two routes at one path: the 405 names both methods
     assert wrong.status_code == 405 and wrong.headers["allow"] == "GET, HEAD, POST"
+    assert wrong.json()["error"]["message"] == "no route PUT /: / takes GET, HEAD, POST"
 
 
 def test_predict_takes_a_text_a_pair_or_a_batch_as_tei_does(url):
