@@ -352,7 +352,7 @@ def test_the_service_runs_an_onnx_model_from_its_checkpoint_in_bf16_on_a_cpu_wit
     assert (backend.name, backend.device, backend.dtype) == ("torchscript", "cpu", "bf16")
     assert backend.dtype_reason == "auto: bf16, on this CPU's AVX-512 BF16 (avx512_bf16)"
     assert "onnx: an ONNX model, run on cpu in bf16 from its checkpoint, traced with " \
-           "TorchScript: ONNX Runtime runs the graph as exported, in fp32" in caplog.text
+           "TorchScript, as ONNX Runtime runs the graph as exported, in fp32" in caplog.text
     got = backend.run(inputs)
     assert _cosines(ref, got).min() >= 0.999 and not np.array_equal(ref, got)
     # an int8 artifact is served as exported; so is any ONNX model outside the service

@@ -259,7 +259,7 @@ def test_an_onnx_model_runs_its_checkpoint_where_onnxruntime_cannot_use_the_gpu(
         traced = load_engine("m", folder, Settings(), Metrics())
     assert traced.describe()["backend"] == "torchscript"
     assert "onnx: an ONNX model, run on cpu in fp32 from its checkpoint, traced with " \
-           "TorchScript: this onnxruntime has no CUDA execution provider" in caplog.text
+           "TorchScript, as this onnxruntime has no CUDA execution provider" in caplog.text
     a, b = np.stack(_run(onnx, texts).outputs), np.stack(_run(traced, texts).outputs)
     assert np.allclose(a, b, atol=1e-4)
 

@@ -123,6 +123,6 @@ def _checkpoint_instead(folder: Path, threads: int, device: str, dtype: str,
                     "on the GPU" if on_gpu else f"in {choose_dtype(dtype, device, allowed, cpu_bf16)[0]}",
                     why, "there" if on_gpu else "so", error)
         return None, type(e).__name__
-    log.info("%s: an ONNX model, run on %s in %s from its checkpoint, traced with TorchScript: "
-             "%s", folder.name, backend.device, backend.dtype, why)
+    log.info("%s: an ONNX model, run on %s in %s from its checkpoint, traced with TorchScript, "
+             "as %s", folder.name, backend.device, backend.dtype, why)
     return backend, None
