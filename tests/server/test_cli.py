@@ -353,7 +353,17 @@ def test_a_host_other_than_loopback_without_a_key_is_warned_of(host, loopback):
     assert _loopback(host) is loopback
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["new", "--list"], ["serve", "--help"]])
+def test_version_is_the_installed_distributions(capsys):
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"distilserve {metadata.version('distilserve')}\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["new", "--list"],
+                                  ["serve", "--help"]])
 def test_help_and_the_list_of_presets_import_neither_torch_nor_transformers(argv):
     """What the CLI prints of itself comes without the heavy imports, as fast as Python
     starts: the families' files are read for their presets, not imported."""

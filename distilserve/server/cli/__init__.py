@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from importlib import metadata
 
 from distilserve.models.io import CheckpointError
 from distilserve.models.tasks import TASKS
@@ -13,8 +14,9 @@ from distilserve.server.cli import bench, distill, export, new, ray, serve
 from distilserve.server.cli.common import Refused
 
 DESCRIPTION = """Serves compact, distilled text encoders (BERT, DistilBERT, TinyBERT, MiniLM,
-MobileBERT, MiniALBERT, F-ALBERT, CMOW): embeddings (OpenAI-compatible too),
-classification and NER over HTTP, on the CPU or a GPU.
+MobileBERT, MiniALBERT, F-ALBERT, CMOW): embeddings (OpenAI-, TEI- and Cohere-compatible
+too), rerank, classification, NER, question answering and fill-mask, over HTTP and gRPC,
+on the CPU or a GPU.
 
   distilserve serve                      the embedded default on http://127.0.0.1:8000
   distilserve new bert --preset minilm-l6 --output ckpt/minilm
@@ -28,6 +30,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="distilserve", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version",
+                   version=f"distilserve {metadata.version('distilserve')}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     new.add(sub, list(TASKS))
     export.add(sub, list(TASKS))
