@@ -33,6 +33,17 @@ def test_new_writes_a_loadable_checkpoint(tmp_path, capsys):
         assert (tmp_path / name).exists()
 
 
+def test_new_writes_into_the_folder_it_is_given_in_place(tmp_path, monkeypatch, capsys):
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["new", "cmow", "--output", "."]) == 0
+    inode = (tmp_path / "here").stat().st_ino
+    assert main(["new", "bert", "--output", ".", "--force"]) == 0
+    assert checkpoint.load(tmp_path / "here").family == "bert"
+    assert (tmp_path / "here").stat().st_ino == inode  # the same folder: the shell's stays
+    assert [p.name for p in tmp_path.iterdir()] == ["here"]
+
+
 def test_new_replaces_a_folder_that_holds_files_only_with_force(tmp_path, capsys):
     out = tmp_path / "ck"
     assert main(["new", "bert", "--output", str(out), "--task", "classify",
@@ -44,7 +55,11 @@ def test_new_replaces_a_folder_that_holds_files_only_with_force(tmp_path, capsys
 
     assert main(["new", "cmow", "--output", str(out), "--force"]) == 0
     assert checkpoint.load(out).family == "cmow" and not (out / "kept.txt").exists()
-    assert [p.name for p in tmp_path.iterdir()] == ["ck"]  # no staging folder left
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("no checkpoint")
+    assert main(["new", "cmow", "--output", str(tmp_path / "notes"), "--force"]) == 2
+    assert "holds files but no checkpoint (config.json)" in capsys.readouterr().err
+    assert (tmp_path / "notes" / "todo.txt").exists()
     folder = stat.S_IMODE(out.stat().st_mode)  # safetensors' own 0600 not kept
     assert stat.S_IMODE((out / "model.safetensors").stat().st_mode) == folder & 0o666
 

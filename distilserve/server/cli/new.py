@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 from distilserve.models import families
@@ -25,8 +26,7 @@ def add(sub, tasks: list[str]) -> None:
     new.add_argument("--labels", help="comma-separated labels for classify and ner")
     new.add_argument("--seed", type=int, default=0, help="seed of the fresh weights")
     new.add_argument("--force", action="store_true",
-                     help="replace an --output folder that holds files (once the new "
-                     "checkpoint is complete)")
+                     help="replace the checkpoint an --output folder holds (its files)")
     new.add_argument("--list", action="store_true", help="print families and presets")
     new.set_defaults(func=run)
 
@@ -37,17 +37,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name}: {', '.join(family.preset_names)}")
         return 0
     from distilserve.models.io import checkpoint
-    from distilserve.models.io.folders import replacing
 
     if not args.family or not args.output:
         raise Refused("FAMILY and --output are required (or --list)")
     out = Path(args.output)
-    if out.is_dir() and any(out.iterdir()) and not args.force:
+    old = sorted(out.iterdir()) if out.is_dir() else []
+    if old and not args.force:
         raise Refused(f"{out} already holds files (a checkpoint?); pass --force to replace it")
+    if old and not (out / "config.json").exists():  # --force: a checkpoint's files only
+        raise Refused(f"{out} holds files but no checkpoint (config.json): --force replaces a "
+                      "checkpoint only; name a new or empty folder")
     labels = [x.strip() for x in args.labels.split(",")] if args.labels is not None else None
     ckpt = checkpoint.new(args.family, args.preset, args.task, labels, seed=args.seed)
-    with replacing(out) as staging:  # (no file of a folder replaced stays)
-        checkpoint.save(ckpt, staging)
+    for path in old:  # in place, the folder kept ("." stays the shell's folder)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    checkpoint.save(ckpt, out)
     print(f"wrote {args.family}/{args.preset} ({args.task}, "
           f"{ckpt.num_parameters() / 1e6:.2f}M parameters) to {out}")
     return 0
