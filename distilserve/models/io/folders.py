@@ -18,6 +18,7 @@ def replacing(output: Path) -> Iterator[Path]:
     ends, and removed if the block raises. Made with the umask's mode, as the files in it
     are (mkdtemp's would be 0700: a folder written by one user, unreadable to a service
     running as another)."""
+    output = output.resolve()  # (".": its name, its parent)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = output.parent / f".{output.name}.{uuid.uuid4().hex[:12]}"
     staging.mkdir()
@@ -35,7 +36,11 @@ def replace(new: Path, output: Path) -> None:
     old = None
     if output.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{output.name}.old.", dir=output.parent))
-        output.rename(old / "model")
+        try:
+            output.rename(old / "model")
+        except OSError:  # (a mount point, say): nothing left beside it
+            old.rmdir()
+            raise
     new.rename(output)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
