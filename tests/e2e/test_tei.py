@@ -48,6 +48,31 @@ def test_embed_and_the_root_give_v1_embeds_embeddings_alone(url):
     np.testing.assert_allclose(one, raw, atol=1e-6)
 
 
+def test_embed_takes_token_ids_as_the_whole_input_as_tei_does(url):
+    """Current TEI's /embed takes token ids too, each the model's whole input (its special
+    tokens included, as /tokenize gives them): a text's ids embed as the text does; ids
+    without the special tokens are run without them."""
+    text = "The cat sat on the mat."
+    ids = [t["id"] for t in post(url, "/tokenize", {"inputs": text})[0]]
+    expected = post(url, "/embed", {"inputs": text})
+    for route, body in (("/embed", {"inputs": ids}), ("/", {"inputs": ids}),
+                        ("/embed", {"inputs": [text, ids]})):
+        for vector in post(url, route, body):
+            np.testing.assert_allclose(vector, expected[0], atol=1e-6)
+    bare = post(url, "/embed", {"inputs": ids[1:-1]})
+    assert not np.allclose(bare, expected, atol=1e-3)
+    long = post(url, "/embed", {"inputs": ids * 40})  # cut to max_length (truncate: true)
+    assert np.shape(long) == np.shape(expected)
+    for body, status, words in (
+            ({"inputs": ids * 40, "truncate": False}, 413, "input 0 has 360 tokens, more than the model's "
+             "max_length 128"),
+            ({"inputs": [ids[0], 10**6]}, 422, "input 0: token id 1000000 is not in the "
+             "vocabulary"),
+            ({"inputs": [[]]}, 422, "inputs.0: List should have at least 1 item")):
+        res = web.post(url + "/embed", json=body)
+        assert res.status_code == status and words in res.json()["error"]["message"], res.text
+
+
 def test_huggingface_hubs_inference_client(url, monkeypatch):
     """As LangChain's HuggingFaceEndpointEmbeddings and Haystack's TEI embedders call it:
     the service's URL as the model, at its root or at /embed."""

@@ -17,6 +17,7 @@ from distilserve.models.io import checkpoint
 from distilserve.models.io.manifest import Manifest
 from distilserve.server.core.batching import pad
 from distilserve.server.core.runner import open_decoder, read_decoder
+from distilserve.server.core.tokenisation import WholeIds
 from distilserve.server.engine import (
     InputTooLong,
     ModelLoadError,
@@ -466,6 +467,11 @@ def test_a_long_input_is_cut_at_its_end_or_its_start_as_asked(torch_model):
     cut = [engine.text.tokenize([ids], t)[0].overflowing for t in ("right", "left")]
     assert cut == [ids[n - 2:], ids[:len(ids) - n + 2]]  # what each side cut off
     assert engine.text.tokenize([ids], None)[0].ids == plain
+    # the whole input's ids (TEI's): given nothing, cut to max_length from the side asked
+    whole = WholeIds(plain)
+    assert engine.text.tokenize([whole], None)[0].ids == plain
+    assert [engine.text.tokenize([whole], t)[0].ids for t in ("right", "left")] == [
+        plain[:n], plain[len(plain) - n:]]
     # a pair: the longer text is cut, from the side asked
     pair = engine.text.tokenize([("first text", " ".join(words))], "left")[0]
     assert len(pair.ids) == n and pair.offsets[-2][1] == len(" ".join(words))

@@ -22,6 +22,12 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 
+class WholeIds(list):
+    """A token-id input that is the model's whole input, its special tokens included (as
+    TEI takes token ids, as /tokenize gives them): cut to max_length, given nothing. A
+    plain list of ids (OpenAI's) is a text's tokens, which get a text's special tokens."""
+
+
 @dataclass
 class TokenIds:
     """A token-id input as the batcher sees an encoding."""
@@ -136,7 +142,8 @@ class Tokenisation:
     def tokenize(self, texts: list, truncation: str | None) -> list:
         """Texts (or pairs) -> the Rust tokenizer's encodings, in order, cut to max_length
         at the end ("right") or the start ("left") or not at all (None); token-id inputs
-        (lists of ints) get the special tokens a text would get, and are cut the same way."""
+        (lists of ints) get the special tokens a text would get (WholeIds none), and are cut
+        the same way."""
         if not any(isinstance(t, list) for t in texts):
             return self.truncating(truncation).encode_batch(texts)
         strings = [t for t in texts if not isinstance(t, list)]
@@ -169,13 +176,15 @@ class Tokenisation:
         return tokenizer
 
     def _from_ids(self, ids: list[int], truncation: str | None) -> TokenIds:
-        before, after = self.specials
-        kept, overflowing = ids, []
+        whole = isinstance(ids, WholeIds)
+        before, after = ([], []) if whole else self.specials
+        room = self.max_length if whole else self.room
+        kept, overflowing = list(ids), []
         if truncation == "right":
-            kept, overflowing = ids[:self.room], ids[self.room:]
+            kept, overflowing = kept[:room], kept[room:]
         elif truncation == "left":
-            cut = max(0, len(ids) - self.room)
-            kept, overflowing = ids[cut:], ids[:cut]
+            cut = max(0, len(kept) - room)
+            kept, overflowing = kept[cut:], kept[:cut]
         ids = [*before, *kept, *after]
         return TokenIds(ids, [0] * len(ids), overflowing)
 

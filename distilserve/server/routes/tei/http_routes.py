@@ -32,7 +32,6 @@ from distilserve.server.routes import options
 from distilserve.server.routes.common import http_call, reply, service
 from distilserve.server.routes.native import rerank as v1
 from distilserve.server.routes.native.schemas import (
-    EmbedRequest,
     RerankRequest,
     RerankResponse,
     Score,
@@ -44,6 +43,7 @@ from distilserve.server.routes.tei.schemas import (
     HfTokenRequest,
     HfZeroShotRequest,
     TeiAnswer,
+    TeiEmbedRequest,
     TeiInfo,
     TeiInputsRequest,
     TeiPredictRequest,
@@ -63,7 +63,7 @@ DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 # each route's answer and its run, for the route, the root and /vertex -----------------
-async def embedding(body: EmbedRequest, call: Call) -> tuple[np.ndarray, Result]:
+async def embedding(body: TeiEmbedRequest, call: Call) -> tuple[np.ndarray, Result]:
     _, vectors, result = await options.embed(call, body.model, body.texts, body)
     return vectors, result
 
@@ -112,7 +112,7 @@ def ranked(scores: np.ndarray, texts: list[str], return_text: bool) -> list[dict
             for r in postprocess.ranked(scores, texts, None, False)]
 
 
-ANSWERS = {EmbedRequest: embedding, TeiSimilarityRequest: similarities,
+ANSWERS = {TeiEmbedRequest: embedding, TeiSimilarityRequest: similarities,
            TeiPredictRequest: predictions, TeiRerankRequest: ranks,
            HfZeroShotRequest: hf.zero_shot_answers, HfTokenRequest: hf.token_answers,
            HfQaRequest: hf.qa_answers, HfFillMaskRequest: hf.fill_mask_answers}
@@ -140,7 +140,7 @@ def _parameter_names(*bodies: type[BaseModel]) -> frozenset[str]:
 
 
 PARAMETERS = {kind: _parameter_names(*bodies) for kind, bodies in {
-    "embed": (EmbedRequest, TeiSimilarityRequest), "classify": (TeiPredictRequest,),
+    "embed": (TeiEmbedRequest, TeiSimilarityRequest), "classify": (TeiPredictRequest,),
     "rerank": (TeiRerankRequest,), "zero_shot": (HfZeroShotRequest,),
     "ner": (HfTokenRequest,), "qa": (HfQaRequest,), "fill-mask": (HfFillMaskRequest,)}.items()}
 
@@ -197,8 +197,10 @@ def _parsed(kind: str, body: dict):
 
 # the routes -------------------------------------------------------------------------
 @router.post("/embed", response_model=list[list[float]], responses=errors.INFERENCE)
-async def embed(body: EmbedRequest, request: Request):
-    """/v1/embed's request; the embeddings alone, one list per input."""
+async def embed(body: TeiEmbedRequest, request: Request):
+    """/v1/embed's request, its inputs texts or token ids (each the model's whole input, its
+    special tokens included, as /tokenize gives them); the embeddings alone, one list per
+    input."""
     call = http_call(request)
     return reply(call, *await embedding(body, call))
 

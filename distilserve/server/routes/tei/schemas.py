@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
+from distilserve.server.core.tokenisation import WholeIds
 from distilserve.server.routes.native.schemas import (
     Body,
     EmbedRequest,
@@ -17,6 +18,7 @@ from distilserve.server.routes.native.schemas import (
     RerankRequest,
     Score,
     Texts,
+    TokenIds,
     Truncated,
     Usage,
     leading,
@@ -98,11 +100,39 @@ class TeiRerankRequest(Deep, Truncated):
         return [self.query, *self.texts_]
 
 
+# TEI's token ids: one input as the model's whole input, its special tokens included (as
+# /tokenize gives them)
+TeiIds = Annotated[TokenIds, Field(min_length=1)]
+TeiInputs = str | TeiIds | Annotated[list[str | TeiIds], Field(min_length=1)]
+TEI_INPUTS = ("a text, token ids [int] (the model's vocabulary; the whole input, its special "
+              "tokens included, as /tokenize gives them), or a non-empty list of them")
+
+
+def whole(texts: list) -> list:
+    """Token-id inputs as TEI takes them: each the model's whole input."""
+    return [WholeIds(t) if isinstance(t, list) else t for t in texts]
+
+
+class TeiEmbedRequest(EmbedRequest):
+    """TEI's /embed (and POST /'s feature extraction): /v1/embed's body, its inputs texts
+    or token ids."""
+
+    inputs: TeiInputs = Field(description=TEI_INPUTS)
+
+    @property
+    def texts(self) -> list:
+        return whole(super().texts)
+
+
 class TeiInputsRequest(Truncated):
     """TEI's /embed_all and /embed_sparse."""
 
-    inputs: Texts
+    inputs: TeiInputs = Field(description=TEI_INPUTS)
     prompt_name: str | None = Field(None, description="as /v1/embed's")
+
+    @property
+    def texts(self) -> list:
+        return whole(super().texts)
 
 
 class TeiSimilarityInputs(BaseModel):
@@ -136,7 +166,7 @@ def _root_body(value) -> str:
     return "Similarity" if isinstance(inputs, dict | TeiSimilarityInputs) else "Embed"
 
 
-TeiRootRequest = Annotated[Annotated[EmbedRequest, Tag("Embed")]
+TeiRootRequest = Annotated[Annotated[TeiEmbedRequest, Tag("Embed")]
                            | Annotated[TeiSimilarityRequest, Tag("Similarity")],
                            Discriminator(_root_body)]
 
