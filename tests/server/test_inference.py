@@ -69,11 +69,16 @@ def test_limits_are_the_settings_and_name_the_input():
 
 def test_what_only_the_model_can_refuse_is_refused_before_it_runs():
     m = engine()
-    assert refused(lambda: inference.check_embedding_request(m, ["a"], 5)).message == (
+    assert refused(lambda: inference.check_dimensions(m, 5)).message == (
         "dimensions 5 is more than the width of model 'm', 4")
     e = refused(lambda: inference.check_token_ids(m, ["a", [1, 10]]))
     assert (e.reason, e.message, e.input) == ("invalid", "input 1: token id 10 is not in "
                                               "the vocabulary of model 'm' (0 to 9)", "input 1")
+    # every run checks its token ids, naming the input as its route does
+    e = refused(lambda: inference.infer(call(m), m, ["q", [10]], "right",
+                                        named=lambda i: f"document {i - 1}"))
+    assert (e.message, e.input) == ("document 0: token id 10 is not in the vocabulary of "
+                                    "model 'm' (0 to 9)", "document 0")
     assert refused(lambda: inference.check_iterations(m, 2)).message == (
         "iterations 2: model 'm' is a bert model, not a recursive one: its depth is fixed")
     assert refused(lambda: inference.with_prompt(m, ["a"], "query")).message == (

@@ -1,6 +1,6 @@
-"""Folders written whole: a model folder or a checkpoint is made beside its place, then put
-there by renames, so that a reader (a serving process, a later load) finds the old folder
-or the new one, never a half-written one."""
+"""Folders written whole: a model folder is made beside its place, then put there by
+renames, so that a reader (a serving process, a later load) finds the old folder or the
+new one, never a half-written one."""
 
 from __future__ import annotations
 

@@ -84,25 +84,24 @@ def check_answer_size(engine, count: int, each: int, unit: str = "numbers",
                       f"{most} at once (each up to {each} {unit})")
 
 
-def check_embedding_request(engine, texts: list, dimensions: int | None) -> None:
-    """What only the model can say is wrong with an embedding request, said before its
-    inputs are queued: ``dimensions`` over its width, token ids outside its vocabulary."""
+def check_dimensions(engine, dimensions: int | None) -> None:
+    """Refused: ``dimensions`` over the embedding model's width."""
     if dimensions is not None and engine.dimensions and dimensions > engine.dimensions:
         raise Refusal("invalid", f"dimensions {dimensions} is more than the width of "
                       f"model {engine.name!r}, {engine.dimensions}")
-    check_token_ids(engine, texts)
 
 
-def check_token_ids(engine, texts: list) -> None:
+def check_token_ids(engine, texts: list, named: Callable[[int], str] = numbered) -> None:
     """Refused naming the first token id outside the model's vocabulary (of the inputs
-    that are token ids)."""
+    that are token ids; ``named``: as infer's)."""
     for i, text in enumerate(texts):
         if isinstance(text, list):
             bad = next((t for t in text if not 0 <= t < engine.text.vocab_size), None)
             if bad is not None:
-                raise Refusal("invalid", f"input {i}: token id {bad} is not in the vocabulary "
+                which = named(i)
+                raise Refusal("invalid", f"{which}: token id {bad} is not in the vocabulary "
                               f"of model {engine.name!r} (0 to "
-                              f"{engine.text.vocab_size - 1})", input=f"input {i}")
+                              f"{engine.text.vocab_size - 1})", input=which)
 
 
 def check_iterations(engine, iterations: int | None) -> None:
@@ -167,8 +166,10 @@ async def infer(call: Call, engine, texts: list, truncation: str | None,
     question answering's, Engine.infer's; ``iterations``: a recursive model's depth,
     check_iterations'); drops them from the queue if the client goes away. ``named``: what
     the client calls the text at an index, for a refusal about it (where the texts are not
-    the client's inputs in order: a rerank's query, then its documents)."""
+    the client's inputs in order: a rerank's query, then its documents). Token ids outside
+    the model's vocabulary are refused (check_token_ids)."""
     check_iterations(engine, iterations)
+    check_token_ids(engine, texts, named)
     task, running, gone = asyncio.current_task(), True, False
 
     def client_gone() -> None:
@@ -233,7 +234,7 @@ async def embedded(call: Call, model: str | None, texts: list,
     if foreign_ids:
         texts = read_foreign(engine, texts)
     check_limits(call, texts, named=named)
-    check_embedding_request(engine, texts, dimensions)
+    check_dimensions(engine, dimensions)
     check_answer_size(engine, len(texts), dimensions or engine.dimensions or 1)
     result = await infer(call, engine, with_prompt(engine, texts, prompt_name), truncation,
                          named=named, iterations=iterations)

@@ -241,7 +241,6 @@ async def token_vectors(call: Call, model: str | None, texts: list, truncation: 
     --token-embeddings), and the run."""
     engine = registry.pick(call.service, "token embeddings", model)
     check_limits(call, texts)
-    check_token_ids(engine, texts)
     check_answer_size(engine, len(texts), engine.max_length * engine.dimensions,
                       f"numbers: {engine.max_length} tokens of {engine.dimensions}")
     result = await infer(call, engine, with_prompt(engine, texts, prompt_name), truncation)
@@ -253,7 +252,6 @@ async def sparse_vectors(call: Call, model: str | None, texts: list, truncation:
     """Each input's SPLADE embedding as its non-zero entries, {index, value}, and the run."""
     engine = registry.pick(call.service, "sparse embeddings", model)
     check_limits(call, texts)
-    check_token_ids(engine, texts)
     check_answer_size(engine, len(texts), 2 * engine.dimensions)  # index and value
     result = await infer(call, engine, with_prompt(engine, texts, prompt_name), truncation)
     return engine, [postprocess.sparse(v) for v in result.outputs], result
