@@ -88,6 +88,21 @@ def test_what_only_the_model_can_refuse_is_refused_before_it_runs():
     assert inference.with_prompt(prompted, ["a"], None) == ["d: a"]
 
 
+def test_a_cap_on_tokens_cuts_below_what_the_model_reads_or_refuses_naming_its_field():
+    # a fake tokenisation: a text's characters are its tokens
+    text = SimpleNamespace(room=5, counted_cuts=lambda texts, most, truncation: [
+        (t[:most] if truncation else t, len(t)) for t in texts])
+    m = engine(text=text)
+    texts = ["abc", "a"]
+    for most in (None, 5, 9):  # no cap, or none the model would not make itself
+        assert asyncio.run(inference.capped(m, texts, most, None, "max_tokens")) is texts
+    assert asyncio.run(inference.capped(m, texts, 2, "right", "max_tokens")) == ["ab", "a"]
+    e = refused(lambda: inference.capped(m, ["a", "abc"], 2, None, "max_tokens",
+                                         lambda i: f"text {i}"))
+    assert (e.reason, e.input) == ("input_too_long", "text 1")
+    assert e.message.startswith("text 1 has 3 tokens, more than max_tokens 2;")
+
+
 @pytest.mark.parametrize("error, reason, retry, said, which", [
     (InputTooLong(1, 9, 8), "input_too_long", None, "document 0 has 9 tokens", "document 0"),
     (NotFinite(1, 7), "not_finite", None, "model 'm': document 0: the model's outputs",

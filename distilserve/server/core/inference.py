@@ -17,7 +17,7 @@ import numpy as np
 from distilserve.server.core import postprocess, registry
 from distilserve.server.core.batching import InputTooLong, NotFinite, OverQueue, QueueFull
 from distilserve.server.core.refusals import Refusal
-from distilserve.server.core.runner import ModelUnavailable, Result
+from distilserve.server.core.runner import INLINE, ModelUnavailable, Result
 
 # the most numbers one answer may hold (128 MiB of float32, some 400 MB of JSON): a SPLADE
 # model's embeddings have one per vocabulary entry, token embeddings one per token
@@ -152,6 +152,27 @@ def with_prompt(engine, texts: list, name: str | None) -> list:
     if not prefix:
         return texts
     return [prefix + t if isinstance(t, str) else t for t in texts]
+
+
+async def capped(engine, texts: list[str], most: int | None,
+                 truncation: str | None, limit: str, named: Callable[[int], str] = numbered) -> list[str]:
+    """The texts (their limits checked before: check_limits), each cut to ``most`` tokens
+    of text at its end ("right") or its start ("left"), before any prompt
+    (Tokenisation.counted_cuts); ``truncation`` None: one with more is refused, naming the
+    request's ``limit`` (its field) and ``named`` as infer's. ``most`` None, or no fewer
+    than the model reads: the texts as they are."""
+    if most is None or most >= engine.text.room:
+        return texts
+    args = engine.text.counted_cuts, texts, most, truncation
+    cuts = args[0](*args[1:]) if len(texts) <= INLINE else await asyncio.to_thread(*args)
+    if truncation is None:
+        for i, (_, count) in enumerate(cuts):
+            if count > most:
+                which = named(i)
+                raise Refusal("input_too_long", f"{which} has {count} tokens, more than "
+                              f"{limit} {most}; let it be truncated or send a shorter text",
+                              input=which)
+    return [text for text, _ in cuts]
 
 
 def client_closed() -> Refusal:

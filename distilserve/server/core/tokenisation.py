@@ -201,6 +201,27 @@ class Tokenisation:
                             enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)])
         return out
 
+    def counted_cuts(self, texts: list[str], most: int, truncation: str | None,
+                     ) -> list[tuple[str, int]]:
+        """Each text with its count of tokens of text (no special tokens), cut where it has
+        more than ``most``, at the characters where the tokens' offsets say they end or
+        begin: to its first ``most`` tokens ("right"), or to its last ``most`` from the
+        first that begins a word ("left": a word's later pieces read otherwise at a
+        text's start; within the word where one word has them all); None: not cut."""
+        out = []
+        for text, encoding in zip(texts, self.tokenizers[None].encode_batch(
+                texts, add_special_tokens=False)):
+            count, offsets = len(encoding.ids), encoding.offsets
+            if count > most and truncation == "right":
+                text = text[:offsets[most - 1][1]]
+            elif count > most and truncation == "left":
+                words, start = encoding.word_ids, count - most
+                begins = next((k for k in range(start, count) if words[k] != words[k - 1]),
+                              start)
+                text = text[offsets[begins][0]:]
+            out.append((text, count))
+        return out
+
     def target_ids(self, targets: list[str]) -> list[int]:
         """fill-mask's targets as token ids, as the pipeline finds them: the vocabulary's
         token, else the first token of the target's text (none: left out); each once."""

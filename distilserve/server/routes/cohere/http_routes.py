@@ -11,17 +11,15 @@ from fastapi import APIRouter, Request
 
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry
-from distilserve.server.core.inference import Call, embedded, usage
+from distilserve.server.core.inference import Call, capped, check_limits, embedded, usage
 from distilserve.server.routes.cohere.schemas import (
     CohereEmbedRequest,
     CohereEmbedResponse,
+    CohereRerankRequest,
     CohereV1EmbedRequest,
 )
 from distilserve.server.routes.common import http_call, reply
 from distilserve.server.routes.native import rerank as v1_rerank
-from distilserve.server.routes.native.schemas import (
-    RerankRequest,
-)
 
 router = APIRouter(tags=["cohere"])
 # input_type -> the model's prompts it is put behind, the first the model has (none, or no
@@ -36,12 +34,17 @@ def _meta(tokens: int, version: str) -> dict:
     return {"api_version": {"version": version}, "billed_units": {"input_tokens": tokens}}
 
 
-async def _embedded(body: CohereEmbedRequest, call: Call):
-    """The texts' embeddings [N, D], behind the model's prompt for their input_type."""
+async def _embedded(body: CohereEmbedRequest | CohereV1EmbedRequest, call: Call,
+                    max_tokens: int | None = None):
+    """The texts' embeddings [N, D], each cut to ``max_tokens`` (as ``truncate`` says),
+    behind the model's prompt for their input_type."""
     engine = registry.pick(call.service, "embed", body.model)
     prompt = next((name for name in PROMPTS.get(body.input_type, ()) if name in engine.prompts),
                   None)
-    _, vectors, result = await embedded(call, engine.name, body.texts,
+    check_limits(call, body.texts, named=body.name_of)  # (on the texts sent)
+    texts = await capped(engine, body.texts, max_tokens, TRUNCATION[body.truncate],
+                         "max_tokens", body.name_of)
+    _, vectors, result = await embedded(call, engine.name, texts,
                                         body.output_dimension, prompt, TRUNCATION[body.truncate],
                                         named=body.name_of)
     return vectors, result
@@ -52,7 +55,7 @@ async def embed(body: CohereEmbedRequest, request: Request):
     """Cohere's v2 embed: each text's embedding in every type asked for (float, int8,
     uint8, binary, ubinary, base64), behind the model's prompt for its ``input_type``."""
     call = http_call(request)
-    vectors, result = await _embedded(body, call)
+    vectors, result = await _embedded(body, call, body.max_tokens)
     return reply(call, {
         "id": str(uuid.uuid4()), "response_type": "embeddings_by_type",
         "embeddings": postprocess.cohere_embeddings(vectors, body.embedding_types),
@@ -74,10 +77,15 @@ async def embed_v1(body: CohereV1EmbedRequest, request: Request):
 
 
 @router.post("/v2/rerank", responses=errors.INFERENCE)
-async def rerank(body: RerankRequest, request: Request):
-    """Cohere's v2 rerank: /v1/rerank's answer, with Cohere's id and meta."""
+async def rerank(body: CohereRerankRequest, request: Request):
+    """Cohere's v2 rerank: /v1/rerank's answer, with Cohere's id and meta; each document
+    first cut to ``max_tokens_per_doc``."""
     call = http_call(request)
-    engine, scores, result = await v1_rerank.scored(body, call)
+    engine = registry.pick(call.service, "rerank", body.model)
+    check_limits(call, body.texts, len(body.documents), "documents", body.name_of)
+    documents = await capped(engine, body.document_texts, body.max_tokens_per_doc, "right",
+                             "max_tokens_per_doc", lambda k: body.name_of(k + 1))
+    engine, scores, result = await v1_rerank.scored(body, call, documents)
     return reply(call, {
         "id": str(uuid.uuid4()), "model": engine.name, "usage": usage(result),
         "results": postprocess.ranked(scores, body.document_texts, body.top_n,
