@@ -834,6 +834,14 @@ def test_prompts_and_cls_pooling_as_sentence_transformers_apply_them(url, reposi
     assert np.abs(embed() - reference.encode(texts)).max() < 1e-5
     assert np.abs(embed(prompt_name="query")
                   - reference.encode(texts, prompt_name="query")).max() < 1e-5
+    # TEI's token ids, a whole input each: read back into text behind the prompt, as TEI
+    ids = [[t["id"] for t in tokens] for tokens in post(url, "/tokenize", {
+        "model": "bge", "inputs": texts}).json()]
+    for body, prompt_name in (({}, None), ({"prompt_name": "query"}, "query")):
+        tei = post(url, "/embed", {"model": "bge", "inputs": ids, **body})
+        assert tei.status_code == 200, tei.text
+        assert np.abs(np.array(tei.json()) - reference.encode(
+            texts, prompt_name=prompt_name)).max() < 1e-5
     openai_style = post(url, "/v1/embeddings", {"model": "bge", "input": texts}).json()
     assert np.abs(np.array([d["embedding"] for d in openai_style["data"]])
                   - reference.encode(texts)).max() < 1e-5

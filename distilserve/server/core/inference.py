@@ -18,6 +18,7 @@ from distilserve.server.core import postprocess, registry
 from distilserve.server.core.batching import InputTooLong, NotFinite, OverQueue, QueueFull
 from distilserve.server.core.refusals import Refusal
 from distilserve.server.core.runner import INLINE, ModelUnavailable, Result
+from distilserve.server.core.tokenisation import WholeIds
 
 # the most numbers one answer may hold (128 MiB of float32, some 400 MB of JSON): a SPLADE
 # model's embeddings have one per vocabulary entry, token embeddings one per token
@@ -142,8 +143,9 @@ def read_foreign(engine, texts: list) -> list:
 
 def with_prompt(engine, texts: list, name: str | None) -> list:
     """The texts behind the model's prompt ``name`` (sentence-transformers' prompts, TEI's
-    prompt_name), or behind its default prompt where ``name`` is None; token ids as they
-    are. A name the model has not is refused."""
+    prompt_name), or behind its default prompt where ``name`` is None; a whole input's
+    token ids (TEI's, WholeIds) read back into text behind it, as TEI does; other token ids
+    as they are. A name the model has not is refused."""
     if name is not None and name not in engine.prompts:
         raise Refusal("invalid", f"prompt_name {name!r}: model {engine.name!r} "
                       + (f"has the prompts {', '.join(engine.prompts)}" if engine.prompts
@@ -151,7 +153,10 @@ def with_prompt(engine, texts: list, name: str | None) -> list:
     prefix = engine.default_prompt if name is None else engine.prompts[name]
     if not prefix:
         return texts
-    return [prefix + t if isinstance(t, str) else t for t in texts]
+    whole = [t for t in texts if isinstance(t, WholeIds)]
+    read = iter(engine.text.decode(whole, skip_special_tokens=True) if whole else ())
+    return [prefix + t if isinstance(t, str) else prefix + next(read)
+            if isinstance(t, WholeIds) else t for t in texts]
 
 
 async def capped(engine, texts: list[str], most: int | None,
