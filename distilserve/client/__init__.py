@@ -5,14 +5,17 @@ backoff on 429 and 503. Imports nothing from distilserve.server or distilserve.m
 from distilserve.client.api import (
                         AsyncDistilServeClient,
                         BadRequest,
+                        ConnectionFailed,
                         DistilServeClient,
                         DistilServeError,
                         NotFound,
                         Overloaded,
                         PayloadTooLarge,
+                        TimedOut,
                         Unauthorized,
                         Unavailable,
 )
 
-__all__ = ["AsyncDistilServeClient", "BadRequest", "DistilServeClient", "DistilServeError",
-           "NotFound", "Overloaded", "PayloadTooLarge", "Unauthorized", "Unavailable"]
+__all__ = ["AsyncDistilServeClient", "BadRequest", "ConnectionFailed", "DistilServeClient",
+           "DistilServeError", "NotFound", "Overloaded", "PayloadTooLarge", "TimedOut",
+           "Unauthorized", "Unavailable"]

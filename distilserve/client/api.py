@@ -14,8 +14,9 @@ class DistilServeError(Exception):
     """An error answer: ``status``, ``type`` and ``message`` from the body, and the
     ``request_id`` the server logged it under (its X-Request-Id)."""
 
-    def __init__(self, status: int, type: str, message: str, request_id: str | None = None):
-        super().__init__(f"{status} {type}: {message}"
+    def __init__(self, status: int | None, type: str, message: str,
+                 request_id: str | None = None):
+        super().__init__(("" if status is None else f"{status} ") + f"{type}: {message}"
                          + (f" (request {request_id})" if request_id else ""))
         self.status, self.type, self.message = status, type, message
         self.request_id = request_id
@@ -45,6 +46,16 @@ class Unavailable(DistilServeError):
     """503: loading or shutting down (retried before it is raised)."""
 
 
+class ConnectionFailed(DistilServeError):
+    """No answer came: the connection failed (past ``max_retries``, where it is retried)
+    or timed out. ``status`` is None; the httpx error is its ``__cause__``."""
+
+
+class TimedOut(ConnectionFailed):
+    """No answer within the client's ``timeout`` (not retried: the server may still be at
+    it)."""
+
+
 _ERRORS = {400: BadRequest, 401: Unauthorized, 404: NotFound, 413: PayloadTooLarge,
            422: BadRequest, 429: Overloaded, 503: Unavailable}
 RETRY_STATUSES = (429, 503)
@@ -53,6 +64,14 @@ RETRY_STATUSES = (429, 503)
 # httpx both keep an idle one 5 s). Retried with backoff, since every call may be repeated
 # (a model's answer changes nothing); a timeout is not: the server may still be at it.
 RETRY_ERRORS = (httpx.NetworkError, httpx.RemoteProtocolError, httpx.ConnectTimeout)
+
+
+def _failed(error: httpx.TransportError) -> ConnectionFailed:
+    """The client's error for httpx's ``error``: no answer came."""
+    if isinstance(error, httpx.TimeoutException):
+        return TimedOut(None, "timeout", f"no answer in time ({type(error).__name__}: "
+                        f"{error})")
+    return ConnectionFailed(None, "connection_error", f"{type(error).__name__}: {error}")
 
 
 def _deep(body: dict, iterations: int | None) -> dict:
@@ -171,11 +190,13 @@ class DistilServeClient(_Base):
         for attempt in range(self.max_retries + 1):
             try:
                 response = self.http.request(method, path, json=body)
-            except RETRY_ERRORS:
+            except RETRY_ERRORS as e:
                 if attempt == self.max_retries:
-                    raise
+                    raise _failed(e) from e
                 time.sleep(_delay(None, attempt, self.backoff))
                 continue
+            except httpx.TransportError as e:
+                raise _failed(e) from e
             if response.status_code not in RETRY_STATUSES or attempt == self.max_retries:
                 return _raise_for(response)
             time.sleep(_delay(response, attempt, self.backoff))
@@ -286,11 +307,13 @@ class AsyncDistilServeClient(_Base):
         for attempt in range(self.max_retries + 1):
             try:
                 response = await self.http.request(method, path, json=body)
-            except RETRY_ERRORS:
+            except RETRY_ERRORS as e:
                 if attempt == self.max_retries:
-                    raise
+                    raise _failed(e) from e
                 await asyncio.sleep(_delay(None, attempt, self.backoff))
                 continue
+            except httpx.TransportError as e:
+                raise _failed(e) from e
             if response.status_code not in RETRY_STATUSES or attempt == self.max_retries:
                 return _raise_for(response)
             await asyncio.sleep(_delay(response, attempt, self.backoff))

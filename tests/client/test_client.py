@@ -10,9 +10,12 @@ import pytest
 from distilserve.client import (
     AsyncDistilServeClient,
     BadRequest,
+    ConnectionFailed,
     DistilServeClient,
+    DistilServeError,
     NotFound,
     Overloaded,
+    TimedOut,
     Unauthorized,
 )
 from distilserve.models.io import checkpoint
@@ -226,12 +229,23 @@ def test_both_clients_retry_a_dropped_or_refused_connection():
     assert asyncio.run(aclient.embed("x")) == [[1.0]] and len(acalls) == 3
 
 
-def test_a_connection_failing_past_max_retries_raises_httpx_error_and_a_timeout_is_not_retried():
-    client, calls = _client_answering([REFUSED] * 3)
-    with pytest.raises(httpx.ConnectError):
-        client.embed("x")
-    assert len(calls) == 3
-    client, calls = _client_answering([httpx.ReadTimeout("timed out")])
-    with pytest.raises(httpx.ReadTimeout):  # the server may still be at it: not sent again
-        client.embed("x")
+@pytest.mark.parametrize("kind", [DistilServeClient, AsyncDistilServeClient])
+def test_a_connection_failing_past_max_retries_is_the_clients_error_a_timeout_not_retried(kind):
+    def embed(client):
+        answer = client.embed("x")
+        return asyncio.run(answer) if asyncio.iscoroutine(answer) else answer
+
+    client, calls = _client_answering([REFUSED] * 3, kind)
+    with pytest.raises(ConnectionFailed, match="^connection_error: ConnectError: "
+                       r"\[Errno 111\] Connection refused$") as e:
+        embed(client)
+    assert len(calls) == 3 and e.value.status is None and e.value.__cause__ is REFUSED
+    assert isinstance(e.value, DistilServeError) and not isinstance(e.value, TimedOut)
+    client, calls = _client_answering([httpx.ReadTimeout("timed out")], kind)
+    with pytest.raises(TimedOut, match="ReadTimeout: timed out"):  # the server may still
+        embed(client)                                                # be at it: not resent
+    assert len(calls) == 1
+    client, calls = _client_answering([httpx.UnsupportedProtocol("no scheme")], kind)
+    with pytest.raises(ConnectionFailed, match="UnsupportedProtocol"):  # not retried
+        embed(client)
     assert len(calls) == 1
