@@ -33,6 +33,7 @@ from distilserve.server.routes.oip import errors as oip_errors
 from distilserve.server.routes.oip import http_routes as oip
 from distilserve.server.routes.oip import repository as oip_repository
 from distilserve.server.routes.tei import http_routes as tei
+from distilserve.server.routes.vllm import http_routes as vllm
 from distilserve.server.service import Service, build_and_load
 from distilserve.server.settings import Settings
 from distilserve.server.tracing import Tracing
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     document(app, keyed=bool(key))
     routers = (embed.router, classify.router, ner.router, qa.router, fill_mask.router,
                rerank.router, tokenize.router, tei.router, oip.router, oip_repository.router, cohere.router,
+               vllm.router,
                models_route.router,
                health.router)
     routes = [r for router in routers for r in router.routes]

@@ -683,6 +683,66 @@ def test_rerank_by_an_embedding_model_ranks_by_cosine(url):
         (r["index"], r["relevance_score"]) for r in res["results"]]
 
 
+def test_vllms_score_is_reranks_score_pair_by_pair(url):
+    query, docs = "which is relevant?", ["the first document", "another one"]
+    ranked = {r["index"]: r["relevance_score"] for r in post(url, "/v1/rerank", {
+        "model": "cross", "query": query, "documents": docs}).json()["results"]}
+    for route, names in (("/score", ("text_1", "text_2")), ("/v1/score", ("data_1", "data_2")),
+                         ("/score", ("queries", "documents")), ("/score", ("queries", "items"))):
+        res = post(url, route, {"model": "cross", names[0]: query, names[1]: docs})
+        assert res.status_code == 200, res.text
+        answer = res.json()
+        assert (answer["object"], answer["model"], answer["id"][:6]) == ("list", "cross", "score-")
+        assert [(d["index"], d["object"]) for d in answer["data"]] == [(0, "score"), (1, "score")]
+        assert [d["score"] for d in answer["data"]] == pytest.approx([ranked[0], ranked[1]],
+                                                                    abs=1e-6)
+        assert answer["usage"]["prompt_tokens"] == answer["usage"]["total_tokens"] > 0
+    # N:N, each query with its document; a query's logit with use_activation false
+    each = post(url, "/score", {"model": "cross", "text_1": [query, "a query"],
+                                "text_2": docs}).json()["data"]
+    single = post(url, "/score", {"model": "cross", "text_1": "a query",
+                                  "text_2": docs[1]}).json()["data"]
+    assert each[0]["score"] == pytest.approx(ranked[0], abs=1e-6)
+    assert each[1]["score"] == pytest.approx(single[0]["score"], abs=1e-6)
+    logit = post(url, "/score", {"model": "cross", "text_1": query, "text_2": docs[0],
+                                 "use_activation": False}).json()["data"][0]["score"]
+    assert 1 / (1 + np.exp(-logit)) == pytest.approx(ranked[0], abs=1e-6)
+    # an embedding model: each pair's cosine
+    vectors = np.array(post(url, "/v1/embed", {"model": "minilm", "inputs": [
+        query, "a query", *docs]}).json()["embeddings"])
+    cosines = post(url, "/score", {"model": "minilm", "queries": [query, "a query"],
+                                   "documents": docs}).json()["data"]
+    assert [d["score"] for d in cosines] == pytest.approx(
+        [vectors[0] @ vectors[2], vectors[1] @ vectors[3]], abs=1e-5)
+    for body, words in (
+            ({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "2 texts in data_1 and 3 in "
+             "data_2: send one in data_1, or one for each of data_2"),
+            ({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 4},
+             "truncate_prompt_tokens 4: model 'cross' cuts an input at its max_length")):
+        refused = post(url, "/score", {"model": "cross", **body})
+        assert refused.status_code == 422 and words in refused.json()["error"]["message"], \
+            refused.text
+    assert post(url, "/score", {"model": "cross", "text_1": "a", "text_2": "b",
+                                "truncate_prompt_tokens": -1}).status_code == 200
+
+
+def test_max_tokens_per_doc_cuts_each_document_before_it_is_scored(url):
+    query, doc = "which is relevant?", "the first document is the most relevant one"
+    cut = post(url, "/v1/tokenize", {"model": "cross", "inputs": doc,
+                                     "add_special_tokens": False}).json()[0][2]["stop"]
+    whole = post(url, "/v1/rerank", {"model": "cross", "query": query, "documents": [doc]})
+    for route in ("/v1/rerank", "/rerank", "/v2/rerank"):
+        capped = post(url, route, {"model": "cross", "query": query, "documents": [doc],
+                                   "max_tokens_per_doc": 3, "return_documents": True}).json()
+        short = post(url, "/v1/rerank", {"model": "cross", "query": query,
+                                         "documents": [doc[:cut]]}).json()
+        assert capped["results"][0]["relevance_score"] == pytest.approx(
+            short["results"][0]["relevance_score"], abs=1e-6)
+        assert capped["usage"] == short["usage"] != whole.json()["usage"]
+        if route == "/v1/rerank":  # the document as sent
+            assert capped["results"][0]["document"]["text"] == doc
+
+
 def test_a_rerank_request_is_batched_like_any_other(url):
     before = _forward_passes(url, "minilm")
     docs = [f"document number {i} about a topic" for i in range(40)]

@@ -66,17 +66,34 @@ def test_a_cross_encoder_scores_its_relevant_label_and_an_embedder_its_cosine():
                                postprocessed=[np.array([0.2, 0.8]), np.array([0.6, 0.4])])
     cross = engine(model_run, task="classify", labels=["no", "yes"], relevant=1,
                    manifest=SimpleNamespace(relevant_label="yes", num_iterations=None))
-    _, scores, _ = run(tasks.score(call(cross), None, "q", ["d1", "d2"], "right"))
+    _, scores, _ = run(tasks.score(call(cross), None, ["q"], ["d1", "d2"], "right"))
     assert asked == [[("q", "d1"), ("q", "d2")]] and scores.tolist() == pytest.approx([0.8, 0.4])
-    _, logits, _ = run(tasks.score(call(cross), None, "q", ["d1", "d2"], "right",
+    _, logits, _ = run(tasks.score(call(cross), None, ["q"], ["d1", "d2"], "right",
                                    raw_scores=True))
     assert logits.tolist() == [1.0, 1.0]
     vectors = [np.array([1.0, 0.0]), np.array([1.0, 0.0]), np.array([0.0, 1.0])]
     embed_run, asked = outputs(vectors)
     embedder = engine(embed_run, prompts={"query": "q: "})
-    _, cosines, _ = run(tasks.score(call(embedder), None, "q", ["same", "other"], "right"))
+    _, cosines, _ = run(tasks.score(call(embedder), None, ["q"], ["same", "other"], "right"))
     assert asked == [["q: q", "same", "other"]]  # the query behind its prompt
     assert cosines.tolist() == pytest.approx([1.0, 0.0], abs=1e-6)
+
+
+def test_pairs_of_a_query_each_are_scored_pair_by_pair():
+    model_run, asked = outputs([np.array([0.0, 1.0])] * 2,
+                               postprocessed=[np.array([0.2, 0.8]), np.array([0.6, 0.4])])
+    cross = engine(model_run, task="classify", labels=["no", "yes"], relevant=1,
+                   manifest=SimpleNamespace(relevant_label="yes", num_iterations=None))
+    _, scores, _ = run(tasks.score(call(cross), None, ["q1", "q2"], ["d1", "d2"], "right"))
+    assert asked == [[("q1", "d1"), ("q2", "d2")]] and scores.tolist() == pytest.approx(
+        [0.8, 0.4])
+    vectors = [np.array([1.0, 0.0]), np.array([0.0, 2.0]), np.array([3.0, 0.0]),
+               np.array([1.0, 1.0])]
+    embed_run, asked = outputs(vectors)
+    _, cosines, _ = run(tasks.score(call(engine(embed_run)), None, ["a", "b"], ["c", "d"],
+                                    "right"))
+    assert asked == [["a", "b", "c", "d"]]
+    assert cosines.tolist() == pytest.approx([1.0, 2 ** -0.5], abs=1e-6)
 
 
 def test_what_the_model_cannot_do_is_refused_before_it_runs():

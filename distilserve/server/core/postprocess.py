@@ -66,9 +66,10 @@ def sparse(vector: np.ndarray) -> list[dict]:
     return [{"index": i, "value": v} for i, v in zip(indices.tolist(), vector[indices].tolist())]
 
 
-def cosine_ranking(query: np.ndarray, documents: np.ndarray) -> np.ndarray:
-    """Cosine similarity of one query embedding [D] with document embeddings [N, D]."""
-    return normalize(documents) @ normalize(query)
+def cosines(queries: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """Each document embedding's [N, D] cosine similarity with its query's, of one [1, D]
+    for all or one each [N, D]."""
+    return (normalize(documents) * normalize(queries)).sum(-1)
 
 
 def ranked(scores: np.ndarray, documents: list[str], top_n: int | None,

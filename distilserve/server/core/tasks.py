@@ -15,6 +15,7 @@ from distilserve.models import entities as spans
 from distilserve.server.core import postprocess, registry
 from distilserve.server.core.inference import (
     Call,
+    capped,
     check_answer_size,
     check_limits,
     check_token_ids,
@@ -79,29 +80,35 @@ def _first(engine, *names: str) -> str | None:
     return next((name for name in names if name in engine.prompts), None)
 
 
-async def score(call: Call, model: str | None, query: str, documents: list[str],
+async def score(call: Call, model: str | None, queries: list[str], documents: list[str],
                 truncation: str | None, raw_scores: bool = False,
-                named: Callable[[int], str] = numbered,
-                iterations: int | None = None) -> tuple:
-    """The reranking model, each document's relevance to ``query`` [N], and the run: a
-    cross-encoder's relevant label's score (its logit with ``raw_scores``), or the cosine
-    of an embedding model's embeddings (a SPLADE model's dot product). ``named``: what the
-    client calls the query (index 0) and each document."""
+                named: Callable[[int], str] = numbered, iterations: int | None = None,
+                most: int | None = None, what: str = "documents") -> tuple:
+    """The reranking model, each document's relevance [N] to the query (one ``queries``,
+    for every document) or to its own (one each), and the run: a cross-encoder's relevant
+    label's score (its logit with ``raw_scores``), or the cosine of an embedding model's
+    embeddings (a SPLADE model's dot product). ``named``: what the client calls the text
+    at an index of the queries, then the documents; ``most``: each document first cut to
+    so many tokens of text (capped); ``what``: the documents, in the request's limit."""
     engine = registry.pick(call.service, "rerank", model)
-    check_limits(call, [query, *documents], len(documents), "documents",  # the query: not
-                 named)                                                   # counted
+    q = len(queries)
+    check_limits(call, [*queries, *documents], len(documents), what, named)  # the query:
+    documents = await capped(engine, documents, most, "right",                # not counted
+                             "max_tokens_per_doc", lambda k: named(q + k))
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
-        texts = (with_prompt(engine, [query], _first(engine, "query"))
+        texts = (with_prompt(engine, queries, _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
         result = await infer(call, engine, texts, truncation, named=named,
                              iterations=iterations)
-        # [1 + N, D]: the query, then the documents
+        # [Q + N, D]: the queries, then the documents
         vectors = postprocess.sentence_embeddings(result.outputs, engine.pools)
+        asked, found = vectors[:q], vectors[q:]
         if engine.sparse:  # SPLADE ranks by dot product
-            return engine, vectors[1:] @ vectors[0], result
-        return engine, postprocess.cosine_ranking(vectors[0], vectors[1:]), result
-    result = await infer(call, engine, [(query, d) for d in documents], truncation,
-                         named=lambda k: f"document {k} (with the query)",
+            return engine, (found * asked).sum(-1), result
+        return engine, postprocess.cosines(asked, found), result
+    result = await infer(call, engine, list(zip(queries * len(documents) if q == 1 else queries,
+                                                documents)), truncation,
+                         named=lambda k: f"{named(q + k)} (with {named(0 if q == 1 else k)})",
                          iterations=iterations)
     # [N]: the relevant label's score as classify gives it (the batch's label scores,
     # scored on the model's thread: Engine.batch_postprocess), or its logit (raw_scores)

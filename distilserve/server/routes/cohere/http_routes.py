@@ -78,14 +78,9 @@ async def embed_v1(body: CohereV1EmbedRequest, request: Request):
 
 @router.post("/v2/rerank", responses=errors.INFERENCE)
 async def rerank(body: CohereRerankRequest, request: Request):
-    """Cohere's v2 rerank: /v1/rerank's answer, with Cohere's id and meta; each document
-    first cut to ``max_tokens_per_doc``."""
+    """Cohere's v2 rerank: /v1/rerank's answer, with Cohere's id and meta."""
     call = http_call(request)
-    engine = registry.pick(call.service, "rerank", body.model)
-    check_limits(call, body.texts, len(body.documents), "documents", body.name_of)
-    documents = await capped(engine, body.document_texts, body.max_tokens_per_doc, "right",
-                             "max_tokens_per_doc", lambda k: body.name_of(k + 1))
-    engine, scores, result = await v1_rerank.scored(body, call, documents)
+    engine, scores, result = await v1_rerank.scored(body, call)
     return reply(call, {
         "id": str(uuid.uuid4()), "model": engine.name, "usage": usage(result),
         "results": postprocess.ranked(scores, body.document_texts, body.top_n,

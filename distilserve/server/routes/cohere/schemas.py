@@ -138,12 +138,9 @@ class CohereSpans(BaseModel):
 
 
 class CohereRerankRequest(RerankRequest):
-    """Cohere's v2 rerank (``cohere.ClientV2.rerank``): /v1/rerank's body, and each
-    document cut to ``max_tokens_per_doc``."""
+    """Cohere's v2 rerank (``cohere.ClientV2.rerank``): /v1/rerank's body, its
+    max_tokens_per_doc too."""
 
-    max_tokens_per_doc: Count | None = Field(None, description="each document cut to its "
-                                             "first N tokens (its special tokens not "
-                                             "counted); default: as the model reads it")
     relevant_spans: CohereSpans | None = Field(None, description='not served: "disabled"')
 
 

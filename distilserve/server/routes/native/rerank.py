@@ -27,9 +27,8 @@ async def rerank(body: RerankRequest, request: Request):
                                            body.return_documents)}, result)
 
 
-def scored(body: RerankRequest | TeiRerankRequest, call: Call, documents: list | None = None):
-    """The body's documents (or ``documents``, as cut from them) scored (also TEI's
+def scored(body: RerankRequest | TeiRerankRequest, call: Call):
+    """The body's documents scored, each first cut to its max_tokens_per_doc (also TEI's
     /rerank and Cohere's v2 rerank)."""
-    return tasks.score(call, body.model, body.query,
-                       body.document_texts if documents is None else documents,
-                       body.truncation, body.raw_scores, body.name_of, body.iterations)
+    return tasks.score(call, body.model, [body.query], body.document_texts, body.truncation,
+                       body.raw_scores, body.name_of, body.iterations, body.max_tokens_per_doc)

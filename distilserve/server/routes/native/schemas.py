@@ -109,6 +109,10 @@ class RerankRequest(Deep, Truncated):
     name_of = staticmethod(leading("the query", "document"))
     raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
                              "probability (TEI's field); an embedding model: the cosine")
+    max_tokens_per_doc: Count | None = Field(None, description="each document first cut to "
+                                             "its first N tokens (its special tokens not "
+                                             "counted; Cohere's and vLLM's field); default: "
+                                             "as the model reads it")
 
     @property
     def document_texts(self) -> list[str]:

@@ -4,7 +4,7 @@ API's at POST / and /models/NAME (distilserve/server/routes/tei/http_routes.py),
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
@@ -90,6 +90,7 @@ class TeiRerankRequest(Deep, Truncated):
                              "probability; an embedding model: the cosine")
     return_text: bool = False
     name_of = staticmethod(leading("the query", "document"))
+    max_tokens_per_doc: ClassVar[None] = None  # (TEI's documents are cut as the model reads)
 
     @property
     def document_texts(self) -> list[str]:

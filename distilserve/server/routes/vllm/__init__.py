@@ -1,0 +1,1 @@
+"""vLLM's score API (/score, /v1/score)."""

@@ -1,0 +1,82 @@
+"""vLLM's /score body and answer."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AliasChoices, BaseModel, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+from distilserve.server.routes.native.schemas import Body
+from distilserve.server.routes.options import LARGEST, Deep
+
+ScoreTexts = str | Annotated[list[str], Field(min_length=1)]
+
+
+class ScoreRequest(Deep, Body):
+    """vLLM's /score: each text of ``data_1`` (one, for every text of ``data_2``, or one
+    each) scored with its text of ``data_2``, as /v1/rerank scores a query and a document.
+    vLLM's other names for the two sides are taken too: text_1 and text_2, queries and
+    documents, queries and items."""
+
+    data_1: ScoreTexts = Field(validation_alias=AliasChoices("data_1", "text_1", "queries"),
+                               description="the queries: one, or one for each of data_2")
+    data_2: ScoreTexts = Field(validation_alias=AliasChoices("data_2", "text_2", "documents",
+                                                             "items"),
+                               description="the documents")
+    use_activation: bool | None = Field(None, description="false: a cross-encoder's logit, "
+                                        "not its probability; default true")
+    activation: bool | None = Field(None, description="use_activation's older name")
+    softmax: bool | None = Field(None, description="use_activation's older name")
+    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=LARGEST)] | None = Field(
+        None, description="-1 or none: an input is cut to the model's max_length; a number "
+        "below that is not served (a 422)")
+
+    @model_validator(mode="after")
+    def _one_or_each(self):
+        if len(self.queries) > 1 and len(self.queries) != len(self.documents):
+            raise PydanticCustomError("pairs", "{queries} texts in data_1 and {documents} in "
+                                      "data_2: send one in data_1, or one for each of "
+                                      "data_2", {"queries": len(self.queries),
+                                                 "documents": len(self.documents)})
+        return self
+
+    @property
+    def queries(self) -> list[str]:
+        return [self.data_1] if isinstance(self.data_1, str) else self.data_1
+
+    @property
+    def documents(self) -> list[str]:
+        return [self.data_2] if isinstance(self.data_2, str) else self.data_2
+
+    @property
+    def texts(self) -> list:
+        return [*self.queries, *self.documents]
+
+    @property
+    def name_of(self):
+        """What the client calls the text at an index of the queries, then the documents."""
+        q = len(self.queries)
+        return lambda k: (f"document {k - q}" if k >= q else
+                          "the query" if q == 1 else f"query {k}")
+
+    @property
+    def raw_scores(self) -> bool:
+        """A cross-encoder's logits: use_activation (or an older name of it) false."""
+        return not next((v for v in (self.use_activation, self.activation, self.softmax)
+                         if v is not None), True)
+
+
+class ScoreData(BaseModel):
+    index: int
+    object: Literal["score"] = "score"
+    score: float
+
+
+class ScoreResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[ScoreData]
+    usage: dict
