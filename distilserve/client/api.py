@@ -122,10 +122,13 @@ class _Base:
 
     @staticmethod
     def _rerank_body(query, documents, model, top_n, return_documents, truncate, direction,
-                     raw_scores):
+                     raw_scores, max_tokens_per_doc):
+        """/v1/rerank's body; ``max_tokens_per_doc``: each document first cut to so many
+        tokens."""
         return {"query": query, "documents": documents, "model": model, "top_n": top_n,
                 "return_documents": return_documents, "truncate": truncate,
-                "truncation_direction": direction, "raw_scores": raw_scores}
+                "truncation_direction": direction, "raw_scores": raw_scores,
+                "max_tokens_per_doc": max_tokens_per_doc}
 
     @staticmethod
     def _tokenize_body(inputs, model, add_special_tokens, prompt_name):
@@ -222,10 +225,10 @@ class DistilServeClient(_Base):
 
     def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
                truncate=True, truncation_direction="right", raw_scores=False, *,
-               iterations=None) -> list[dict]:
+               max_tokens_per_doc=None, iterations=None) -> list[dict]:
         """``results``: {index, relevance_score[, document]}, most relevant first."""
         body = self._rerank_body(query, documents, model, top_n, return_documents, truncate,
-                                 truncation_direction, raw_scores)
+                                 truncation_direction, raw_scores, max_tokens_per_doc)
         return self._call("POST", "/v1/rerank", _deep(body, iterations))["results"]
 
     def tokenize(self, inputs, model=None, add_special_tokens=True,
@@ -336,9 +339,9 @@ class AsyncDistilServeClient(_Base):
 
     async def rerank(self, query, documents, model=None, top_n=None, return_documents=False,
                      truncate=True, truncation_direction="right", raw_scores=False, *,
-                     iterations=None):
+                     max_tokens_per_doc=None, iterations=None):
         body = self._rerank_body(query, documents, model, top_n, return_documents, truncate,
-                                 truncation_direction, raw_scores)
+                                 truncation_direction, raw_scores, max_tokens_per_doc)
         return (await self._call("POST", "/v1/rerank", _deep(body, iterations)))["results"]
 
     async def tokenize(self, inputs, model=None, add_special_tokens=True, prompt_name=None):

@@ -50,6 +50,10 @@ def test_sync_client_mirrors_the_routes(url):
         ranked = c.rerank("query", ["one", "two", "three"], top_n=2, return_documents=True)
         assert len(ranked) == 2 and ranked[0]["relevance_score"] >= ranked[1]["relevance_score"]
         assert ranked[0]["document"]["text"] in ("one", "two", "three")
+        documents = ["alpha beta gamma delta", "alpha beta"]
+        cut = c.rerank("query", documents, max_tokens_per_doc=2, return_documents=True)
+        assert cut[0]["relevance_score"] == pytest.approx(cut[1]["relevance_score"], abs=1e-6)
+        assert {r["document"]["text"] for r in cut} == set(documents)  # as sent
         tokens = c.tokenize("Hello world", model="cmow-embed")
         # the input's own text, as TEI gives it (the tokenizer lower-cases: "hello")
         assert [t["text"] for t in tokens[0]] == ["[CLS]", "Hello", "world", "[SEP]"]
