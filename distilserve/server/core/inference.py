@@ -159,8 +159,8 @@ def with_prompt(engine, texts: list, name: str | None) -> list:
             if isinstance(t, WholeIds) else t for t in texts]
 
 
-async def capped(engine, texts: list[str], most: int | None,
-                 truncation: str | None, limit: str, named: Callable[[int], str] = numbered) -> list[str]:
+async def capped(engine, texts: list[str], most: int | None, truncation: str | None,
+                 limit: str, named: Callable[[int], str] = numbered) -> list[str]:
     """The texts (their limits checked before: check_limits), each cut to ``most`` tokens
     of text at its end ("right") or its start ("left"), before any prompt
     (Tokenisation.counted_cuts); ``truncation`` None: one with more is refused, naming the

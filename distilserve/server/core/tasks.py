@@ -92,9 +92,10 @@ async def score(call: Call, model: str | None, queries: list[str], documents: li
     so many tokens of text (capped); ``what``: the documents, in the request's limit."""
     engine = registry.pick(call.service, "rerank", model)
     q = len(queries)
-    check_limits(call, [*queries, *documents], len(documents), what, named)  # the query:
-    documents = await capped(engine, documents, most, "right",                # not counted
-                             "max_tokens_per_doc", lambda k: named(q + k))
+    # the documents counted (not the queries), each text's characters as sent
+    check_limits(call, [*queries, *documents], len(documents), what, named)
+    documents = await capped(engine, documents, most, "right", "max_tokens_per_doc",
+                             lambda k: named(q + k))
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         texts = (with_prompt(engine, queries, _first(engine, "query"))
                  + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
