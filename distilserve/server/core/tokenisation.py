@@ -204,23 +204,34 @@ class Tokenisation:
     def counted_cuts(self, texts: list[str], most: int, truncation: str | None,
                      ) -> list[tuple[str, int]]:
         """Each text with its count of tokens of text (no special tokens), cut where it has
-        more than ``most``, at the characters where the tokens' offsets say they end or
-        begin: to its first ``most`` tokens ("right"), or to its last ``most`` from the
-        first that begins a word ("left": a word's later pieces read otherwise at a
-        text's start; within the word where one word has them all); None: not cut."""
+        more than ``most`` to its first ``most`` tokens ("right") or its last ("left"), at
+        the characters where the tokens' offsets say they end or begin (_cut); None: not
+        cut."""
         out = []
         for text, encoding in zip(texts, self.tokenizers[None].encode_batch(
                 texts, add_special_tokens=False)):
-            count, offsets = len(encoding.ids), encoding.offsets
-            if count > most and truncation == "right":
-                text = text[:offsets[most - 1][1]]
-            elif count > most and truncation == "left":
-                words, start = encoding.word_ids, count - most
-                begins = next((k for k in range(start, count) if words[k] != words[k - 1]),
-                              start)
-                text = text[offsets[begins][0]:]
+            count = len(encoding.ids)
+            if count > most and truncation is not None:
+                text = self._cut(text, encoding, most, truncation)
             out.append((text, count))
         return out
+
+    def _cut(self, text: str, encoding, most: int, truncation: str) -> str:
+        """``text`` cut to at most ``most`` tokens: after its ``most``-th ("right"), or from
+        the first token that begins a word among its last ``most`` ("left": a word's later
+        pieces read otherwise at a text's start). A cut that reads as more tokens (within
+        a word) is moved a token further in until it reads as ``most`` or fewer (none
+        does: the empty text)."""
+        offsets, count, words = encoding.offsets, len(encoding.ids), encoding.word_ids
+        if truncation == "right":
+            cuts = (text[:offsets[k - 1][1]] for k in range(most, 0, -1))
+        else:
+            start = count - most
+            start = next((k for k in range(start, count) if words[k] != words[k - 1]), start)
+            cuts = (text[offsets[k][0]:] for k in range(start, count))
+        encode = self.tokenizers[None].encode
+        return next((cut for cut in cuts
+                     if len(encode(cut, add_special_tokens=False).ids) <= most), "")
 
     def target_ids(self, targets: list[str]) -> list[int]:
         """fill-mask's targets as token ids, as the pipeline finds them: the vocabulary's
