@@ -323,8 +323,6 @@ BAD = [
     ("/v1/nothing", {"inputs": "x"}, 404,
      "no route POST /v1/nothing (GET /openapi.json lists them)"),
     ("/v1/rerank", {"model": "minilm", "query": "q", "documents": []}, 422, "at least 1"),
-    ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["d"], "top_n": 0}, 422,
-     "top_n"),
     ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["d"], "top_n": -3}, 422,
      "top_n"),
     ("/v1/rerank", {"model": "minilm", "query": "q", "documents": ["d"] * 10_000}, 413,
@@ -676,6 +674,9 @@ def test_rerank_by_an_embedding_model_ranks_by_cosine(url):
     top = post(url, "/v1/rerank", {"model": "minilm", "query": query, "documents": docs,
                                    "top_n": 2}).json()["results"]
     assert [r["index"] for r in top] == ranked[:2] and "document" not in top[0]
+    every = post(url, "/v1/rerank", {"model": "minilm", "query": query, "documents": docs,
+                                     "top_n": 0}).json()["results"]  # vLLM's "all"
+    assert [r["index"] for r in every] == ranked
     # documents as {"text": ...} objects, Jina's and Cohere's other form: the same ranking
     objects = post(url, "/v1/rerank", {"model": "minilm", "query": query, "documents": [
         {"text": d, "title": "ignored"} for d in docs]}).json()["results"]

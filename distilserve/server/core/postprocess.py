@@ -74,8 +74,9 @@ def cosines(queries: np.ndarray, documents: np.ndarray) -> np.ndarray:
 
 def ranked(scores: np.ndarray, documents: list[str], top_n: int | None,
            return_documents: bool) -> list[dict]:
-    """Rerank results, highest score first (ties in input order), the best ``top_n``."""
-    order = np.argsort(-scores, kind="stable")[:top_n]
+    """Rerank results, highest score first (ties in input order), the best ``top_n`` (0 or
+    None: all)."""
+    order = np.argsort(-scores, kind="stable")[:top_n or None]
     return [{"index": int(i), "relevance_score": float(scores[i]),
              **({"document": {"text": documents[i]}} if return_documents else {})}
             for i in order]

@@ -104,7 +104,8 @@ class RerankRequest(Deep, Truncated):
     query: str
     documents: Annotated[list[str | RerankDocument], Field(min_length=1)] = Field(
         description='texts, or objects with a "text" (Jina\'s and Cohere\'s other form)')
-    top_n: Count | None = Field(None, description="return the best N (default all)")
+    top_n: Annotated[int, Field(ge=0, le=LARGEST), BeforeValidator(whole_number)] | None = (
+        Field(None, description="return the best N (default, or 0 as vLLM sends it: all)"))
     return_documents: bool = False
     name_of = staticmethod(leading("the query", "document"))
     raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
