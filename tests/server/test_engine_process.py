@@ -49,6 +49,8 @@ def test_token_ids_are_split_back_into_each_input():
     back = wire.split(*wire.token_ids(encodings), [3, 1, 2])
     assert [(ids.tolist(), types.tolist()) for ids, types in back] == \
         [([1, 2, 3], [0, 0, 0]), ([4], [1]), ([5, 6], [0, 1])]
+    (ids, types), = wire.split(*wire.token_ids(encodings[:1]), [3])  # one input: as sent
+    assert (ids.tolist(), types.tolist()) == ([1, 2, 3], [0, 0, 0])
 
 
 def test_outputs_and_pairs_of_them_round_trip():

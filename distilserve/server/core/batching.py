@@ -196,6 +196,11 @@ def time_spent(items: list[Item]) -> tuple[float, float, float]:
     """Where a request's inputs spent their time from being queued to the last of their
     outputs, in seconds: (tokenising: the call that tokenised them, waiting, running: the
     time any of their batches ran, overlapping ones counted once)."""
+    if len(items) == 1:
+        it = items[0]
+        running = it.finished - it.started
+        return it.tokenized_s, max(0.0, it.finished - it.enqueued - it.tokenized_s - running), \
+            running
     tokenizing = max(it.tokenized_s for it in items)
     running, end = 0.0, float("-inf")
     for start, stop in sorted({(it.started, it.finished) for it in items}):

@@ -87,8 +87,13 @@ def token_ids(encodings: list) -> list[np.ndarray]:
 
 def split(ids: np.ndarray, types: np.ndarray, lengths: list[int]) -> list[tuple]:
     """``token_ids``' arrays back as each input's (ids, type ids)."""
-    ends = np.cumsum(lengths).tolist()
-    return [(ids[end - n:end], types[end - n:end]) for n, end in zip(lengths, ends)]
+    if len(lengths) == 1:
+        return [(ids, types)]
+    out, start = [], 0
+    for n in lengths:
+        out.append((ids[start:start + n], types[start:start + n]))
+        start += n
+    return out
 
 
 def outputs(raw: list) -> tuple[list[np.ndarray], bool]:
