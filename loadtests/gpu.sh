@@ -22,6 +22,9 @@
 #   engines   one process, 8 workers with a copy each, and 8 front ends of one shared
 #             engine process, in 2 interleaved rounds beside the in-process rate
 #             (python -m loadtests.engines; about 7 minutes: STEP_SECONDS=480)
+#   engine    the shared engine process alone, driven over its socket without front ends
+#             (python -m loadtests.engine_alone): its CPU a request, which bounds how many
+#             requests one engine answers, at 1, 32 and 512 clients
 #   gc700     the same with Python's own garbage-collection threshold
 #             (DISTILSERVE_GC_THRESHOLD=700): beside `peer`, what the service's
 #             threshold (50,000) gains on this machine
@@ -88,6 +91,9 @@ step() {
     engines)
       python3 -m loadtests.engines --model-repository "$(repo torchscript)" --workers 8 \
         --rounds 2 --seconds "$PHASE_SECONDS" --processes 8 --out /tmp/gpu/engines ;;
+    engine)
+      python3 -m loadtests.engine_alone --model-repository "$(repo torchscript)" \
+        --seconds "$PHASE_SECONDS" --out /tmp/gpu/engine ;;
     gc700) DISTILSERVE_GC_THRESHOLD=700 load gc700 torchscript ;;
     eager) load eager torch ;;
     profile) load profile torchscript --profile ;;
@@ -100,7 +106,8 @@ step() {
     benchgraphs)
       cli bench --device cuda --dtype fp16 --backends torch --cuda-graphs \
         --output /tmp/gpu/bench && cat /tmp/gpu/bench/REPORT.md ;;
-    *) echo "unknown step (tests peer nographs nofuser workers engines gc700 eager profile" \
+    *) echo "unknown step (tests peer nographs nofuser workers engines engine gc700 eager" \
+         "profile" \
          "bench benchgraphs)" >&2; return 2 ;;
   esac
 }

@@ -35,6 +35,7 @@ uvicorn click orjson httptools opentelemetry-api importlib-metadata zipp"""
 # (with their conftest)
 STEPS = ["distilserve.server.cli", "distilserve.server.app",
          "distilserve.server.engine_process.process", "loadtests.peer", "loadtests.engines",
+         "loadtests.engine_alone",
          "loadtests.profile", "distilserve.bench.harness", "distilserve.bench.worker",
          "distilserve.bench.report", "tests.conftest"] + [
     file.removesuffix(".py").replace("/", ".") for file in
