@@ -20,8 +20,8 @@ from distilserve.server.core.batching import (
     pad,
     take_batch,
     time_spent,
-    warmup_shapes,
 )
+from distilserve.server.core.runner import warmup_shapes
 
 
 def _encoding(length):

@@ -210,21 +210,6 @@ def time_spent(items: list[Item]) -> tuple[float, float, float]:
     return tokenizing, max(0.0, total - tokenizing - running), running
 
 
-def warmup_shapes(max_size: int, max_tokens: int, max_length: int) -> list[tuple[int, int]]:
-    """The [B, T] batches a warm-up runs on a GPU, within the batch limits: first the one
-    that needs the most memory (the longest inputs, as many as the token budget allows),
-    then every power of two of B and of T (from 8), largest first."""
-    longest = min(max_length, max_tokens)
-    first = (min(max_size, max_tokens // longest), longest)
-
-    def powers(limit: int, start: int) -> list[int]:
-        return sorted({limit, *(2 ** k for k in range(start, limit.bit_length()))})
-
-    rest = sorted(((b, t) for b in powers(max_size, 0) for t in powers(longest, 3)
-                   if b * t <= max_tokens and (b, t) != first), reverse=True)
-    return [first, *rest]
-
-
 class Batcher:
     """Batches run on the model's own thread, which tokenises (``encode(texts, truncation)``
     -> encodings) and runs (``run(arrays)`` -> [B, ...] outputs) one batch after another

@@ -35,7 +35,6 @@ from distilserve.server.core.batching import (
     Stopped,
     pad,
     time_spent,
-    warmup_shapes,
 )
 from distilserve.server.core.refusals import ModelLoadError
 from distilserve.server.core.threads import on_own_thread
@@ -97,6 +96,21 @@ class Runner(Protocol):
                     iterations: int | None = None) -> Result: ...
 
     def describe(self) -> dict: ...
+
+
+def warmup_shapes(max_size: int, max_tokens: int, max_length: int) -> list[tuple[int, int]]:
+    """The [B, T] batches a warm-up runs on a GPU, within the batch limits: first the one
+    that needs the most memory (the longest inputs, as many as the token budget allows),
+    then every power of two of B and of T (from 8), largest first."""
+    longest = min(max_length, max_tokens)
+    first = (min(max_size, max_tokens // longest), longest)
+
+    def powers(limit: int, start: int) -> list[int]:
+        return sorted({limit, *(2 ** k for k in range(start, limit.bit_length()))})
+
+    rest = sorted(((b, t) for b in powers(max_size, 0) for t in powers(longest, 3)
+                   if b * t <= max_tokens and (b, t) != first), reverse=True)
+    return [first, *rest]
 
 
 class LocalRunner:
