@@ -122,7 +122,7 @@ class InProcess:
         from tokenizers import Tokenizer
 
         from distilserve.models.io.manifest import Manifest
-        from distilserve.server.core.batching import warmup_shapes
+        from distilserve.server.core.runner import warmup_shapes
         from distilserve.server.engine import open_runtime
         from distilserve.server.settings import Settings
 

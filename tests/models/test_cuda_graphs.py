@@ -19,7 +19,8 @@ from distilserve.models.runtime import open_backend
 from distilserve.models.runtime.base import INPUT_NAMES
 from distilserve.models.runtime.cuda_graphs import CudaCapture, Graphs
 from distilserve.models.runtime.torch import TorchBackend
-from distilserve.server.core.batching import pad, warmup_shapes
+from distilserve.server.core.batching import pad
+from distilserve.server.core.runner import warmup_shapes
 from tests.conftest import FAMILIES, TASKS
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
