@@ -41,9 +41,11 @@ async def _embedded(body: CohereEmbedRequest | CohereV1EmbedRequest, call: Call,
     engine = registry.pick(call.service, "embed", body.model)
     prompt = next((name for name in PROMPTS.get(body.input_type, ()) if name in engine.prompts),
                   None)
-    check_limits(call, body.texts, named=body.name_of)  # (on the texts sent)
-    texts = await capped(engine, body.texts, max_tokens, TRUNCATION[body.truncate],
-                         "max_tokens", body.name_of)
+    texts = body.texts
+    if max_tokens is not None:  # the limits on the texts sent, then the texts cut
+        check_limits(call, texts, named=body.name_of)
+        texts = await capped(engine, texts, max_tokens, TRUNCATION[body.truncate],
+                             "max_tokens", body.name_of)
     _, vectors, result = await embedded(call, engine.name, texts,
                                         body.output_dimension, prompt, TRUNCATION[body.truncate],
                                         named=body.name_of)

@@ -104,6 +104,7 @@ class CohereV1EmbedRequest(_CohereEmbed):
     texts_: Annotated[list[str], Field(min_length=1)] = Field(alias="texts")
     input_type: CohereInputType | None = Field(None, description=INPUT_TYPE)
     embedding_types: CohereTypes | None = None
+
     @property
     def texts(self) -> list:
         return self.texts_
