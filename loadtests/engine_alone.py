@@ -7,7 +7,7 @@ It starts the engine process of ``--engine shared`` (on the stand-in GPU with
 process with the front ends' own client (distilserve/server/engine_process/front_end.py):
 so many concurrent requests of one sentence's token ids, each sent again as soon as it is
 answered. For each count of clients: requests a second, and the engine process's CPU time
-(its threads together, from /proc) a request and a second. One engine serves every front
+(its threads together) a request and a second. One engine serves every front
 end of a device, so its CPU a request bounds the layout's rate: a core's worth of it is
 the most one engine answers, whatever the device. Writes ``engine_alone.json`` under
 ``--out``.
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from distilserve.server.engine_process.front_end import EngineClient
 
@@ -33,13 +34,13 @@ from distilserve.server.engine_process.front_end import EngineClient
 IDS = np.array([101, 1996, 4937, 2938, 2006, 1996, 13523, 1012, 102], np.int32)
 
 
-def cpu_seconds(pid: int) -> float:
+def cpu_seconds(process: psutil.Process) -> float:
     """The process's user and system CPU time so far, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    times = process.cpu_times()
+    return times.user + times.system
 
 
-async def drive(socket: str, pid: int, model: str | None, clients: list[int],
+async def drive(socket: str, process: psutil.Process, model: str | None, clients: list[int],
                 seconds: float) -> list[dict]:
     """Each count of ``clients`` in turn against the engine at ``socket``: its row."""
     client = EngineClient(socket)
@@ -48,10 +49,10 @@ async def drive(socket: str, pid: int, model: str | None, clients: list[int],
     while not (state := (await client.call({"op": "models"}))[0])["ready"]:
         await asyncio.sleep(0.2)
     model = model or state["models"][0]["name"]
-    return [await measured(client, pid, model, count, seconds) for count in clients]
+    return [await measured(client, process, model, count, seconds) for count in clients]
 
 
-async def measured(client: EngineClient, pid: int, model: str, count: int,
+async def measured(client: EngineClient, process: psutil.Process, model: str, count: int,
                    seconds: float) -> dict:
     """``count`` clients for ``seconds`` (after as long as two seconds' warming up, for
     the batches of this load to form): the row."""
@@ -68,9 +69,9 @@ async def measured(client: EngineClient, pid: int, model: str, count: int,
 
     running = [asyncio.create_task(one()) for _ in range(count)]
     await asyncio.sleep(min(2.0, seconds))
-    done, cpu, began = answered, cpu_seconds(pid), time.perf_counter()
+    done, cpu, began = answered, cpu_seconds(process), time.perf_counter()
     await asyncio.sleep(seconds)
-    done, cpu = answered - done, cpu_seconds(pid) - cpu
+    done, cpu = answered - done, cpu_seconds(process) - cpu
     took = time.perf_counter() - began
     stop = True
     await asyncio.gather(*running)
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             run = uvloop.run
         except ImportError:
             pass
-        rows = run(drive(socket, engine.pid, opts.model, opts.clients, opts.seconds))
+        rows = run(drive(socket, psutil.Process(engine.pid), opts.model, opts.clients, opts.seconds))
     finally:
         engine.terminate()
         engine.wait(60)
