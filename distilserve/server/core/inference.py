@@ -168,8 +168,9 @@ async def capped(engine, texts: list[str], most: int | None, truncation: str | N
     than the model reads: the texts as they are."""
     if most is None or most >= engine.text.room:
         return texts
-    args = engine.text.counted_cuts, texts, most, truncation
-    cuts = args[0](*args[1:]) if len(texts) <= INLINE else await asyncio.to_thread(*args)
+    cut = engine.text.counted_cuts
+    cuts = (cut(texts, most, truncation) if len(texts) <= INLINE else
+            await asyncio.to_thread(cut, texts, most, truncation))
     if truncation is None:
         for i, (_, count) in enumerate(cuts):
             if count > most:
