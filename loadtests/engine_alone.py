@@ -79,17 +79,8 @@ async def measured(client: EngineClient, process: psutil.Process, model: str, co
             "engine_cpu_us_per_request": 1e6 * cpu / max(done, 1), "engine_cores": cpu / took}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.engine_alone", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model-repository", type=Path, required=True)
-    p.add_argument("--model", help="the embedding model to drive (default: the first served)")
-    p.add_argument("--clients", type=int, nargs="+", default=[1, 32, 512])
-    p.add_argument("--seconds", type=float, default=8.0, help="each count's measured time")
-    p.add_argument("--emulate-gpu", action="store_true", help="the stand-in GPU's engine")
-    p.add_argument("--out", type=Path, default=Path("loadtests/engine_alone"))
-    opts = p.parse_args(argv)
-    folder = Path(tempfile.mkdtemp(prefix="engine-alone-"))
+def run_engine(opts, folder: Path) -> list[dict]:
+    """The engine process started on a socket in ``folder`` and driven: the rows."""
     socket, log = str(folder / "engine.sock"), folder / "engine.log"
     module = "loadtests.emulated_gpu" if opts.emulate_gpu else "distilserve.server.engine_process"
     env = {**os.environ, "DISTILSERVE_MODEL_REPOSITORY": str(opts.model_repository)}
@@ -109,10 +100,25 @@ def main(argv: list[str] | None = None) -> int:
             run = uvloop.run
         except ImportError:
             pass
-        rows = run(drive(socket, psutil.Process(engine.pid), opts.model, opts.clients, opts.seconds))
+        return run(drive(socket, psutil.Process(engine.pid), opts.model, opts.clients,
+                         opts.seconds))
     finally:
         engine.terminate()
         engine.wait(60)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.engine_alone", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model-repository", type=Path, required=True)
+    p.add_argument("--model", help="the embedding model to drive (default: the first served)")
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 32, 512])
+    p.add_argument("--seconds", type=float, default=8.0, help="each count's measured time")
+    p.add_argument("--emulate-gpu", action="store_true", help="the stand-in GPU's engine")
+    p.add_argument("--out", type=Path, default=Path("loadtests/engine_alone"))
+    opts = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="engine-alone-") as folder:
+        rows = run_engine(opts, Path(folder))
     opts.out.mkdir(parents=True, exist_ok=True)
     (opts.out / "engine_alone.json").write_text(json.dumps(rows, indent=1))
     for row in rows:
