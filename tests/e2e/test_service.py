@@ -245,6 +245,38 @@ def test_embeddings_equal_in_process_pytorch_minilm(url):
     assert oa["usage"]["prompt_tokens"] == int(enc["attention_mask"].sum())
 
 
+def test_truncate_prompt_tokens_cuts_each_input_to_what_the_model_reads(url):
+    """vLLM's truncate_prompt_tokens on /v1/embeddings: each input as the model reads it
+    (its [CLS] and [SEP], and a default prompt, counted) at most N tokens."""
+    text = "the quick brown fox jumps over the lazy dog"
+
+    def embedded(model, inputs, **cap):
+        answer = post(url, "/v1/embeddings", {"model": model, "input": inputs, **cap})
+        assert answer.status_code == 200, answer.text
+        return np.array([d["embedding"] for d in answer.json()["data"]]), answer.json()["usage"]
+
+    tokens = post(url, "/v1/tokenize", {"model": "minilm", "inputs": text,
+                                        "add_special_tokens": False}).json()[0]
+    ids = [t["id"] for t in tokens]
+    for model, prompt in (("minilm", 0), ("bge", 2)):  # bge: "passage: " before each text
+        cut, usage = embedded(model, [text, "a fox"], truncate_prompt_tokens=6)
+        kept = 6 - 2 - prompt  # the tokens of the text it keeps
+        short, short_usage = embedded(model, [text[:tokens[kept - 1]["stop"]], "a fox"])
+        assert np.abs(cut - short).max() <= 1e-6 and usage == short_usage
+        whole, whole_usage = embedded(model, [text, "a fox"])
+        assert np.abs(cut[0] - whole[0]).max() > 1e-3 and np.allclose(cut[1], whole[1])
+        kept_whole = embedded(model, [text, "a fox"], truncate_prompt_tokens=-1)
+        assert np.abs(kept_whole[0] - whole).max() <= 1e-6 and kept_whole[1] == whole_usage
+    by_ids, usage = embedded("minilm", [ids], truncate_prompt_tokens=5)  # ids, no prompt
+    assert usage["prompt_tokens"] == 5
+    assert np.abs(by_ids - embedded("minilm", [ids[:3]])[0]).max() <= 1e-6
+    refused = post(url, "/v1/embeddings", {"model": "bge", "input": text,
+                                           "truncate_prompt_tokens": 4})
+    assert refused.status_code == 422 and refused.json()["error"]["message"] == (
+        "truncate_prompt_tokens 4 leaves an input no token of its own: model 'bge' reads 2 "
+        "special tokens and 2 of its prompt with each"), refused.text
+
+
 def test_official_openai_client(url):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused")
@@ -725,6 +757,13 @@ def test_vllms_score_is_reranks_score_pair_by_pair(url):
             refused.text
     assert post(url, "/score", {"model": "cross", "text_1": "a", "text_2": "b",
                                 "truncate_prompt_tokens": -1}).status_code == 200
+    for route in ("/rerank", "/v1/rerank"):  # vLLM's rerank body takes it too
+        refused = post(url, route, {"model": "cross", "query": "a", "documents": ["b"],
+                                    "truncate_prompt_tokens": 4})
+        assert refused.status_code == 422 and "truncate_prompt_tokens 4: model 'cross' cuts" \
+            in refused.json()["error"]["message"], refused.text
+        assert post(url, route, {"model": "cross", "query": "a", "documents": ["b"],
+                                 "truncate_prompt_tokens": -1}).status_code == 200
 
 
 def test_max_tokens_per_doc_cuts_each_document_before_it_is_scored(url):

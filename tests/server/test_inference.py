@@ -103,6 +103,24 @@ def test_a_cap_on_tokens_cuts_below_what_the_model_reads_or_refuses_naming_its_f
     assert e.message.startswith("text 1 has 3 tokens, more than max_tokens 2;")
 
 
+def test_a_cap_on_the_tokens_the_model_reads_counts_its_special_tokens_and_prompt():
+    # a fake tokenisation: a text's characters are its tokens, [CLS] and [SEP] around each
+    text = SimpleNamespace(room=6, specials=([101], [102]), count=len,
+                           counted_cuts=lambda texts, most, truncation: [
+                               (t[:most], len(t)) for t in texts])
+    plain, prompted = (engine(text=text, max_length=8, default_prompt=p) for p in ("", "d: "))
+    texts = ["abcdef", "ab"]
+    for total in (8, 9):  # what max_length cuts anyway
+        assert asyncio.run(inference.within(plain, texts, total, "cap")) is texts
+    assert asyncio.run(inference.within(plain, texts, 5, "cap")) == ["abc", "ab"]
+    assert asyncio.run(inference.within(prompted, texts, 7, "cap")) == ["ab", "ab"]
+    assert asyncio.run(inference.within(prompted, [[1, 2, 3, 4]], 5, "cap")) == [[1, 2, 3]]
+    e = refused(lambda: inference.within(prompted, texts, 5, "cap"))
+    assert e.reason == "invalid" and e.message == (
+        "cap 5 leaves an input no token of its own: model 'm' reads 2 special tokens and 3 "
+        "of its prompt with each")
+
+
 @pytest.mark.parametrize("error, reason, retry, said, which", [
     (InputTooLong(1, 9, 8), "input_too_long", None, "document 0 has 9 tokens", "document 0"),
     (NotFinite(1, 7), "not_finite", None, "model 'm': document 0: the model's outputs",

@@ -181,6 +181,26 @@ async def capped(engine, texts: list[str], most: int | None, truncation: str | N
     return [text for text, _ in cuts]
 
 
+async def within(engine, texts: list, total: int, limit: str) -> list:
+    """The inputs, each cut at its end to at most ``total`` tokens as the model reads it:
+    its special tokens counted, and before a text the model's default prompt (vLLM's
+    truncate_prompt_tokens); token ids, the model's own, cut as they are. No smaller than
+    max_length: as they are (max_length cuts them as always); a ``total`` that leaves an
+    input no token of its own is refused, naming ``limit``."""
+    if total >= engine.max_length:
+        return texts
+    specials = sum(map(len, engine.text.specials))
+    prompt = engine.text.count(engine.default_prompt) if engine.default_prompt else 0
+    room = total - specials - (prompt if any(isinstance(t, str) for t in texts) else 0)
+    if room <= 0:
+        raise Refusal("invalid", f"{limit} {total} leaves an input no token of its own: "
+                      f"model {engine.name!r} reads {specials} special tokens"
+                      + (f" and {prompt} of its prompt" if prompt else "") + " with each")
+    cut = iter(await capped(engine, [t for t in texts if isinstance(t, str)], room, "right",
+                            limit))
+    return [next(cut) if isinstance(t, str) else t[:room] for t in texts]
+
+
 def client_closed() -> Refusal:
     """A client that went away before its answer: counted, never sent."""
     return Refusal("client_closed", "the client closed the connection")

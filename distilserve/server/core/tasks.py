@@ -83,14 +83,21 @@ def _first(engine, *names: str) -> str | None:
 async def score(call: Call, model: str | None, queries: list[str], documents: list[str],
                 truncation: str | None, raw_scores: bool = False,
                 named: Callable[[int], str] = numbered, iterations: int | None = None,
-                most: int | None = None, what: str = "documents") -> tuple:
+                most: int | None = None, what: str = "documents", total: int | None = None,
+                ) -> tuple:
     """The reranking model, each document's relevance [N] to the query (one ``queries``,
     for every document) or to its own (one each), and the run: a cross-encoder's relevant
     label's score (its logit with ``raw_scores``), or the cosine of an embedding model's
     embeddings (a SPLADE model's dot product). ``named``: what the client calls the text
     at an index of the queries, then the documents; ``most``: each document first cut to
-    so many tokens of text (capped); ``what``: the documents, in the request's limit."""
+    so many tokens of text (capped); ``what``: the documents, in the request's limit;
+    ``total``: vLLM's truncate_prompt_tokens, served where it is -1 or no smaller than
+    max_length (below it vLLM cuts a pair's tokens together, which no cut of each text
+    is)."""
     engine = registry.pick(call.service, "rerank", model)
+    if total is not None and total != -1 and total < engine.max_length:
+        raise Refusal("invalid", f"truncate_prompt_tokens {total}: model {engine.name!r} cuts "
+                      f"an input at its max_length, {engine.max_length}; send -1 or none")
     q = len(queries)
     # the documents counted (not the queries), each text's characters as sent
     check_limits(call, [*queries, *documents], len(documents), what, named)

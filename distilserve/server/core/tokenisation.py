@@ -201,6 +201,10 @@ class Tokenisation:
                             enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)])
         return out
 
+    def count(self, text: str) -> int:
+        """How many tokens ``text`` is, special tokens not counted."""
+        return len(self.tokenizers[None].encode(text, add_special_tokens=False).ids)
+
     def counted_cuts(self, texts: list[str], most: int, truncation: str | None,
                      ) -> list[tuple[str, int]]:
         """Each text with its count of tokens of text (no special tokens), cut where it has

@@ -53,6 +53,9 @@ LARGEST = 2**31 - 1
 Count = Annotated[int, Field(ge=1, le=LARGEST), BeforeValidator(whole_number)]
 Dimensions = Annotated[Count | None, Field(None, description="keep the first N "
                                            "components, re-normalised (Matryoshka-style)")]
+# vLLM's truncate_prompt_tokens: a number of tokens as the model reads an input, -1 its
+# max_length
+PromptTokens = Annotated[int, Field(ge=-1, le=LARGEST), BeforeValidator(whole_number)] | None
 
 
 def parameters(options_type: type[BaseModel], given: dict | None) -> BaseModel:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors
-from distilserve.server.core import postprocess
-from distilserve.server.core.inference import embedded, usage
+from distilserve.server.core import postprocess, registry
+from distilserve.server.core.inference import check_limits, embedded, read_foreign, usage, within
 from distilserve.server.routes import options
 from distilserve.server.routes.cohere import http_routes as cohere
 from distilserve.server.routes.cohere.schemas import CohereEmbedResponse, CohereV1EmbedRequest, EmbedBody
@@ -27,7 +27,13 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
     # unit length, the first ``dimensions`` components re-normalised; a long input: its
     # end is cut; token ids in the vocabulary the model reads them in (foreign_ids)
     call = http_call(request)
-    engine, vectors, result = await embedded(call, body.model, body.texts, body.dimensions,
+    texts = body.texts
+    if body.truncate_prompt_tokens not in (None, -1):  # the limits on what was sent, then cut
+        engine = registry.pick(call.service, "embed", body.model)
+        texts = read_foreign(engine, texts)
+        check_limits(call, texts)
+        texts = await within(engine, texts, body.truncate_prompt_tokens, "truncate_prompt_tokens")
+    engine, vectors, result = await embedded(call, body.model, texts, body.dimensions,
                                              foreign_ids=True, iterations=body.iterations)
     data = [{"object": "embedding", "index": i,
              "embedding": postprocess.embedding_payload(v, body.encoding_format)}

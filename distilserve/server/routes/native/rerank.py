@@ -31,4 +31,5 @@ def scored(body: RerankRequest | TeiRerankRequest, call: Call):
     """The body's documents scored, each first cut to its max_tokens_per_doc (also TEI's
     /rerank and Cohere's v2 rerank)."""
     return tasks.score(call, body.model, [body.query], body.document_texts, body.truncation,
-                       body.raw_scores, body.name_of, body.iterations, body.max_tokens_per_doc)
+                       body.raw_scores, body.name_of, body.iterations, body.max_tokens_per_doc,
+                       total=body.truncate_prompt_tokens)

@@ -19,6 +19,7 @@ from distilserve.server.routes.options import (
     EmbedOptions,
     FillMaskOptions,
     NerOptions,
+    PromptTokens,
     QaOptions,
     Truncation,
     check_unicode,
@@ -83,6 +84,10 @@ class EmbeddingsRequest(Deep, Body):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Dimensions = None
     user: str | None = None
+    truncate_prompt_tokens: PromptTokens = Field(
+        None, description="vLLM's: each input cut at its end to at most N tokens as the "
+        "model reads it (its special tokens and prompt counted); -1 or none: at the "
+        "model's max_length")
 
     @property
     def inputs(self):
@@ -114,6 +119,9 @@ class RerankRequest(Deep, Truncated):
                                              "its first N tokens (its special tokens not "
                                              "counted; Cohere's and vLLM's field); default: "
                                              "as the model reads it")
+    truncate_prompt_tokens: PromptTokens = Field(
+        None, description="vLLM's: -1 or none, an input cut at the model's max_length; a "
+        "number below that is not served (a 422)")
 
     @property
     def document_texts(self) -> list[str]:

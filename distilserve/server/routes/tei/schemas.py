@@ -91,6 +91,7 @@ class TeiRerankRequest(Deep, Truncated):
     return_text: bool = False
     name_of = staticmethod(leading("the query", "document"))
     max_tokens_per_doc: ClassVar[None] = None  # (TEI's documents are cut as the model reads)
+    truncate_prompt_tokens: ClassVar[None] = None
 
     @property
     def document_texts(self) -> list[str]:

@@ -10,9 +10,8 @@ import uuid
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors
-from distilserve.server.core import registry, tasks
+from distilserve.server.core import tasks
 from distilserve.server.core.inference import usage
-from distilserve.server.core.refusals import Refusal
 from distilserve.server.routes.common import http_call, reply
 from distilserve.server.routes.vllm.schemas import ScoreRequest, ScoreResponse
 
@@ -24,14 +23,10 @@ router = APIRouter(tags=["vllm"])
 async def score(body: ScoreRequest, request: Request):
     """vLLM's score: each pair's score, in the order of data_2."""
     call = http_call(request)
-    engine = registry.pick(call.service, "rerank", body.model)
-    cap = body.truncate_prompt_tokens
-    if cap is not None and cap != -1 and cap < engine.max_length:
-        raise Refusal("invalid", f"truncate_prompt_tokens {cap}: model {engine.name!r} cuts "
-                      f"an input at its max_length, {engine.max_length}; send -1 or none")
     engine, scores, result = await tasks.score(
-        call, engine.name, body.queries, body.documents, "right", body.raw_scores,
-        body.name_of, body.iterations, what="pairs" if len(body.queries) > 1 else "documents")
+        call, body.model, body.queries, body.documents, "right", body.raw_scores,
+        body.name_of, body.iterations, what="pairs" if len(body.queries) > 1 else "documents",
+        total=body.truncate_prompt_tokens)
     return reply(call, {
         "id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
         "model": engine.name,

@@ -8,7 +8,7 @@ from pydantic import AliasChoices, BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from distilserve.server.routes.native.schemas import Body
-from distilserve.server.routes.options import LARGEST, Deep
+from distilserve.server.routes.options import Deep, PromptTokens
 
 ScoreTexts = str | Annotated[list[str], Field(min_length=1)]
 
@@ -28,7 +28,7 @@ class ScoreRequest(Deep, Body):
                                         "not its probability; default true")
     activation: bool | None = Field(None, description="use_activation's older name")
     softmax: bool | None = Field(None, description="use_activation's older name")
-    truncate_prompt_tokens: Annotated[int, Field(ge=-1, le=LARGEST)] | None = Field(
+    truncate_prompt_tokens: PromptTokens = Field(
         None, description="-1 or none: an input is cut to the model's max_length; a number "
         "below that is not served (a 422)")
 
