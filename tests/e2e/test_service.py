@@ -247,7 +247,8 @@ def test_embeddings_equal_in_process_pytorch_minilm(url):
 
 def test_truncate_prompt_tokens_cuts_each_input_to_what_the_model_reads(url):
     """vLLM's truncate_prompt_tokens on /v1/embeddings: each input as the model reads it
-    (its [CLS] and [SEP], and a default prompt, counted) at most N tokens."""
+    (its [CLS] and [SEP], and a default prompt, counted) at most N tokens; its
+    add_special_tokens false is refused."""
     text = "the quick brown fox jumps over the lazy dog"
 
     def embedded(model, inputs, **cap):
@@ -275,6 +276,10 @@ def test_truncate_prompt_tokens_cuts_each_input_to_what_the_model_reads(url):
     assert refused.status_code == 422 and refused.json()["error"]["message"] == (
         "truncate_prompt_tokens 4 leaves an input no token of its own: model 'bge' reads 2 "
         "special tokens and 2 of its prompt with each"), refused.text
+    unserved = post(url, "/v1/embeddings", {"model": "minilm", "input": text,
+                                            "add_special_tokens": False})
+    assert unserved.status_code == 422 and "add_special_tokens: false is not served" in \
+        unserved.json()["error"]["message"], unserved.text
 
 
 def test_official_openai_client(url):

@@ -36,6 +36,13 @@ def test_a_value_that_fits_no_branch_of_a_union_hears_of_the_closest(body, said)
     assert message(EmbeddingsRequest, body) == said
 
 
+def test_what_is_not_served_is_said_by_its_field():
+    assert message(EmbeddingsRequest, {"input": "a", "add_special_tokens": False}) == (
+        "add_special_tokens: false is not served: the model reads each input with its "
+        "special tokens")
+    EmbeddingsRequest.model_validate({"input": "a", "add_special_tokens": True})
+
+
 def test_a_models_branch_is_named_by_its_fields():
     assert message(RerankRequest, {"query": "q", "documents": [{"txt": "d"}]}) == (
         "documents.0.text: Field required")

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from distilserve.server.core.inference import numbered
@@ -88,6 +95,16 @@ class EmbeddingsRequest(Deep, Body):
         None, description="vLLM's: each input cut at its end to at most N tokens as the "
         "model reads it (its special tokens and prompt counted); -1 or none: at the "
         "model's max_length")
+    add_special_tokens: bool = Field(True, description="vLLM's: false is not served (each "
+                                     "input is read with its special tokens)")
+
+    @field_validator("add_special_tokens")
+    @classmethod
+    def _special_tokens(cls, value):
+        if not value:
+            raise PydanticCustomError("not_served", "false is not served: the model reads "
+                                      "each input with its special tokens")
+        return value
 
     @property
     def inputs(self):
