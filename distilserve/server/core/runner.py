@@ -277,8 +277,7 @@ class LocalRunner:
         ``iterations``: a recursive model's depth for them, 1 to ``self.depth`` (None: its
         own; the caller checks it). Texts to truncate are tokenised on the model's thread,
         with the batch."""
-        inputs = await prepare(self.model, texts, truncation, windows, self.batcher.max_queue,
-                               whole=False)
+        inputs = await prepare(self.model, texts, truncation, windows, self.batcher.max_queue)
         items = self.queue(inputs.queued, truncation, inputs.encodings, iterations)
         raw = await outcomes(items, inputs.owners)
         tokenized, waited, running = time_spent(items)
@@ -301,11 +300,13 @@ class Inputs:
 
 
 async def prepare(model, texts: list, truncation: str | None,
-                  windows: tuple[int, int] | None, max_queue: int, whole: bool) -> Inputs:
+                  windows: tuple[int, int] | None, max_queue: int,
+                  tokenize: Callable | None = None) -> Inputs:
     """``texts`` (their ``windows``, where given) tokenised for ``model`` (an engine: its
-    ``text``, ``max_length``) before they are queued: all of them with ``whole``, else
-    those not to be truncated (checked against max_length: InputTooLong) and windows, the
-    rest left to the batch's thread. OverQueue for more windows than the queue holds."""
+    ``text``, ``max_length``) before they are queued: all of them by ``tokenize(texts,
+    truncation)`` where given (a front end's TurnTokenizer), else those not to be truncated
+    (checked against max_length: InputTooLong) and windows, the rest left to the batch's
+    thread. OverQueue for more windows than the queue holds."""
     began = time.perf_counter()
     inputs = Inputs(texts, truncation, texts, None, 0.0)
     if windows is not None:
@@ -317,13 +318,12 @@ async def prepare(model, texts: list, truncation: str | None,
             raise OverQueue(f"{len(inputs.encodings)} windows of {len(texts)} input(s) are "
                             f"more than its queue holds ({max_queue}, "
                             "DISTILSERVE_MAX_QUEUE), a smaller stride makes fewer")
-    elif truncation is None or whole:
+    elif tokenize is not None or truncation is None:
         try:
-            inputs.encodings = (model.text.tokenize(texts, truncation)
-                                if whole and len(texts) <= INLINE else
-                                await asyncio.to_thread(model.text.tokenize, texts, truncation))
+            inputs.encodings = await (tokenize(texts, truncation) if tokenize is not None else
+                                      asyncio.to_thread(model.text.tokenize, texts, truncation))
         except Exception:
-            if whole:
+            if tokenize is not None:
                 raise
             inputs.encodings = None  # the model's thread encodes them one by one: the bad fail
         for i, enc in enumerate(inputs.encodings or []):
@@ -333,8 +333,8 @@ async def prepare(model, texts: list, truncation: str | None,
     return inputs
 
 
-# a front end's requests of up to this many texts are tokenised on its event loop: a
-# thread's hand-over costs more than they do
+# a front end's request of up to this many texts is tokenised on its event loop, with the
+# others of its turn (TurnTokenizer): a thread's hand-over costs more than a few texts do
 INLINE = 4
 
 

@@ -1,10 +1,12 @@
 """A model's tokenizer, as the service uses it: the Rust tokenizer set up once per
 truncation (transformers' wrapper re-configures it on every call), so that the model's
 thread encodes in batches; texts, pairs and token ids to encodings; windows; TEI's tokens
-and decode; fill-mask's targets and texts."""
+and decode; fill-mask's targets and texts. TurnTokenizer batches an event loop's
+requests as the model's thread batches its own."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -262,3 +264,58 @@ class Tokenisation:
             return self.hf_tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
         text = self.tokenizers[None].decode(ids, skip_special_tokens=skip_special_tokens)
         return clean_up_tokenization(text) if self.clean_up_spaces else text
+
+
+class TurnTokenizer:
+    """A front end's tokenisation (the engine process's: it tokenises every request before
+    sending it): the texts of the requests of one turn of its event loop that have
+    ``inline`` texts or fewer tokenised together, in one call of ``text.tokenize`` on the
+    loop, as the model's thread tokenises what arrived since its last batch; a request of
+    more on a thread of its own, the loop going on meanwhile. A call that fails is made
+    again for each request, so that a text the tokenizer refuses fails its own request."""
+
+    def __init__(self, text: Tokenisation, inline: int):
+        self.text, self.inline = text, inline
+        self.waiting: list[tuple[list, str | None, asyncio.Future]] = []
+
+    def tokenize(self, texts: list, truncation: str | None) -> asyncio.Future:
+        """The texts' encodings, once made."""
+        if len(texts) > self.inline:
+            return asyncio.ensure_future(asyncio.to_thread(self.text.tokenize, texts,
+                                                           truncation))
+        loop = asyncio.get_running_loop()
+        if not self.waiting:
+            loop.call_soon(self._turn)
+        future = loop.create_future()
+        self.waiting.append((texts, truncation, future))
+        return future
+
+    def _turn(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for truncation in dict.fromkeys(truncation for _, truncation, _ in waiting):
+            group = [(texts, future) for texts, cut, future in waiting
+                     if cut == truncation and not future.done()]  # (not those cancelled)
+            encoded = self._encode([texts for texts, _ in group], truncation)
+            for (_, future), made in zip(group, encoded):
+                if isinstance(made, Exception):
+                    future.set_exception(made)
+                else:
+                    future.set_result(made)
+
+    def _encode(self, requests: list[list], truncation: str | None) -> list:
+        """Each request's encodings (or what its texts raised), from one call."""
+        try:
+            encodings = self.text.tokenize([t for texts in requests for t in texts], truncation)
+        except Exception:
+            return [self._alone(texts, truncation) for texts in requests]
+        out, at = [], 0
+        for texts in requests:
+            out.append(encodings[at:at + len(texts)])
+            at += len(texts)
+        return out
+
+    def _alone(self, texts: list, truncation: str | None) -> list | Exception:
+        try:
+            return self.text.tokenize(texts, truncation)
+        except Exception as e:
+            return e

@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from distilserve.server.core.batching import InputFailed
-from distilserve.server.core.runner import ModelUnavailable, Result, assemble, prepare
+from distilserve.server.core.runner import INLINE, ModelUnavailable, Result, assemble, prepare
+from distilserve.server.core.tokenisation import TurnTokenizer
 from distilserve.server.engine import Engine, read_manifest
 from distilserve.server.engine_process import wire
 from distilserve.server.service import Service, load_models
@@ -101,6 +102,7 @@ class ProcessRunner:
         self.described = served["described"]
         self.batch_limits = tuple(served["batch_limits"])  # the engine's, which batches
         self.depth, self.max_queue = served["depth"], served["max_queue"]
+        self.tokenizer = TurnTokenizer(model.text, INLINE)  # the requests of a turn together
 
     def describe(self) -> dict:
         return self.described
@@ -116,7 +118,7 @@ class ProcessRunner:
                     iterations: int | None = None) -> Result:
         """As LocalRunner.infer: the texts tokenised here, all of them, and run there."""
         inputs = await prepare(self.model, texts, truncation, windows, self.max_queue,
-                               whole=True)
+                               self.tokenizer.tokenize)
         encodings = inputs.encodings
         header, arrays = await self.client.call(
             {"op": "infer", "model": self.model.name, "iterations": iterations,
