@@ -7,7 +7,9 @@ Each round serves the repository in each layout in turn (interleaved, so that a 
 that slows down slows all alike) and drives it with the closed-loop raw-socket clients of
 loadtests/lightload.py: a lone client, 32 and 512 clients of one sentence each. Each round
 also measures the model in-process (batches of 256: the rate the device gives), so that
-each layout's 512-client rate is read as a share of it. ``--emulate-gpu`` serves with the
+each layout's 512-client rate is read as a share of it, and what its event loops (every
+process's main thread: one process's, the front ends' and the engine's) spent a request,
+CPU time that bounds how many front ends a rate takes. ``--emulate-gpu`` serves with the
 stand-in GPU (loadtests/emulated_gpu.py) on a machine without one. Writes
 ``engines.json`` and ``engines.md`` under ``--out``.
 """
@@ -102,7 +104,8 @@ def report(results: dict, model: str, args) -> list[str]:
              f"{args.processes} processes on 127.0.0.1, one sentence a request. In process "
              f"(batches of 256): {', '.join(f'{c:.0f}' for c in ceiling)} sentences/s.", "",
              "| layout | phase | req/s (each round) | median | share of in-process | "
-             "p50 ms | inputs a batch |", "|---|---|---|---|---|---|---|"]
+             "p50 ms | inputs a batch | event loops' CPU a request |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, rounds in results.items():
         if name == "in process":
             continue
@@ -113,7 +116,8 @@ def report(results: dict, model: str, args) -> list[str]:
                 f"| {name} | {label} | {', '.join(f'{x:.0f}' for x in rates)} | "
                 f"{statistics.median(rates):.0f} | {share:.0%} | "
                 f"{statistics.median(r[i]['p50_ms'] for r in rounds):.2f} | "
-                f"{statistics.median(r[i]['inside']['inputs_per_batch'] for r in rounds):.1f} |")
+                f"{statistics.median(r[i]['inside']['inputs_per_batch'] for r in rounds):.1f} | "
+                f"{statistics.median(r[i]['inside']['event_loops_us_per_request'] for r in rounds):.0f} µs |")
     return lines
 
 

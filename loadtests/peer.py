@@ -51,7 +51,7 @@ class Inside:
     mean time a request waited for its batch to start; from its threads' CPU time
     (psutil; every process: workers too), the cores it used, its busiest event loop (a
     process's main thread) and its busiest other thread (the model's inference thread, or
-    a runtime's), as fractions of one core."""
+    a runtime's), as fractions of one core, and its event loops' CPU seconds in all."""
 
     def __init__(self, url: str, pid: int, model: str):
         self.url, self.process, self.model = url, psutil.Process(pid), model
@@ -95,7 +95,8 @@ class Inside:
                 "ms_queued": 1000 * mean("distilserve_queue_seconds"),
                 "cpu_cores": sum(used.values()) / wall,
                 "event_loop_cpu": max(loops, default=0.0) / wall,
-                "busiest_other_thread_cpu": max(others, default=0.0) / wall}
+                "busiest_other_thread_cpu": max(others, default=0.0) / wall,
+                "event_loops_cpu_s": sum(loops)}
 
 
 def measure(url: str, path: str, model: str, seconds: float, processes: int,
@@ -113,8 +114,10 @@ def measure(url: str, path: str, model: str, seconds: float, processes: int,
             inside.start()
         r = lightload.drive(url, path, payloads(model, per_request), clients, seconds,
                           processes)
-        if inside:
+        if inside:  # (what the event loops cost a request: the layout's bound on a core)
             r["inside"] = inside.stop()
+            r["inside"]["event_loops_us_per_request"] = (
+                1e6 * r["inside"]["event_loops_cpu_s"] / max(r["requests"], 1))
         if profile:
             r["profile"] = profile.stop()
         r.update(phase=label, sentences_per_s=r["requests_per_s"] * per_request)

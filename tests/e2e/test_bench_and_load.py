@@ -262,7 +262,8 @@ def test_soak_tells_growth_from_a_flat_line():
 def test_the_layouts_side_by_side_on_the_emulated_gpu(exports, tiny_checkpoints, tmp_path):
     """loadtests.engines --emulate-gpu: one process, a copy per worker and a shared engine,
     each served on the stand-in (the workers' and the engine process's models too), every
-    request answered, each layout's rows in the report beside the in-process rate."""
+    request answered, each layout's rows in the report beside the in-process rate, with
+    what its event loops spent a request."""
     from loadtests import engines
 
     repo = tmp_path / "repo"
@@ -278,6 +279,7 @@ def test_the_layouts_side_by_side_on_the_emulated_gpu(exports, tiny_checkpoints,
         (rows,) = result["results"][name]
         assert [r["phase"] for r in rows] == ["1 client", "32 clients", "512 clients"]
         assert all(set(r["statuses"]) == {"200"} for r in rows), name
+        assert all(r["inside"]["event_loops_us_per_request"] > 0 for r in rows), name
     log = (out / "service.log").read_text()  # the last layout's: the shared engine
     assert "engine process" in log and "warmed bert on emulated-gpu" in log
     report = (out / "engines.md").read_text()
