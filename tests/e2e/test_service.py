@@ -752,23 +752,53 @@ def test_vllms_score_is_reranks_score_pair_by_pair(url):
                                    "documents": docs}).json()["data"]
     assert [d["score"] for d in cosines] == pytest.approx(
         [vectors[0] @ vectors[2], vectors[1] @ vectors[3]], abs=1e-5)
-    for body, words in (
-            ({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "2 texts in data_1 and 3 in "
-             "data_2: send one in data_1, or one for each of data_2"),
-            ({"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 4},
-             "truncate_prompt_tokens 4: model 'cross' cuts an input at its max_length")):
-        refused = post(url, "/score", {"model": "cross", **body})
-        assert refused.status_code == 422 and words in refused.json()["error"]["message"], \
-            refused.text
-    assert post(url, "/score", {"model": "cross", "text_1": "a", "text_2": "b",
-                                "truncate_prompt_tokens": -1}).status_code == 200
-    for route in ("/rerank", "/v1/rerank"):  # vLLM's rerank body takes it too
-        refused = post(url, route, {"model": "cross", "query": "a", "documents": ["b"],
-                                    "truncate_prompt_tokens": 4})
-        assert refused.status_code == 422 and "truncate_prompt_tokens 4: model 'cross' cuts" \
-            in refused.json()["error"]["message"], refused.text
-        assert post(url, route, {"model": "cross", "query": "a", "documents": ["b"],
-                                 "truncate_prompt_tokens": -1}).status_code == 200
+    refused = post(url, "/score", {"model": "cross", "text_1": ["a", "b"],
+                                   "text_2": ["c", "d", "e"]})
+    assert refused.status_code == 422 and "2 texts in data_1 and 3 in data_2: send one in " \
+        "data_1, or one for each of data_2" in refused.json()["error"]["message"], refused.text
+
+
+def test_truncate_prompt_tokens_cuts_a_pair_as_the_tokenizer_does(url, repository):
+    """vLLM's truncate_prompt_tokens on /score and the rerank routes: a cross-encoder's
+    pair cut to N tokens in all as transformers' tokenizer cuts it (longest_first), an
+    embedding model's texts each to N."""
+    tok = AutoTokenizer.from_pretrained(repository / "cross" / "checkpoint")
+    query = "which of these documents is relevant to the question asked?"
+    doc = "the first document is the most relevant one of them all, by far"
+
+    def cut(text, n):  # its first n tokens' characters
+        offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return text[:offsets["offset_mapping"][n - 1][1]]
+
+    def scored(route, model, q, d, **cap):
+        body = ({"text_1": q, "text_2": d} if route == "/score" else {"query": q,
+                                                                      "documents": [d]})
+        answer = post(url, route, {"model": model, **body, **cap})
+        assert answer.status_code == 200, answer.text
+        answer = answer.json()
+        key = "data" if route == "/score" else "results"
+        return answer[key][0]["score" if route == "/score" else "relevance_score"], \
+            answer["usage"]["prompt_tokens"]
+
+    for k in (9, 14):
+        sequences = tok(query, doc, truncation=True, max_length=k).sequence_ids()
+        kept = sequences.count(0), sequences.count(1)
+        for route in ("/score", "/rerank", "/v1/rerank"):
+            score, tokens = scored(route, "cross", query, doc, truncate_prompt_tokens=k)
+            expected, _ = scored(route, "cross", cut(query, kept[0]), cut(doc, kept[1]))
+            assert score == pytest.approx(expected, abs=1e-6) and tokens == k
+    whole = scored("/score", "cross", query, doc)
+    assert scored("/score", "cross", query, doc, truncate_prompt_tokens=-1) == whole
+    assert scored("/score", "cross", query, doc, truncate_prompt_tokens=10**6) == whole
+    # an embedding model: each text cut to what leaves it N tokens with [CLS] and [SEP]
+    score, _ = scored("/score", "minilm", query, doc, truncate_prompt_tokens=6)
+    assert score == pytest.approx(scored("/score", "minilm", cut(query, 4), cut(doc, 4))[0],
+                                  abs=1e-5)
+    refused = post(url, "/score", {"model": "cross", "text_1": query, "text_2": doc,
+                                   "truncate_prompt_tokens": 4})
+    assert refused.status_code == 422 and refused.json()["error"]["message"] == (
+        "truncate_prompt_tokens 4 leaves a pair no token of each text: model 'cross' reads "
+        "3 special tokens with each pair"), refused.text
 
 
 def test_max_tokens_per_doc_cuts_each_document_before_it_is_scored(url):

@@ -502,6 +502,21 @@ def test_a_text_cut_to_some_tokens_reads_as_those_tokens(onnx_model):
     assert engine.text.counted_cuts([text, "short"], 3, None) == [(text, n), ("short", 1)]
 
 
+def test_a_pair_cut_to_some_tokens_reads_as_the_tokenizer_cuts_it(onnx_model):
+    """vLLM's truncate_prompt_tokens on a cross-encoder: each pair's texts cut so that the
+    pair reads as the Rust tokenizer's longest_first truncation at that length reads it."""
+    engine = load_engine("m", onnx_model, Settings(), Metrics())
+    pairs = [("a short query", "a much longer document, of hyphen-ated and naïve words"),
+             ("Unbelievably long-winded questions are asked here", "short"),
+             ("even", "odd")]
+    assert engine.text.pair_specials == 3  # [CLS] a [SEP] b [SEP]
+    for total in range(5, 30):
+        cutter = engine.text._copy(max_length=total, strategy="longest_first")
+        for pair, cut in zip(pairs, engine.text.pair_cuts(pairs, total)):
+            assert pair[0].startswith(cut[0]) and pair[1].startswith(cut[1])
+            assert engine.text.tokenize([cut], None)[0].ids == cutter.encode(*pair).ids
+
+
 class Deferred:
     """A backend that runs a batch only when it is collected: the GPU path, emulated on
     the CPU (``launch`` returns before the work is done)."""

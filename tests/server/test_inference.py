@@ -108,17 +108,30 @@ def test_a_cap_on_the_tokens_the_model_reads_counts_its_special_tokens_and_promp
     text = SimpleNamespace(room=6, specials=([101], [102]), count=len,
                            counted_cuts=lambda texts, most, truncation: [
                                (t[:most], len(t)) for t in texts])
-    plain, prompted = (engine(text=text, max_length=8, default_prompt=p) for p in ("", "d: "))
+    plain, prompted = (engine(text=text, max_length=8, default_prompt=p, prompts={"q": "q:"})
+                       for p in ("", "d: "))
     texts = ["abcdef", "ab"]
     for total in (8, 9):  # what max_length cuts anyway
         assert asyncio.run(inference.within(plain, texts, total, "cap")) is texts
     assert asyncio.run(inference.within(plain, texts, 5, "cap")) == ["abc", "ab"]
     assert asyncio.run(inference.within(prompted, texts, 7, "cap")) == ["ab", "ab"]
     assert asyncio.run(inference.within(prompted, [[1, 2, 3, 4]], 5, "cap")) == [[1, 2, 3]]
+    assert asyncio.run(inference.within(prompted, texts, 7, "cap", "q")) == ["abc", "ab"]
     e = refused(lambda: inference.within(prompted, texts, 5, "cap"))
     assert e.reason == "invalid" and e.message == (
         "cap 5 leaves an input no token of its own: model 'm' reads 2 special tokens and 3 "
         "of its prompt with each")
+
+
+def test_a_pair_cut_below_what_leaves_a_token_of_each_text_is_refused_naming_its_field():
+    text = SimpleNamespace(pair_specials=3, pair_cuts=lambda pairs, total: [
+        (a[:1], b[:total - 4]) for a, b in pairs])
+    m = engine(text=text)
+    assert asyncio.run(inference.pair_cuts(m, [("ab", "cdef")], 6, "cap")) == [("a", "cd")]
+    e = refused(lambda: inference.pair_cuts(m, [("ab", "cd")], 4, "cap"))
+    assert e.reason == "invalid" and e.message == (
+        "cap 4 leaves a pair no token of each text: model 'm' reads 3 special tokens with "
+        "each pair")
 
 
 @pytest.mark.parametrize("error, reason, retry, said, which", [

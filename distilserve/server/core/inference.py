@@ -181,16 +181,18 @@ async def capped(engine, texts: list[str], most: int | None, truncation: str | N
     return [text for text, _ in cuts]
 
 
-async def within(engine, texts: list, total: int, limit: str) -> list:
+async def within(engine, texts: list, total: int, limit: str,
+                 prompt_name: str | None = None) -> list:
     """The inputs, each cut at its end to at most ``total`` tokens as the model reads it:
-    its special tokens counted, and before a text the model's default prompt (vLLM's
-    truncate_prompt_tokens); token ids, the model's own, cut as they are. No smaller than
-    max_length: as they are (max_length cuts them as always); a ``total`` that leaves an
-    input no token of its own is refused, naming ``limit``."""
+    its special tokens counted, and before a text the model's prompt ``prompt_name`` (None:
+    its default prompt; vLLM's truncate_prompt_tokens); token ids, the model's own, cut as
+    they are. No smaller than max_length: as they are (max_length cuts them as always); a
+    ``total`` that leaves an input no token of its own is refused, naming ``limit``."""
     if total >= engine.max_length:
         return texts
     specials = sum(map(len, engine.text.specials))
-    prompt = engine.text.count(engine.default_prompt) if engine.default_prompt else 0
+    prefix = engine.default_prompt if prompt_name is None else engine.prompts[prompt_name]
+    prompt = engine.text.count(prefix) if prefix else 0
     room = total - specials - (prompt if any(isinstance(t, str) for t in texts) else 0)
     if room <= 0:
         raise Refusal("invalid", f"{limit} {total} leaves an input no token of its own: "
@@ -199,6 +201,20 @@ async def within(engine, texts: list, total: int, limit: str) -> list:
     cut = iter(await capped(engine, [t for t in texts if isinstance(t, str)], room, "right",
                             limit))
     return [next(cut) if isinstance(t, str) else t[:room] for t in texts]
+
+
+async def pair_cuts(engine, pairs: list[tuple[str, str]], total: int,
+                    limit: str) -> list[tuple[str, str]]:
+    """A cross-encoder's pairs, each cut to at most ``total`` tokens as the model reads it
+    (Tokenisation.pair_cuts), inline or on a thread as ``capped`` cuts; a ``total`` that
+    leaves a pair no token of each text is refused, naming ``limit``."""
+    specials = engine.text.pair_specials
+    if total - specials < 2:
+        raise Refusal("invalid", f"{limit} {total} leaves a pair no token of each text: model "
+                      f"{engine.name!r} reads {specials} special tokens with each pair")
+    cut = engine.text.pair_cuts
+    return cut(pairs, total) if len(pairs) <= INLINE else await asyncio.to_thread(cut, pairs,
+                                                                                    total)
 
 
 def client_closed() -> Refusal:

@@ -21,7 +21,9 @@ from distilserve.server.core.inference import (
     check_token_ids,
     infer,
     numbered,
+    pair_cuts,
     with_prompt,
+    within,
 )
 from distilserve.server.core.refusals import Refusal
 
@@ -91,21 +93,24 @@ async def score(call: Call, model: str | None, queries: list[str], documents: li
     embeddings (a SPLADE model's dot product). ``named``: what the client calls the text
     at an index of the queries, then the documents; ``most``: each document first cut to
     so many tokens of text (capped); ``what``: the documents, in the request's limit;
-    ``total``: vLLM's truncate_prompt_tokens, served where it is -1 or no smaller than
-    max_length (below it vLLM cuts a pair's tokens together, which no cut of each text
-    is)."""
+    ``total``: vLLM's truncate_prompt_tokens, what the model reads of each input at most
+    (an embedding model: of each text, its prompt counted; a cross-encoder: of each pair,
+    cut as the tokenizer's longest_first truncation cuts it), -1 or None its max_length."""
     engine = registry.pick(call.service, "rerank", model)
-    if total is not None and total != -1 and total < engine.max_length:
-        raise Refusal("invalid", f"truncate_prompt_tokens {total}: model {engine.name!r} cuts "
-                      f"an input at its max_length, {engine.max_length}; send -1 or none")
     q = len(queries)
     # the documents counted (not the queries), each text's characters as sent
     check_limits(call, [*queries, *documents], len(documents), what, named)
     documents = await capped(engine, documents, most, "right", "max_tokens_per_doc",
                              lambda k: named(q + k))
+    if total == -1 or total is not None and total >= engine.max_length:
+        total = None  # (max_length cuts them anyway)
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
-        texts = (with_prompt(engine, queries, _first(engine, "query"))
-                 + with_prompt(engine, documents, _first(engine, "document", "passage", "corpus")))
+        asks, finds = _first(engine, "query"), _first(engine, "document", "passage", "corpus")
+        if total is not None:
+            limit = "truncate_prompt_tokens"
+            queries = await within(engine, queries, total, limit, asks)
+            documents = await within(engine, documents, total, limit, finds)
+        texts = with_prompt(engine, queries, asks) + with_prompt(engine, documents, finds)
         result = await infer(call, engine, texts, truncation, named=named,
                              iterations=iterations)
         # [Q + N, D]: the queries, then the documents
@@ -114,8 +119,10 @@ async def score(call: Call, model: str | None, queries: list[str], documents: li
         if engine.sparse:  # SPLADE ranks by dot product
             return engine, (found * asked).sum(-1), result
         return engine, postprocess.cosines(asked, found), result
-    result = await infer(call, engine, list(zip(queries * len(documents) if q == 1 else queries,
-                                                documents)), truncation,
+    pairs = list(zip(queries * len(documents) if q == 1 else queries, documents))
+    if total is not None:
+        pairs = await pair_cuts(engine, pairs, total, "truncate_prompt_tokens")
+    result = await infer(call, engine, pairs, truncation,
                          named=lambda k: f"{named(q + k)} (with {named(0 if q == 1 else k)})",
                          iterations=iterations)
     # [N]: the relevant label's score as classify gives it (the batch's label scores,

@@ -103,7 +103,7 @@ class Tokenisation:
         # models whose tokenizers are the same tokenise alike (/v1/tokenize unnamed)
         self.digest = hashlib.sha256(spec.encode()).hexdigest()
         self.word_aware = entities.TokenInfo.marks_words(rust)
-        self._spec, self._windowing = spec, {}  # windows()'s tokenizers
+        self._spec, self._copies = spec, {}  # windows()'s and pair_cuts()' tokenizers
         # transformers' default: longest_first for pairs; a question is kept whole, its
         # context cut (transformers' question-answering pipeline)
         self._strategy = "only_second" if task == "qa" else "longest_first"
@@ -124,6 +124,12 @@ class Tokenisation:
         # the tokens of text an input may have: max_length less its special tokens
         self.room = max(0, max_length - len(self.specials[0]) - len(self.specials[1]))
         self.filler = probe.ids[at]  # a token of text, for warm-up batches
+
+    @cached_property
+    def pair_specials(self) -> int:
+        """How many special tokens a pair of texts is read with ("[CLS] $A [SEP] $B [SEP]":
+        3)."""
+        return sum(self.tokenizers[None].encode("a", "b").special_tokens_mask)
 
     @cached_property
     def vocab_size(self) -> int:
@@ -161,13 +167,19 @@ class Tokenisation:
         answering). stride must be less than the room the special tokens (and a question)
         leave."""
         strategy = "only_second" if isinstance(texts[0], tuple) else "longest_first"
-        tokenizer = self._windowing.get((size, stride, strategy))
-        if tokenizer is None:
-            if len(self._windowing) >= 8:  # sizes a client asked for: a few kept
-                self._windowing.clear()
-            tokenizer = self._copy(max_length=size, stride=stride, strategy=strategy)
-            self._windowing[size, stride, strategy] = tokenizer
+        tokenizer = self._kept((size, stride, strategy), max_length=size, stride=stride,
+                               strategy=strategy)
         return [[encoding, *encoding.overflowing] for encoding in tokenizer.encode_batch(texts)]
+
+    def _kept(self, key: tuple, **truncation) -> Tokenizer:
+        """A copy that cuts as ``truncation`` says, kept by ``key``: a few of those clients
+        asked for (windows' sizes, pairs' lengths), the rest made again."""
+        tokenizer = self._copies.get(key)
+        if tokenizer is None:
+            if len(self._copies) >= 8:
+                self._copies.clear()
+            tokenizer = self._copies[key] = self._copy(**truncation)
+        return tokenizer
 
     def _copy(self, **truncation) -> Tokenizer:
         """A copy of the tokenizer that pads nothing and cuts as ``truncation`` says
@@ -238,6 +250,22 @@ class Tokenisation:
         encode = self.tokenizers[None].encode
         return next((cut for cut in cuts
                      if len(encode(cut, add_special_tokens=False).ids) <= most), "")
+
+    def pair_cuts(self, pairs: list[tuple[str, str]], total: int) -> list[tuple[str, str]]:
+        """Pairs cut so that each reads as at most ``total`` tokens, its special tokens
+        counted, as the Rust tokenizer's longest_first truncation at that length cuts them
+        (vLLM's truncate_prompt_tokens on a cross-encoder): each text at its end, where
+        its kept tokens end (_cut). ``total`` leaves a token of each text beside the pair's
+        special tokens (pair_specials)."""
+        tokenizer = self._kept(("pairs", total), max_length=total, strategy="longest_first")
+        kept = [(e.sequence_ids.count(0), e.sequence_ids.count(1))
+                for e in tokenizer.encode_batch(pairs)]
+        texts = [text for pair in pairs for text in pair]
+        most = [n for pair in kept for n in pair]
+        cut = [self._cut(text, encoding, n, "right") if len(encoding.ids) > n else text
+               for text, encoding, n in zip(texts, self.tokenizers[None].encode_batch(
+                   texts, add_special_tokens=False), most)]
+        return list(zip(cut[::2], cut[1::2]))
 
     def target_ids(self, targets: list[str]) -> list[int]:
         """fill-mask's targets as token ids, as the pipeline finds them: the vocabulary's

@@ -137,8 +137,9 @@ class RerankRequest(Deep, Truncated):
                                              "counted; Cohere's and vLLM's field); default: "
                                              "as the model reads it")
     truncate_prompt_tokens: PromptTokens = Field(
-        None, description="vLLM's: -1 or none, an input cut at the model's max_length; a "
-        "number below that is not served (a 422)")
+        None, description="vLLM's: each pair (a cross-encoder's) or text (an embedding "
+        "model's) cut to at most N tokens as the model reads it; -1 or none: at the model's "
+        "max_length")
 
     @property
     def document_texts(self) -> list[str]:

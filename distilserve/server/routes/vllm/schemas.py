@@ -29,8 +29,9 @@ class ScoreRequest(Deep, Body):
     activation: bool | None = Field(None, description="use_activation's older name")
     softmax: bool | None = Field(None, description="use_activation's older name")
     truncate_prompt_tokens: PromptTokens = Field(
-        None, description="-1 or none: an input is cut to the model's max_length; a number "
-        "below that is not served (a 422)")
+        None, description="each pair (a cross-encoder's) or text (an embedding model's) cut "
+        "to at most N tokens as the model reads it, as vLLM cuts it; -1 or none: at the "
+        "model's max_length")
 
     @model_validator(mode="after")
     def _one_or_each(self):
