@@ -117,6 +117,9 @@ def test_a_cap_on_the_tokens_the_model_reads_counts_its_special_tokens_and_promp
     assert asyncio.run(inference.within(prompted, texts, 7, "cap")) == ["ab", "ab"]
     assert asyncio.run(inference.within(prompted, [[1, 2, 3, 4]], 5, "cap")) == [[1, 2, 3]]
     assert asyncio.run(inference.within(prompted, texts, 7, "cap", "q")) == ["abc", "ab"]
+    # a prompt goes before texts alone: token ids keep all but the special tokens' room
+    assert asyncio.run(inference.within(prompted, ["abcdef", [1, 2, 3, 4, 5, 6]], 7, "cap")) \
+        == ["ab", [1, 2, 3, 4, 5]]
     e = refused(lambda: inference.within(prompted, texts, 5, "cap"))
     assert e.reason == "invalid" and e.message == (
         "cap 5 leaves an input no token of its own: model 'm' reads 2 special tokens and 3 "

@@ -190,17 +190,17 @@ async def within(engine, texts: list, total: int, limit: str,
     ``total`` that leaves an input no token of its own is refused, naming ``limit``."""
     if total >= engine.max_length:
         return texts
+    strings = [t for t in texts if isinstance(t, str)]
     specials = sum(map(len, engine.text.specials))
     prefix = engine.default_prompt if prompt_name is None else engine.prompts[prompt_name]
-    prompt = engine.text.count(prefix) if prefix else 0
-    room = total - specials - (prompt if any(isinstance(t, str) for t in texts) else 0)
+    prompt = engine.text.count(prefix) if prefix and strings else 0  # (before texts alone)
+    room = total - specials - prompt  # a text's tokens
     if room <= 0:
         raise Refusal("invalid", f"{limit} {total} leaves an input no token of its own: "
                       f"model {engine.name!r} reads {specials} special tokens"
                       + (f" and {prompt} of its prompt" if prompt else "") + " with each")
-    cut = iter(await capped(engine, [t for t in texts if isinstance(t, str)], room, "right",
-                            limit))
-    return [next(cut) if isinstance(t, str) else t[:room] for t in texts]
+    cut = iter(await capped(engine, strings, room, "right", limit))
+    return [next(cut) if isinstance(t, str) else t[:total - specials] for t in texts]
 
 
 async def pair_cuts(engine, pairs: list[tuple[str, str]], total: int,
