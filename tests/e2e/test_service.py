@@ -271,6 +271,10 @@ def test_truncate_prompt_tokens_cuts_each_input_to_what_the_model_reads(url):
     by_ids, usage = embedded("minilm", [ids], truncate_prompt_tokens=5)  # ids, no prompt
     assert usage["prompt_tokens"] == 5
     assert np.abs(by_ids - embedded("minilm", [ids[:3]])[0]).max() <= 1e-6
+    # vLLM's truncation_side left: the last tokens kept (each word of the text one token)
+    for sent, last in (([text], [" ".join(text.split()[-3:])]), ([ids], [ids[-3:]])):
+        left, _ = embedded("minilm", sent, truncate_prompt_tokens=5, truncation_side="left")
+        assert np.abs(left - embedded("minilm", last)[0]).max() <= 1e-6
     refused = post(url, "/v1/embeddings", {"model": "bge", "input": text,
                                            "truncate_prompt_tokens": 4})
     assert refused.status_code == 422 and refused.json()["error"]["message"] == (
@@ -770,6 +774,10 @@ def test_truncate_prompt_tokens_cuts_a_pair_as_the_tokenizer_does(url, repositor
         offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         return text[:offsets["offset_mapping"][n - 1][1]]
 
+    def ending(text, n):  # its last n tokens' characters (each word here is one token)
+        offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        return text[offsets["offset_mapping"][-n][0]:]
+
     def scored(route, model, q, d, **cap):
         body = ({"text_1": q, "text_2": d} if route == "/score" else {"query": q,
                                                                       "documents": [d]})
@@ -787,6 +795,22 @@ def test_truncate_prompt_tokens_cuts_a_pair_as_the_tokenizer_does(url, repositor
             score, tokens = scored(route, "cross", query, doc, truncate_prompt_tokens=k)
             expected, _ = scored(route, "cross", cut(query, kept[0]), cut(doc, kept[1]))
             assert score == pytest.approx(expected, abs=1e-6) and tokens == k
+        tok.truncation_side = "left"
+        sequences = tok(query, doc, truncation=True, max_length=k).sequence_ids()
+        tok.truncation_side = "right"
+        kept = sequences.count(0), sequences.count(1)
+        score, _ = scored("/score", "cross", query, doc, truncate_prompt_tokens=k,
+                          truncation_side="left")
+        expected, _ = scored("/score", "cross", ending(query, kept[0]), ending(doc, kept[1]))
+        assert score == pytest.approx(expected, abs=1e-6)
+    # vLLM's max_tokens_per_query and max_tokens_per_doc, 0: not cut
+    for route in ("/score", "/rerank"):
+        capped, _ = scored(route, "cross", query, doc, max_tokens_per_query=3,
+                           max_tokens_per_doc=5)
+        assert capped == pytest.approx(scored(route, "cross", cut(query, 3), cut(doc, 5))[0],
+                                       abs=1e-6)
+        assert scored(route, "cross", query, doc, max_tokens_per_query=0,
+                      max_tokens_per_doc=0) == scored(route, "cross", query, doc)
     whole = scored("/score", "cross", query, doc)
     assert scored("/score", "cross", query, doc, truncate_prompt_tokens=-1) == whole
     assert scored("/score", "cross", query, doc, truncate_prompt_tokens=10**6) == whole

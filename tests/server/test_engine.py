@@ -515,6 +515,15 @@ def test_a_pair_cut_to_some_tokens_reads_as_the_tokenizer_cuts_it(onnx_model):
         for pair, cut in zip(pairs, engine.text.pair_cuts(pairs, total)):
             assert pair[0].startswith(cut[0]) and pair[1].startswith(cut[1])
             assert engine.text.tokenize([cut], None)[0].ids == cutter.encode(*pair).ids
+        # from the start: the tokenizer's cut, or less where it begins within a word
+        cutter = engine.text._copy(max_length=total, strategy="longest_first", direction="left")
+        for pair, cut in zip(pairs, engine.text.pair_cuts(pairs, total, "left")):
+            assert pair[0].endswith(cut[0]) and pair[1].endswith(cut[1])
+            read, theirs = engine.text.tokenize([cut], None)[0], cutter.encode(*pair)
+            for side in (0, 1):
+                ours = [i for i, s in zip(read.ids, read.sequence_ids) if s == side]
+                kept = [i for i, s in zip(theirs.ids, theirs.sequence_ids) if s == side]
+                assert len(ours) <= len(kept) and ours == kept[len(kept) - len(ours):]
 
 
 class Deferred:

@@ -107,7 +107,8 @@ def test_a_cap_on_the_tokens_the_model_reads_counts_its_special_tokens_and_promp
     # a fake tokenisation: a text's characters are its tokens, [CLS] and [SEP] around each
     text = SimpleNamespace(room=6, specials=([101], [102]), count=len,
                            counted_cuts=lambda texts, most, truncation: [
-                               (t[:most], len(t)) for t in texts])
+                               (t[:most] if truncation == "right" else t[-most:], len(t))
+                               for t in texts])
     plain, prompted = (engine(text=text, max_length=8, default_prompt=p, prompts={"q": "q:"})
                        for p in ("", "d: "))
     texts = ["abcdef", "ab"]
@@ -120,6 +121,8 @@ def test_a_cap_on_the_tokens_the_model_reads_counts_its_special_tokens_and_promp
     # a prompt goes before texts alone: token ids keep all but the special tokens' room
     assert asyncio.run(inference.within(prompted, ["abcdef", [1, 2, 3, 4, 5, 6]], 7, "cap")) \
         == ["ab", [1, 2, 3, 4, 5]]
+    assert asyncio.run(inference.within(plain, ["abcdef", [1, 2, 3, 4, 5, 6]], 5, "cap",
+                                        side="left")) == ["def", [4, 5, 6]]
     e = refused(lambda: inference.within(prompted, texts, 5, "cap"))
     assert e.reason == "invalid" and e.message == (
         "cap 5 leaves an input no token of its own: model 'm' reads 2 special tokens and 3 "
@@ -127,7 +130,7 @@ def test_a_cap_on_the_tokens_the_model_reads_counts_its_special_tokens_and_promp
 
 
 def test_a_pair_cut_below_what_leaves_a_token_of_each_text_is_refused_naming_its_field():
-    text = SimpleNamespace(pair_specials=3, pair_cuts=lambda pairs, total: [
+    text = SimpleNamespace(pair_specials=3, pair_cuts=lambda pairs, total, side: [
         (a[:1], b[:total - 4]) for a, b in pairs])
     m = engine(text=text)
     assert asyncio.run(inference.pair_cuts(m, [("ab", "cdef")], 6, "cap")) == [("a", "cd")]

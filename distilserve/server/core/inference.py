@@ -182,12 +182,13 @@ async def capped(engine, texts: list[str], most: int | None, truncation: str | N
 
 
 async def within(engine, texts: list, total: int, limit: str,
-                 prompt_name: str | None = None) -> list:
-    """The inputs, each cut at its end to at most ``total`` tokens as the model reads it:
-    its special tokens counted, and before a text the model's prompt ``prompt_name`` (None:
-    its default prompt; vLLM's truncate_prompt_tokens); token ids, the model's own, cut as
-    they are. No smaller than max_length: as they are (max_length cuts them as always); a
-    ``total`` that leaves an input no token of its own is refused, naming ``limit``."""
+                 prompt_name: str | None = None, side: str = "right") -> list:
+    """The inputs, each cut at its end (``side`` "right") or its start ("left") to at most
+    ``total`` tokens as the model reads it: its special tokens counted, and before a text
+    the model's prompt ``prompt_name`` (None: its default prompt; vLLM's
+    truncate_prompt_tokens); token ids, the model's own, cut as they are. No smaller than
+    max_length: as they are (max_length cuts them as always); a ``total`` that leaves an
+    input no token of its own is refused, naming ``limit``."""
     if total >= engine.max_length:
         return texts
     strings = [t for t in texts if isinstance(t, str)]
@@ -199,22 +200,25 @@ async def within(engine, texts: list, total: int, limit: str,
         raise Refusal("invalid", f"{limit} {total} leaves an input no token of its own: "
                       f"model {engine.name!r} reads {specials} special tokens"
                       + (f" and {prompt} of its prompt" if prompt else "") + " with each")
-    cut = iter(await capped(engine, strings, room, "right", limit))
-    return [next(cut) if isinstance(t, str) else t[:total - specials] for t in texts]
+    cut = iter(await capped(engine, strings, room, side, limit))
+    keep = total - specials
+    return [next(cut) if isinstance(t, str) else t[:keep] if side == "right" else t[-keep:]
+            for t in texts]
 
 
-async def pair_cuts(engine, pairs: list[tuple[str, str]], total: int,
-                    limit: str) -> list[tuple[str, str]]:
-    """A cross-encoder's pairs, each cut to at most ``total`` tokens as the model reads it
-    (Tokenisation.pair_cuts), inline or on a thread as ``capped`` cuts; a ``total`` that
-    leaves a pair no token of each text is refused, naming ``limit``."""
+async def pair_cuts(engine, pairs: list[tuple[str, str]], total: int, limit: str,
+                    side: str = "right") -> list[tuple[str, str]]:
+    """A cross-encoder's pairs, each cut to at most ``total`` tokens as the model reads it,
+    each text at its end or its start as ``side`` says (Tokenisation.pair_cuts), inline or
+    on a thread as ``capped`` cuts; a ``total`` that leaves a pair no token of each text is
+    refused, naming ``limit``."""
     specials = engine.text.pair_specials
     if total - specials < 2:
         raise Refusal("invalid", f"{limit} {total} leaves a pair no token of each text: model "
                       f"{engine.name!r} reads {specials} special tokens with each pair")
     cut = engine.text.pair_cuts
-    return cut(pairs, total) if len(pairs) <= INLINE else await asyncio.to_thread(cut, pairs,
-                                                                                    total)
+    return (cut(pairs, total, side) if len(pairs) <= INLINE else
+            await asyncio.to_thread(cut, pairs, total, side))
 
 
 def client_closed() -> Refusal:

@@ -86,13 +86,14 @@ async def score(call: Call, model: str | None, queries: list[str], documents: li
                 truncation: str | None, raw_scores: bool = False,
                 named: Callable[[int], str] = numbered, iterations: int | None = None,
                 most: int | None = None, what: str = "documents", total: int | None = None,
-                ) -> tuple:
+                query_most: int | None = None) -> tuple:
     """The reranking model, each document's relevance [N] to the query (one ``queries``,
     for every document) or to its own (one each), and the run: a cross-encoder's relevant
     label's score (its logit with ``raw_scores``), or the cosine of an embedding model's
     embeddings (a SPLADE model's dot product). ``named``: what the client calls the text
     at an index of the queries, then the documents; ``most``: each document first cut to
-    so many tokens of text (capped); ``what``: the documents, in the request's limit;
+    so many tokens of text (capped; None or 0: not), at the side ``truncation`` says (None:
+    its end), ``query_most`` each query; ``what``: the documents, in the request's limit;
     ``total``: vLLM's truncate_prompt_tokens, what the model reads of each input at most
     (an embedding model: of each text, its prompt counted; a cross-encoder: of each pair,
     cut as the tokenizer's longest_first truncation cuts it), -1 or None its max_length."""
@@ -100,16 +101,19 @@ async def score(call: Call, model: str | None, queries: list[str], documents: li
     q = len(queries)
     # the documents counted (not the queries), each text's characters as sent
     check_limits(call, [*queries, *documents], len(documents), what, named)
-    documents = await capped(engine, documents, most, "right", "max_tokens_per_doc",
+    side = truncation or "right"
+    documents = await capped(engine, documents, most or None, side, "max_tokens_per_doc",
                              lambda k: named(q + k))
+    queries = await capped(engine, queries, query_most or None, side, "max_tokens_per_query",
+                           named)
     if total == -1 or total is not None and total >= engine.max_length:
         total = None  # (max_length cuts them anyway)
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         asks, finds = _first(engine, "query"), _first(engine, "document", "passage", "corpus")
         if total is not None:
             limit = "truncate_prompt_tokens"
-            queries = await within(engine, queries, total, limit, asks)
-            documents = await within(engine, documents, total, limit, finds)
+            queries = await within(engine, queries, total, limit, asks, side)
+            documents = await within(engine, documents, total, limit, finds, side)
         texts = with_prompt(engine, queries, asks) + with_prompt(engine, documents, finds)
         result = await infer(call, engine, texts, truncation, named=named,
                              iterations=iterations)
@@ -121,7 +125,7 @@ async def score(call: Call, model: str | None, queries: list[str], documents: li
         return engine, postprocess.cosines(asked, found), result
     pairs = list(zip(queries * len(documents) if q == 1 else queries, documents))
     if total is not None:
-        pairs = await pair_cuts(engine, pairs, total, "truncate_prompt_tokens")
+        pairs = await pair_cuts(engine, pairs, total, "truncate_prompt_tokens", side)
     result = await infer(call, engine, pairs, truncation,
                          named=lambda k: f"{named(q + k)} (with {named(0 if q == 1 else k)})",
                          iterations=iterations)

@@ -251,18 +251,20 @@ class Tokenisation:
         return next((cut for cut in cuts
                      if len(encode(cut, add_special_tokens=False).ids) <= most), "")
 
-    def pair_cuts(self, pairs: list[tuple[str, str]], total: int) -> list[tuple[str, str]]:
+    def pair_cuts(self, pairs: list[tuple[str, str]], total: int, side: str = "right",
+                  ) -> list[tuple[str, str]]:
         """Pairs cut so that each reads as at most ``total`` tokens, its special tokens
         counted, as the Rust tokenizer's longest_first truncation at that length cuts them
-        (vLLM's truncate_prompt_tokens on a cross-encoder): each text at its end, where
-        its kept tokens end (_cut). ``total`` leaves a token of each text beside the pair's
-        special tokens (pair_specials)."""
-        tokenizer = self._kept(("pairs", total), max_length=total, strategy="longest_first")
+        (vLLM's truncate_prompt_tokens on a cross-encoder): each text at its end ("right")
+        or its start ("left"), where its kept tokens end or begin (_cut). ``total`` leaves a
+        token of each text beside the pair's special tokens (pair_specials)."""
+        tokenizer = self._kept(("pairs", total, side), max_length=total,
+                               strategy="longest_first", direction=side)
         kept = [(e.sequence_ids.count(0), e.sequence_ids.count(1))
                 for e in tokenizer.encode_batch(pairs)]
         texts = [text for pair in pairs for text in pair]
         most = [n for pair in kept for n in pair]
-        cut = [self._cut(text, encoding, n, "right") if len(encoding.ids) > n else text
+        cut = [self._cut(text, encoding, n, side) if len(encoding.ids) > n else text
                for text, encoding, n in zip(texts, self.tokenizers[None].encode_batch(
                    texts, add_special_tokens=False), most)]
         return list(zip(cut[::2], cut[1::2]))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -56,6 +57,9 @@ Dimensions = Annotated[Count | None, Field(None, description="keep the first N "
 # vLLM's truncate_prompt_tokens: a number of tokens as the model reads an input, -1 its
 # max_length
 PromptTokens = Annotated[int, Field(ge=-1, le=LARGEST), BeforeValidator(whole_number)] | None
+# a rerank's max_tokens_per_doc and vLLM's max_tokens_per_query: tokens of text, 0 or None
+# not cut (vLLM's default)
+TextTokens = Annotated[int, Field(ge=0, le=LARGEST), BeforeValidator(whole_number)] | None
 
 
 def parameters(options_type: type[BaseModel], given: dict | None) -> BaseModel:
@@ -74,10 +78,11 @@ class Truncation(BaseModel):
     model_config = CONFIG
     truncate: bool = Field(True, description="cut an input longer than the model's "
                            "max_length tokens (false: such an input is a 413)")
-    # TEI's field, with its spelling ("Right", "Left") too
+    # TEI's field, with its spelling ("Right", "Left") too, and vLLM's name for it
     truncation_direction: Literal["right", "left", "Right", "Left"] = Field(
-        "right", description="where an input is cut: its end (right) or its start (left, "
-        "keeping the most recent text)")
+        "right", validation_alias=AliasChoices("truncation_direction", "truncation_side"),
+        description="where an input is cut: its end (right) or its start (left, keeping the "
+        "most recent text); also vLLM's truncation_side")
 
     @property
     def truncation(self) -> str | None:

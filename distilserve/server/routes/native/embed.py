@@ -32,9 +32,11 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
         engine = registry.pick(call.service, "embed", body.model)
         texts = read_foreign(engine, texts)
         check_limits(call, texts)
-        texts = await within(engine, texts, body.truncate_prompt_tokens, "truncate_prompt_tokens")
+        texts = await within(engine, texts, body.truncate_prompt_tokens, "truncate_prompt_tokens",
+                             side=body.truncation_side)
     engine, vectors, result = await embedded(call, body.model, texts, body.dimensions,
-                                             foreign_ids=True, iterations=body.iterations)
+                                             truncation=body.truncation_side, foreign_ids=True,
+                                             iterations=body.iterations)
     data = [{"object": "embedding", "index": i,
              "embedding": postprocess.embedding_payload(v, body.encoding_format)}
             for i, v in enumerate(vectors)]

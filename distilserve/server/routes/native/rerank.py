@@ -32,4 +32,4 @@ def scored(body: RerankRequest | TeiRerankRequest, call: Call):
     /rerank and Cohere's v2 rerank)."""
     return tasks.score(call, body.model, [body.query], body.document_texts, body.truncation,
                        body.raw_scores, body.name_of, body.iterations, body.max_tokens_per_doc,
-                       total=body.truncate_prompt_tokens)
+                       total=body.truncate_prompt_tokens, query_most=body.max_tokens_per_query)

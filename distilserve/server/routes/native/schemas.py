@@ -20,7 +20,6 @@ from distilserve.server.routes.options import (
     CONFIG,
     LARGEST,
     ClassifyOptions,
-    Count,
     Deep,
     Dimensions,
     EmbedOptions,
@@ -28,6 +27,7 @@ from distilserve.server.routes.options import (
     NerOptions,
     PromptTokens,
     QaOptions,
+    TextTokens,
     Truncation,
     check_unicode,
     whole_number,
@@ -92,9 +92,11 @@ class EmbeddingsRequest(Deep, Body):
     dimensions: Dimensions = None
     user: str | None = None
     truncate_prompt_tokens: PromptTokens = Field(
-        None, description="vLLM's: each input cut at its end to at most N tokens as the "
-        "model reads it (its special tokens and prompt counted); -1 or none: at the "
-        "model's max_length")
+        None, description="vLLM's: each input cut to at most N tokens as the model reads it "
+        "(its special tokens and prompt counted); -1 or none: at the model's max_length")
+    truncation_side: Literal["right", "left"] = Field(
+        "right", description="vLLM's: where an input is cut, to truncate_prompt_tokens or "
+        "max_length: its end (right) or its start (left)")
     add_special_tokens: bool = Field(True, description="vLLM's: false is not served (each "
                                      "input is read with its special tokens)")
 
@@ -132,10 +134,12 @@ class RerankRequest(Deep, Truncated):
     name_of = staticmethod(leading("the query", "document"))
     raw_scores: bool = Field(False, description="a cross-encoder's logit, not its "
                              "probability (TEI's field); an embedding model: the cosine")
-    max_tokens_per_doc: Count | None = Field(None, description="each document first cut to "
-                                             "its first N tokens (its special tokens not "
-                                             "counted; Cohere's and vLLM's field); default: "
-                                             "as the model reads it")
+    max_tokens_per_doc: TextTokens = Field(None, description="each document first cut to N "
+                                           "tokens (its special tokens not counted; Cohere's "
+                                           "and vLLM's field) as truncation_direction says; "
+                                           "none or 0: as the model reads it")
+    max_tokens_per_query: TextTokens = Field(None, description="vLLM's: the query first cut "
+                                             "to N tokens so; none or 0: as the model reads it")
     truncate_prompt_tokens: PromptTokens = Field(
         None, description="vLLM's: each pair (a cross-encoder's) or text (an embedding "
         "model's) cut to at most N tokens as the model reads it; -1 or none: at the model's "

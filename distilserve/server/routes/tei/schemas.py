@@ -92,6 +92,7 @@ class TeiRerankRequest(Deep, Truncated):
     name_of = staticmethod(leading("the query", "document"))
     max_tokens_per_doc: ClassVar[None] = None  # (TEI's documents are cut as the model reads)
     truncate_prompt_tokens: ClassVar[None] = None
+    max_tokens_per_query: ClassVar[None] = None
 
     @property
     def document_texts(self) -> list[str]:

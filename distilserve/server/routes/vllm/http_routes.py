@@ -24,9 +24,10 @@ async def score(body: ScoreRequest, request: Request):
     """vLLM's score: each pair's score, in the order of data_2."""
     call = http_call(request)
     engine, scores, result = await tasks.score(
-        call, body.model, body.queries, body.documents, "right", body.raw_scores,
-        body.name_of, body.iterations, what="pairs" if len(body.queries) > 1 else "documents",
-        total=body.truncate_prompt_tokens)
+        call, body.model, body.queries, body.documents, body.truncation_side, body.raw_scores,
+        body.name_of, body.iterations, body.max_tokens_per_doc,
+        "pairs" if len(body.queries) > 1 else "documents", body.truncate_prompt_tokens,
+        body.max_tokens_per_query)
     return reply(call, {
         "id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
         "model": engine.name,

@@ -8,7 +8,7 @@ from pydantic import AliasChoices, BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
 from distilserve.server.routes.native.schemas import Body
-from distilserve.server.routes.options import Deep, PromptTokens
+from distilserve.server.routes.options import Deep, PromptTokens, TextTokens
 
 ScoreTexts = str | Annotated[list[str], Field(min_length=1)]
 
@@ -28,6 +28,11 @@ class ScoreRequest(Deep, Body):
                                         "not its probability; default true")
     activation: bool | None = Field(None, description="use_activation's older name")
     softmax: bool | None = Field(None, description="use_activation's older name")
+    truncation_side: Literal["right", "left"] = Field(
+        "right", description="where an input is cut: its end (right) or its start (left)")
+    max_tokens_per_doc: TextTokens = Field(None, description="each of data_2 first cut to N "
+                                           "tokens of text; none or 0: as the model reads it")
+    max_tokens_per_query: TextTokens = Field(None, description="each of data_1 so")
     truncate_prompt_tokens: PromptTokens = Field(
         None, description="each pair (a cross-encoder's) or text (an embedding model's) cut "
         "to at most N tokens as the model reads it, as vLLM cuts it; -1 or none: at the "
