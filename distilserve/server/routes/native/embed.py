@@ -25,7 +25,8 @@ router = APIRouter(tags=["embeddings"])
 @router.post("/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
 async def embeddings(body: EmbeddingsRequest, request: Request):
     # unit length, the first ``dimensions`` components re-normalised; a long input: its
-    # end is cut; token ids in the vocabulary the model reads them in (foreign_ids)
+    # end is cut (its start: truncation_side "left"); token ids in the vocabulary the model
+    # reads them in (foreign_ids)
     call = http_call(request)
     texts = body.texts
     if body.truncate_prompt_tokens not in (None, -1):  # the limits on what was sent, then cut
