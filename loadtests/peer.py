@@ -7,8 +7,8 @@ Both are asked for OpenAI-shaped embeddings (distilserve at /v1/embeddings, the 
 32, 128 and 512 clients sending one sentence each, and 4 clients sending 32 sentences
 each. The in-process ceiling (tokenise + forward + pool, batches of 256) is measured too,
 and what distilserve did inside each phase (batches, inputs per batch, time per batch; how
-busy its event loop and its busiest other thread were), so that a shortfall shows its
-cause. ``--profile`` adds where each of its threads spent that time (py-spy:
+busy its event loop and its busiest other thread were; what its event loops spent a
+request), so that a shortfall shows its cause. ``--profile`` adds where each of its threads spent that time (py-spy:
 loadtests/profile.py). Writes ``peer.json`` and ``peer.md`` under ``--out``.
 ``--emulate-gpu`` serves and measures with a stand-in for a GPU
 (loadtests/emulated_gpu.py), to study the batching where there is none.
@@ -220,14 +220,15 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["", "Inside distilserve in each phase (CPU as a fraction of one core; the event "
               "loop is a process's main thread):", "",
               "| phase | batches/s | inputs per batch | ms per batch | ms tokenising | ms "
-              "queued | CPU, cores | event loop | busiest other thread |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "queued | CPU, cores | event loop | busiest other thread | event loops' CPU a "
+              "request |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in ours:
         i = r["inside"]
         lines.append(f"| {r['phase']} | {i['batches_per_s']:.0f} | {i['inputs_per_batch']:.1f} | "
                      f"{i['ms_per_batch']:.2f} | {i['ms_tokenizing']:.2f} | {i['ms_queued']:.2f} | "
                      f"{i['cpu_cores']:.2f} | {i['event_loop_cpu']:.0%} | "
-                     f"{i['busiest_other_thread_cpu']:.0%} |")
+                     f"{i['busiest_other_thread_cpu']:.0%} | "
+                     f"{i['event_loops_us_per_request']:.0f} µs |")
     if args.profile:
         lines += profile_table(ours)
     (args.out / "peer.md").write_text("\n".join(lines) + "\n")

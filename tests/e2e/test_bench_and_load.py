@@ -279,7 +279,8 @@ def test_the_layouts_side_by_side_on_the_emulated_gpu(exports, tiny_checkpoints,
         (rows,) = result["results"][name]
         assert [r["phase"] for r in rows] == ["1 client", "32 clients", "512 clients"]
         assert all(set(r["statuses"]) == {"200"} for r in rows), name
-        assert all(r["inside"]["event_loops_us_per_request"] > 0 for r in rows), name
+        # (CPU times come in clock ticks: a short phase may show none)
+        assert sum(r["inside"]["event_loops_us_per_request"] for r in rows) > 0, name
     log = (out / "service.log").read_text()  # the last layout's: the shared engine
     assert "engine process" in log and "warmed bert on emulated-gpu" in log
     report = (out / "engines.md").read_text()
