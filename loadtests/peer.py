@@ -8,8 +8,8 @@ Both are asked for OpenAI-shaped embeddings (distilserve at /v1/embeddings, the 
 each. The in-process ceiling (tokenise + forward + pool, batches of 256) is measured too,
 and what distilserve did inside each phase (batches, inputs per batch, time per batch; how
 busy its event loop and its busiest other thread were; what its event loops spent a
-request), so that a shortfall shows its cause. ``--profile`` adds where each of its threads spent that time (py-spy:
-loadtests/profile.py). Writes ``peer.json`` and ``peer.md`` under ``--out``.
+request), so that a shortfall shows its cause. ``--profile`` adds where each of its threads
+spent that time (py-spy: loadtests/profile.py). Writes ``peer.json`` and ``peer.md`` under ``--out``.
 ``--emulate-gpu`` serves and measures with a stand-in for a GPU
 (loadtests/emulated_gpu.py), to study the batching where there is none.
 """

@@ -286,6 +286,28 @@ def test_truncate_prompt_tokens_cuts_each_input_to_what_the_model_reads(url):
         unserved.json()["error"]["message"], unserved.text
 
 
+def test_vllms_tokenize_and_detokenize_bodies(url):
+    """/tokenize takes vLLM's body (``prompt``) beside TEI's and answers in vLLM's shape;
+    /detokenize reads ids back, special tokens included."""
+    text = "Tokenisation works"
+    tei = post(url, "/tokenize", {"model": "minilm", "inputs": text}).json()[0]
+    answer = post(url, "/tokenize", {"model": "minilm", "prompt": text,
+                                     "return_token_strs": True}).json()
+    assert answer["tokens"] == [t["id"] for t in tei] and answer["count"] == len(tei)
+    assert answer["max_model_len"] == 256  # minilm's, as exported here
+    strs = answer["token_strs"]
+    assert (strs[0], strs[-1]) == ("[CLS]", "[SEP]") and any(s.startswith("##") for s in strs)
+    bare = post(url, "/tokenize", {"model": "minilm", "prompt": text,
+                                   "add_special_tokens": False}).json()
+    assert bare["tokens"] == answer["tokens"][1:-1] and bare["token_strs"] is None
+    back = post(url, "/detokenize", {"model": "minilm", "tokens": answer["tokens"]})
+    assert back.json() == {"prompt": "[CLS] tokenisation works [SEP]"}, back.text
+    refused = post(url, "/tokenize", {"model": "minilm"})  # neither body: TEI's errors
+    assert refused.status_code == 422 and "inputs" in refused.json()["error"]["message"]
+    refused = post(url, "/detokenize", {"model": "minilm", "tokens": [10**9]})
+    assert refused.status_code == 422, refused.text
+
+
 def test_official_openai_client(url):
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused")

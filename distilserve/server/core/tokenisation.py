@@ -215,6 +215,11 @@ class Tokenisation:
                             enc.ids, enc.tokens, enc.offsets, enc.special_tokens_mask)])
         return out
 
+    def token_strings(self, ids: list[int]) -> list[str]:
+        """Each id's token as the vocabulary spells it ("##ing")."""
+        tokenizer = self.tokenizers[None]
+        return [tokenizer.id_to_token(i) for i in ids]
+
     def count(self, text: str) -> int:
         """How many tokens ``text`` is, special tokens not counted."""
         return len(self.tokenizers[None].encode(text, add_special_tokens=False).ids)

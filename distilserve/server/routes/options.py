@@ -12,7 +12,9 @@ from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -60,6 +62,20 @@ PromptTokens = Annotated[int, Field(ge=-1, le=LARGEST), BeforeValidator(whole_nu
 # a rerank's max_tokens_per_doc and vLLM's max_tokens_per_query: tokens of text, 0 or None
 # not cut (vLLM's default)
 TextTokens = Annotated[int, Field(ge=0, le=LARGEST), BeforeValidator(whole_number)] | None
+
+
+def either(first: type, second: type, tags: tuple[str, str], marked_by: str, unless: str):
+    """A route's body of two kinds (the native and another protocol's), told apart by its
+    fields: ``second`` where it has ``marked_by`` and not ``unless``, else ``first``; the
+    errors are then that kind's alone. ``tags``: the kinds' names, as the errors say."""
+    def which(value) -> str:
+        if isinstance(value, second) or (
+                isinstance(value, dict) and marked_by in value and unless not in value):
+            return tags[1]
+        return tags[0]
+
+    return Annotated[Annotated[first, Tag(tags[0])] | Annotated[second, Tag(tags[1])],
+                     Discriminator(which)]
 
 
 def parameters(options_type: type[BaseModel], given: dict | None) -> BaseModel:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from distilserve.server.core.inference import numbered
 from distilserve.server.routes.native.schemas import Body, EmbedRequest, RerankRequest
-from distilserve.server.routes.options import CONFIG, Count, Dimensions
+from distilserve.server.routes.options import CONFIG, Count, Dimensions, either
 
 CohereInputType = Literal["search_document", "search_query", "classification", "clustering"]
 INPUT_TYPE = ("the model's prompt it is put behind, where it has one: query, document (or "
@@ -110,18 +110,8 @@ class CohereV1EmbedRequest(_CohereEmbed):
         return self.texts_
 
 
-def _embed_body(value) -> str:
-    """Which body /v1/embed was sent: Cohere's v1 (``texts`` and no ``inputs``) or the
-    native one; the errors are then that body's alone."""
-    if isinstance(value, CohereV1EmbedRequest) or (
-            isinstance(value, dict) and "texts" in value and "inputs" not in value):
-        return "Cohere"
-    return "Native"
-
-
-EmbedBody = Annotated[Annotated[EmbedRequest, Tag("Native")]
-                      | Annotated[CohereV1EmbedRequest, Tag("Cohere")],
-                      Discriminator(_embed_body)]
+# /v1/embed's body: Cohere's v1 (``texts`` and no ``inputs``) or the native one
+EmbedBody = either(EmbedRequest, CohereV1EmbedRequest, ("Native", "Cohere"), "texts", "inputs")
 
 
 class CohereSpans(BaseModel):

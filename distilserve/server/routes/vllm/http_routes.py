@@ -1,19 +1,27 @@
 """vLLM's score API, POST /score (and /v1/score, its older path): pairs of texts scored
 by the core's rerank pipeline (core/tasks.score: a cross-encoder's relevant label, or an
-embedding model's cosine), the same models, queue, limits and errors as /v1/rerank."""
+embedding model's cosine), the same models, queue, limits and errors as /v1/rerank; and
+its /tokenize body (which /tokenize takes beside TEI's) and /detokenize."""
 
 from __future__ import annotations
 
 import time
 import uuid
 
-from fastapi import APIRouter, Request
+import orjson
+from fastapi import APIRouter, Request, Response
 
 from distilserve.server import errors
-from distilserve.server.core import tasks
+from distilserve.server.core import registry, tasks
 from distilserve.server.core.inference import usage
 from distilserve.server.routes.common import http_call, reply
-from distilserve.server.routes.vllm.schemas import ScoreRequest, ScoreResponse
+from distilserve.server.routes.vllm.schemas import (
+    ScoreRequest,
+    ScoreResponse,
+    VllmDetokenizeRequest,
+    VllmDetokenizeResponse,
+    VllmTokenizeRequest,
+)
 
 router = APIRouter(tags=["vllm"])
 
@@ -33,3 +41,24 @@ async def score(body: ScoreRequest, request: Request):
         "model": engine.name,
         "data": [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)],
         "usage": {**usage(result), "completion_tokens": 0}}, result)
+
+
+async def tokenize(body: VllmTokenizeRequest, request: Request):
+    """vLLM's tokenize: the prompt's token ids, how many, and the model's max_length (its
+    tokens as the vocabulary spells them with ``return_token_strs``)."""
+    call = http_call(request)
+    engine = registry.pick_tokenizer(call.service, body.model)
+    (tokens,) = await tasks.tokens(call, engine.name, body.texts, body.add_special_tokens)
+    ids = [t["id"] for t in tokens]
+    return Response(orjson.dumps({
+        "count": len(ids), "max_model_len": engine.max_length, "tokens": ids,
+        "token_strs": engine.text.token_strings(ids) if body.return_token_strs else None}),
+        media_type="application/json")
+
+
+@router.post("/detokenize", response_model=VllmDetokenizeResponse,
+             responses=errors.responses(400, 401, 404, 413, 422, 503))
+async def detokenize(body: VllmDetokenizeRequest, request: Request):
+    """vLLM's detokenize: the ids as text, special tokens included."""
+    (text,) = await tasks.decode(http_call(request), body.model, body.texts, False)
+    return Response(orjson.dumps({"prompt": text}), media_type="application/json")

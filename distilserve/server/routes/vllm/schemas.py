@@ -1,4 +1,5 @@
-"""vLLM's /score body and answer."""
+"""vLLM's /score, /tokenize and /detokenize bodies and answers (/tokenize's beside TEI's
+body: ``TokenizeBody``)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from distilserve.server.routes.native.schemas import Body
-from distilserve.server.routes.options import Deep, PromptTokens, TextTokens
+from distilserve.server.routes.native.schemas import Body, TokenIds, TokenizeRequest
+from distilserve.server.routes.options import Deep, PromptTokens, TextTokens, either
 
 ScoreTexts = str | Annotated[list[str], Field(min_length=1)]
 
@@ -86,3 +87,41 @@ class ScoreResponse(BaseModel):
     model: str
     data: list[ScoreData]
     usage: dict
+
+
+class VllmTokenizeRequest(Body):
+    """vLLM's /tokenize: one prompt's token ids."""
+
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = Field(False, description="also each token as the vocabulary "
+                                    "spells it")
+
+    @property
+    def texts(self) -> list[str]:
+        return [self.prompt]
+
+
+class VllmTokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class VllmDetokenizeRequest(Body):
+    """vLLM's /detokenize: token ids back to text, special tokens included."""
+
+    tokens: TokenIds
+
+    @property
+    def texts(self) -> list:
+        return [self.tokens]
+
+
+class VllmDetokenizeResponse(BaseModel):
+    prompt: str
+
+
+# /tokenize's body: vLLM's (``prompt`` and no ``inputs``) or TEI's
+TokenizeBody = either(TokenizeRequest, VllmTokenizeRequest, ("TEI", "vLLM"), "prompt", "inputs")
