@@ -32,7 +32,7 @@ async def tokenize(body: TokenizeRequest, request: Request):
 
 @router.post("/tokenize", response_model=list[list[Token]] | VllmTokenizeResponse,
              responses=RESPONSES)
-async def tokenize_tei(body: TokenizeBody, request: Request):
+async def tokenize_tei_or_vllm(body: TokenizeBody, request: Request):
     """TEI's body, answered as /v1/tokenize; or vLLM's (``prompt``), in vLLM's shape."""
     if isinstance(body, VllmTokenizeRequest):
         return await vllm.tokenize(body, request)
