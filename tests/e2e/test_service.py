@@ -810,6 +810,7 @@ def test_truncate_prompt_tokens_cuts_a_pair_as_the_tokenizer_does(url, repositor
         return answer[key][0]["score" if route == "/score" else "relevance_score"], \
             answer["usage"]["prompt_tokens"]
 
+    cut_scores = []
     for k in (9, 14):
         sequences = tok(query, doc, truncation=True, max_length=k).sequence_ids()
         kept = sequences.count(0), sequences.count(1)
@@ -817,6 +818,10 @@ def test_truncate_prompt_tokens_cuts_a_pair_as_the_tokenizer_does(url, repositor
             score, tokens = scored(route, "cross", query, doc, truncate_prompt_tokens=k)
             expected, _ = scored(route, "cross", cut(query, kept[0]), cut(doc, kept[1]))
             assert score == pytest.approx(expected, abs=1e-6) and tokens == k
+            # another split of the same k tokens scores otherwise: the split is the cut's
+            other, _ = scored(route, "cross", cut(query, kept[0] - 1), cut(doc, kept[1] + 1))
+            assert other != pytest.approx(score, abs=1e-6)
+            cut_scores.append(score)
         tok.truncation_side = "left"
         sequences = tok(query, doc, truncation=True, max_length=k).sequence_ids()
         tok.truncation_side = "right"
@@ -834,6 +839,7 @@ def test_truncate_prompt_tokens_cuts_a_pair_as_the_tokenizer_does(url, repositor
         assert scored(route, "cross", query, doc, max_tokens_per_query=0,
                       max_tokens_per_doc=0) == scored(route, "cross", query, doc)
     whole = scored("/score", "cross", query, doc)
+    assert all(score != pytest.approx(whole[0], abs=1e-6) for score in cut_scores)
     assert scored("/score", "cross", query, doc, truncate_prompt_tokens=-1) == whole
     assert scored("/score", "cross", query, doc, truncate_prompt_tokens=10**6) == whole
     # an embedding model: each text cut to what leaves it N tokens with [CLS] and [SEP]
