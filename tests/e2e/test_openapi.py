@@ -55,8 +55,10 @@ def test_schemathesis_all_checks_on_every_operation(repository, tmp_path, key, e
         "POST /embed_all", "POST /embed_sparse", "POST /",
         "POST /invocations", "POST /similarity", "POST /predict", "POST /rerank",
         "POST /classify", "POST /vertex", "GET /info", "GET /models", "GET /", "GET /ping",
-        # Cohere's v2, vLLM's score and detokenize, and Hugging Face's Inference API by model
-        "POST /v2/embed", "POST /v2/rerank", "POST /score", "POST /v1/score", "POST /detokenize",
+        # Cohere's v2, vLLM's score, pooling and detokenize, and Hugging Face's Inference API
+        # by model
+        "POST /v2/embed", "POST /v2/rerank", "POST /score", "POST /v1/score", "POST /pooling",
+        "POST /detokenize",
         "POST /models/{model_name}",
         # the Open Inference Protocol's
         "GET /v2", "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/{model_name}",

@@ -1,4 +1,5 @@
 import base64
+import sys
 
 import numpy as np
 import pytest
@@ -117,6 +118,40 @@ def test_base64_is_little_endian_float32():
     assert np.frombuffer(raw, "<f4").tolist() == [1.5, -2.0, 0.25]
     floats = postprocess.embedding_payload(v, "float")
     assert floats.dtype == np.float32 and floats.tolist() == [1.5, -2.0, 0.25]
+
+
+# vLLM's embed_dtype: torch's dtype its numbers are converted to, and a view of their bits
+TORCH_DTYPES = {"float32": ("float32", "int32"), "float16": ("float16", "int16"),
+                "bfloat16": ("bfloat16", "int16"), "fp8_e4m3": ("float8_e4m3fn", "uint8"),
+                "fp8_e5m2": ("float8_e5m2", "uint8")}
+
+
+@pytest.mark.parametrize("dtype", sorted(TORCH_DTYPES))
+def test_packed_numbers_are_torchs_conversion_in_either_byte_order(dtype):
+    """vLLM packs an output's numbers with torch's conversion (round to the nearest), row
+    after row: the same bytes here, little- and big-endian."""
+    torch = pytest.importorskip("torch")
+    v = np.random.default_rng(0).standard_normal((3, 7)).astype(np.float32)
+    to, bits = (getattr(torch, name) for name in TORCH_DTYPES[dtype])
+    little = torch.from_numpy(v).to(to).flatten().view(bits).numpy().astype(
+        f"<{'u' if bits == torch.uint8 else 'i'}{to.itemsize}")
+    assert postprocess.packed(v, dtype) == little.tobytes()
+    assert postprocess.packed(v, dtype, "big") == little.astype(little.dtype.newbyteorder(
+        ">")).tobytes()
+    assert postprocess.packed(v, dtype, "native") == postprocess.packed(v, dtype, sys.byteorder)
+
+
+def test_packed_outputs_say_where_each_lies():
+    outputs = [np.ones(3), np.zeros((2, 2)), np.full(1, -1.0)]
+    body, where = postprocess.packed_outputs(outputs, "float16", "little")
+    assert [(w["start"], w["end"], w["shape"]) for w in where] == [
+        (0, 6, [3]), (6, 14, [2, 2]), (14, 16, [1])]
+    assert all((w["embed_dtype"], w["endianness"]) == ("float16", "little") for w in where)
+    for w, output in zip(where, outputs):
+        got = np.frombuffer(body[w["start"]:w["end"]], "<f2").reshape(w["shape"])
+        assert np.array_equal(got, output)
+    assert base64.b64decode(postprocess.embedding_payload(outputs[1], "base64", "float16")) \
+        == body[6:14]
 
 
 def test_normalize_rows_each_to_unit_length_and_leaves_zeros():

@@ -193,7 +193,8 @@ async def within(engine, texts: list, total: int, limit: str,
         return texts
     strings = [t for t in texts if isinstance(t, str)]
     specials = sum(map(len, engine.text.specials))
-    prefix = engine.default_prompt if prompt_name is None else engine.prompts[prompt_name]
+    # (a name the model has not: no prompt counted here, with_prompt refuses it)
+    prefix = {None: engine.default_prompt, **engine.prompts}.get(prompt_name, "")
     prompt = engine.text.count(prefix) if prefix and strings else 0  # (before texts alone)
     room = total - specials - prompt  # a text's tokens
     if room <= 0:
@@ -290,19 +291,25 @@ async def embedded(call: Call, model: str | None, texts: list,
                    dimensions: int | None = None, prompt_name: str | None = None,
                    truncation: str | None = "right", normalize: bool = True,
                    named: Callable[[int], str] = numbered, foreign_ids: bool = False,
-                   iterations: int | None = None) -> tuple[Any, np.ndarray, Result]:
+                   iterations: int | None = None, truncate_prompt_tokens: int | None = None
+                   ) -> tuple[Any, np.ndarray, Result]:
     """The embedding model (``model``, or the only one), the inputs' embeddings [N, D] (the
     first ``dimensions`` components, then unit length if ``normalize``) and the run; for
     every protocol's embedding requests. ``texts``: texts or token ids, behind the prompt
     ``prompt_name`` (None: the model's default prompt); ``named``: as infer's;
     ``foreign_ids``: token ids in the vocabulary the model reads them in
-    (DISTILSERVE_TOKEN_IDS), else its own; ``iterations``: as infer's."""
+    (DISTILSERVE_TOKEN_IDS), else its own; ``iterations``: as infer's;
+    ``truncate_prompt_tokens`` (vLLM's): each input first cut to at most so many tokens as
+    the model reads it, at the side ``truncation`` says (within; -1 or None: not)."""
     engine = registry.pick(call.service, "embed", model)
     if foreign_ids:
         texts = read_foreign(engine, texts)
     check_limits(call, texts, named=named)
     check_dimensions(engine, dimensions)
     check_answer_size(engine, len(texts), dimensions or engine.dimensions or 1)
+    if truncate_prompt_tokens not in (None, -1):
+        texts = await within(engine, texts, truncate_prompt_tokens, "truncate_prompt_tokens",
+                             prompt_name, truncation)
     result = await infer(call, engine, with_prompt(engine, texts, prompt_name), truncation,
                          named=named, iterations=iterations)
     if normalize and dimensions is None and result.postprocessed is not None:

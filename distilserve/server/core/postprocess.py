@@ -9,8 +9,10 @@ evaluation groups them too).
 from __future__ import annotations
 
 import base64
+import sys
 from collections.abc import Callable
 
+import ml_dtypes
 import numpy as np
 
 
@@ -82,13 +84,42 @@ def ranked(scores: np.ndarray, documents: list[str], top_n: int | None,
             for i in order]
 
 
-def embedding_payload(v: np.ndarray, encoding_format: str) -> np.ndarray | str:
-    """OpenAI's encodings: float32 numbers (the array, for a JSON list), or base64 of
-    little-endian float32 bytes."""
-    v = np.ascontiguousarray(v, dtype="<f4")
+# vLLM's embed_dtype: the numbers of a packed output (its base64 and bytes encodings)
+PACKED = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16,
+          "fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
+
+
+def packed(v: np.ndarray, dtype: str = "float32", endianness: str = "little") -> bytes:
+    """An output's numbers (any shape, row after row) as bytes, as vLLM packs them: each
+    rounded to the nearest ``dtype`` (PACKED), in the byte order ``endianness`` (little,
+    big, or native: this machine's)."""
+    numbers = np.ascontiguousarray(v, dtype=np.float32).astype(PACKED[dtype])
+    order = sys.byteorder if endianness == "native" else endianness
+    if order != sys.byteorder and numbers.itemsize > 1:
+        numbers = numbers.view(f"u{numbers.itemsize}").byteswap()
+    return numbers.tobytes()
+
+
+def embedding_payload(v: np.ndarray, encoding_format: str, dtype: str = "float32",
+                      endianness: str = "little") -> np.ndarray | str:
+    """OpenAI's encodings: float32 numbers (the array, for a JSON list), or base64 of their
+    bytes, little-endian float32 unless vLLM's ``dtype`` and ``endianness`` say (packed)."""
     if encoding_format == "base64":
-        return base64.b64encode(v.tobytes()).decode("ascii")
-    return v
+        return base64.b64encode(packed(v, dtype, endianness)).decode("ascii")
+    return np.ascontiguousarray(v, dtype="<f4")
+
+
+def packed_outputs(outputs: list[np.ndarray], dtype: str, endianness: str
+                   ) -> tuple[bytes, list[dict]]:
+    """vLLM's bytes encoding: the outputs packed one after another, and where each lies
+    (its index, dtype, endianness, start and end byte, and shape)."""
+    parts, items, at = [], [], 0
+    for index, v in enumerate(outputs):
+        parts.append(packed(v, dtype, endianness))
+        items.append({"index": index, "embed_dtype": dtype, "endianness": endianness,
+                      "start": at, "end": at + len(parts[-1]), "shape": list(np.shape(v))})
+        at += len(parts[-1])
+    return b"".join(parts), items
 
 
 def cohere_embeddings(vectors: np.ndarray, types: list[str]) -> dict:

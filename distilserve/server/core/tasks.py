@@ -19,9 +19,11 @@ from distilserve.server.core.inference import (
     check_answer_size,
     check_limits,
     check_token_ids,
+    embedded,
     infer,
     numbered,
     pair_cuts,
+    read_foreign,
     with_prompt,
     within,
 )
@@ -281,6 +283,62 @@ async def sparse_vectors(call: Call, model: str | None, texts: list, truncation:
     check_answer_size(engine, len(texts), 2 * engine.dimensions)  # index and value
     result = await infer(call, engine, with_prompt(engine, texts, prompt_name), truncation)
     return engine, [postprocess.sparse(v) for v in result.outputs], result
+
+
+# each input's output as numbers ---------------------------------------------------------
+# what each kind of output needs of a model (registry.CAPABILITIES), and the kind a model
+# gives unasked, by its task
+OUTPUTS = {"embed": "embed", "classify": "classify", "token_embed": "token embeddings",
+           "token_classify": "ner"}
+OWN_OUTPUT = {"embed": "embed", "classify": "classify", "ner": "token_classify"}
+
+
+async def pooled(call: Call, model: str | None, kind: str | None, texts: list,
+                 truncation: str, truncate_prompt_tokens: int | None = None,
+                 activation: bool = True, dimensions: int | None = None,
+                 iterations: int | None = None) -> tuple:
+    """The model, each input's output as an array, and the run (vLLM's pooling): ``kind``
+    "embed", its embedding [D] (of unit length with ``activation``; its first
+    ``dimensions``); "classify", its labels' scores [C] (the model's softmax or sigmoid
+    with ``activation``, else its logits); "token_embed", its tokens' vectors [T, D] (each
+    of unit length with ``activation``); "token_classify", its tokens' label scores [T, C]
+    (their softmax with ``activation``); None, the kind of the model named (else of the one
+    served, else of the one embedding model). Token ids are read in the vocabulary the
+    model reads them in; ``truncate_prompt_tokens``: as embedded's."""
+    if kind is None:
+        engine = registry.pick_root(call.service, model)
+        if (kind := OWN_OUTPUT.get(engine.task)) is None:
+            raise Refusal("wrong_task", f"model {engine.name!r} does {engine.task}; pooling "
+                          "takes an embedding, classification or NER model")
+        model = engine.name
+    if kind == "embed":
+        engine, vectors, result = await embedded(
+            call, model, texts, dimensions, truncation=truncation, normalize=activation,
+            foreign_ids=True, iterations=iterations,
+            truncate_prompt_tokens=truncate_prompt_tokens)
+        return engine, list(vectors), result
+    if dimensions is not None:
+        raise Refusal("invalid", f"dimensions: {kind} outputs are given whole; only "
+                      "embeddings (task embed) are cut")
+    engine = registry.pick(call.service, OUTPUTS[kind], model)
+    texts = read_foreign(engine, texts)
+    check_limits(call, texts)
+    if kind.startswith("token_"):
+        width = engine.dimensions if kind == "token_embed" else len(engine.labels)
+        check_answer_size(engine, len(texts), engine.max_length * width,
+                          f"numbers: {engine.max_length} tokens of {width}")
+    if truncate_prompt_tokens not in (None, -1):
+        texts = await within(engine, texts, truncate_prompt_tokens, "truncate_prompt_tokens",
+                             side=truncation)
+    result = await infer(call, engine, with_prompt(engine, texts, None), truncation,
+                         iterations=iterations)
+    if kind == "classify":
+        return engine, result.postprocessed if activation else result.outputs, result
+    if kind == "token_classify":  # (each output its logits [T, C] and its encoding)
+        rows = [logits for logits, _ in result.outputs]
+        return engine, [postprocess.softmax(r) for r in rows] if activation else rows, result
+    return engine, [postprocess.normalize(v) if activation else v for v in result.outputs], \
+        result
 
 
 # tokenisation ----------------------------------------------------------------------------

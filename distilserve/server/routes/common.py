@@ -13,6 +13,7 @@ from fastapi import Request, Response
 
 from distilserve.server import tracing
 from distilserve.server.connections import DISCONNECT
+from distilserve.server.core import postprocess
 from distilserve.server.core.inference import Call
 from distilserve.server.core.runner import Result
 from distilserve.server.metrics import STARTED
@@ -66,6 +67,25 @@ def reply(call: Call, payload, result: Result) -> Response:
     second validation (the route's response_model documents the shape)."""
     body = orjson.dumps(payload, option=orjson.OPT_SERIALIZE_NUMPY)
     return Response(body, media_type="application/json", headers=timing(call, result))
+
+
+# the OpenAPI 200 of a route that may answer with packed_reply, beside its JSON
+PACKED = {200: {"description": "JSON; with encoding_format bytes or bytes_only, the "
+                "outputs' packed numbers (bytes: with a metadata header)",
+                "content": {"application/octet-stream": {"schema": {
+                    "type": "string", "format": "binary"}}}}}
+
+
+def packed_reply(call: Call, outputs: list, packing, head: dict, result: Result) -> Response:
+    """vLLM's bytes encodings (``packing``: routes/options.Packing): the outputs' packed
+    numbers one after another as the body; with "bytes", a metadata header, ``head``'s
+    fields (id, created, model, usage) and where each output lies (``data``), as vLLM's
+    clients read it."""
+    body, where = postprocess.packed_outputs(outputs, packing.embed_dtype, packing.endianness)
+    headers = timing(call, result)
+    if packing.encoding_format == "bytes":
+        headers["metadata"] = orjson.dumps({**head, "data": where}).decode()
+    return Response(body, media_type="application/octet-stream", headers=headers)
 
 
 def timing(call: Call, result: Result) -> dict[str, str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+import numpy as np
 from pydantic import (
     AliasChoices,
     BaseModel,
@@ -23,7 +24,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from distilserve.server import errors
-from distilserve.server.core import tasks
+from distilserve.server.core import postprocess, tasks
 from distilserve.server.core.inference import Call, embedded
 
 # strict: true/false are booleans (not 0, 1 or "false"), numbers are not strings; what a
@@ -116,6 +117,53 @@ class Deep(BaseModel):
                                    "iterations); default: its trained depth. For a model "
                                    "whose loop is kept (ONNX, TorchScript) or served from "
                                    "its checkpoint")
+
+
+# vLLM's -------------------------------------------------------------------------------
+class Packing(BaseModel):
+    """How outputs' numbers are sent: OpenAI's encoding_format, with vLLM's bytes
+    encodings and the dtype and byte order of its packed numbers."""
+
+    model_config = CONFIG
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = Field(
+        "float", description="float: JSON numbers; base64: each output's packed numbers "
+        "(embed_dtype, endianness) in base64; vLLM's bytes: the body is the outputs' packed "
+        "numbers one after another, its metadata header says where each lies (and the "
+        "answer's model and usage); bytes_only: the same without the header")
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "float32", description="vLLM's: the packed numbers' type, each rounded to the "
+        "nearest")
+    endianness: Literal["little", "big", "native"] = Field(
+        "little", description="vLLM's: the packed numbers' byte order (native: the "
+        "server's)")
+
+    @property
+    def in_bytes(self) -> bool:
+        """The answer is the packed outputs themselves (routes/common.packed_reply)."""
+        return self.encoding_format in ("bytes", "bytes_only")
+
+    def payload(self, output: np.ndarray) -> np.ndarray | str:
+        """One output as the JSON answer holds it: its numbers, or their base64."""
+        return postprocess.embedding_payload(output, self.encoding_format, self.embed_dtype,
+                                             self.endianness)
+
+
+class Activation(BaseModel):
+    """vLLM's use_activation, and its older names: whether an output goes through the
+    model's function (an embedding normalised, a classifier's logits made probabilities)."""
+
+    model_config = CONFIG
+    use_activation: bool | None = Field(None, description="false: the model's raw output "
+                                        "(an embedding not normalised, a classifier's "
+                                        "logits); default true")
+    normalize: bool | None = Field(None, description="use_activation's older name")
+    activation: bool | None = Field(None, description="use_activation's older name")
+    softmax: bool | None = Field(None, description="use_activation's older name")
+
+    @property
+    def activated(self) -> bool:
+        return next((v for v in (self.use_activation, self.normalize, self.activation,
+                                 self.softmax) if v is not None), True)
 
 
 # embeddings -----------------------------------------------------------------------------

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import time
+import uuid
+
 from fastapi import APIRouter, Request
 
 from distilserve.server import errors
-from distilserve.server.core import postprocess, registry
-from distilserve.server.core.inference import check_limits, embedded, read_foreign, usage, within
+from distilserve.server.core.inference import embedded, usage
 from distilserve.server.routes import options
 from distilserve.server.routes.cohere import http_routes as cohere
 from distilserve.server.routes.cohere.schemas import CohereEmbedResponse, CohereV1EmbedRequest, EmbedBody
-from distilserve.server.routes.common import http_call, reply
+from distilserve.server.routes.common import PACKED, http_call, packed_reply, reply
 from distilserve.server.routes.native.schemas import (
     EmbeddingsRequest,
     EmbeddingsResponse,
@@ -21,25 +23,25 @@ from distilserve.server.routes.native.schemas import (
 router = APIRouter(tags=["embeddings"])
 
 
-@router.post("/v1/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
-@router.post("/embeddings", response_model=EmbeddingsResponse, responses=errors.INFERENCE)
+@router.post("/v1/embeddings", response_model=EmbeddingsResponse,
+             responses={**PACKED, **errors.INFERENCE})
+@router.post("/embeddings", response_model=EmbeddingsResponse,
+             responses={**PACKED, **errors.INFERENCE})
 async def embeddings(body: EmbeddingsRequest, request: Request):
-    # unit length, the first ``dimensions`` components re-normalised; a long input: its
-    # end is cut (its start: truncation_side "left"); token ids in the vocabulary the model
+    # unit length (not with use_activation false), the first ``dimensions`` components
+    # re-normalised; a long input: its end is cut (its start: truncation_side "left"), to
+    # max_length or vLLM's truncate_prompt_tokens; token ids in the vocabulary the model
     # reads them in (foreign_ids)
     call = http_call(request)
-    texts = body.texts
-    if body.truncate_prompt_tokens not in (None, -1):  # the limits on what was sent, then cut
-        engine = registry.pick(call.service, "embed", body.model)
-        texts = read_foreign(engine, texts)
-        check_limits(call, texts)
-        texts = await within(engine, texts, body.truncate_prompt_tokens, "truncate_prompt_tokens",
-                             side=body.truncation_side)
-    engine, vectors, result = await embedded(call, body.model, texts, body.dimensions,
-                                             truncation=body.truncation_side, foreign_ids=True,
-                                             iterations=body.iterations)
-    data = [{"object": "embedding", "index": i,
-             "embedding": postprocess.embedding_payload(v, body.encoding_format)}
+    engine, vectors, result = await embedded(
+        call, body.model, body.texts, body.dimensions, truncation=body.truncation_side,
+        normalize=body.activated, foreign_ids=True, iterations=body.iterations,
+        truncate_prompt_tokens=body.truncate_prompt_tokens)
+    if body.in_bytes:
+        return packed_reply(call, list(vectors), body, {
+            "id": f"embd-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": engine.name, "usage": usage(result)}, result)
+    data = [{"object": "embedding", "index": i, "embedding": body.payload(v)}
             for i, v in enumerate(vectors)]
     return reply(call, {"object": "list", "data": data, "model": engine.name,
                         "usage": usage(result)}, result)

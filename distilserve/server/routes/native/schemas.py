@@ -19,12 +19,14 @@ from distilserve.server.core.inference import numbered
 from distilserve.server.routes.options import (
     CONFIG,
     LARGEST,
+    Activation,
     ClassifyOptions,
     Deep,
     Dimensions,
     EmbedOptions,
     FillMaskOptions,
     NerOptions,
+    Packing,
     PromptTokens,
     QaOptions,
     TextTokens,
@@ -81,14 +83,13 @@ class Truncated(Truncation, Body):
     """A request whose inputs may be longer than the model's max_length tokens."""
 
 
-class EmbeddingsRequest(Deep, Body):
-    """OpenAI's /v1/embeddings."""
+class EmbeddingsRequest(Deep, Packing, Activation, Body):
+    """OpenAI's /v1/embeddings, with vLLM's fields."""
 
     input: (Texts | Annotated[TokenIds, Field(min_length=1)]
             | Annotated[list[TokenIds], Field(min_length=1)]) = Field(
         description="a text, a non-empty list of texts, or token ids: [int] (one input) or "
         "[[int]], the model's own vocabulary ids without special tokens")
-    encoding_format: Literal["float", "base64"] = "float"
     dimensions: Dimensions = None
     user: str | None = None
     truncate_prompt_tokens: PromptTokens = Field(

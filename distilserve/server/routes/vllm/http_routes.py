@@ -1,7 +1,8 @@
 """vLLM's score API, POST /score (and /v1/score, its older path): pairs of texts scored
 by the core's rerank pipeline (core/tasks.score: a cross-encoder's relevant label, or an
-embedding model's cosine), the same models, queue, limits and errors as /v1/rerank; and
-its /tokenize body (which /tokenize takes beside TEI's) and /detokenize."""
+embedding model's cosine), the same models, queue, limits and errors as /v1/rerank; its
+pooling API, POST /pooling (core/tasks.pooled: each input's output as numbers); and its
+/tokenize body (which /tokenize takes beside TEI's) and /detokenize."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from fastapi import APIRouter, Request, Response
 from distilserve.server import errors
 from distilserve.server.core import registry, tasks
 from distilserve.server.core.inference import usage
-from distilserve.server.routes.common import http_call, reply
+from distilserve.server.routes.common import PACKED, http_call, packed_reply, reply
 from distilserve.server.routes.vllm.schemas import (
+    PoolingRequest,
+    PoolingResponse,
     ScoreRequest,
     ScoreResponse,
     VllmDetokenizeRequest,
@@ -41,6 +44,25 @@ async def score(body: ScoreRequest, request: Request):
         "model": engine.name,
         "data": [{"index": i, "object": "score", "score": float(s)} for i, s in enumerate(scores)],
         "usage": {**usage(result), "completion_tokens": 0}}, result)
+
+
+@router.post("/pooling", response_model=PoolingResponse,
+             responses={**PACKED, **errors.INFERENCE})
+async def pooling(body: PoolingRequest, request: Request):
+    """vLLM's pooling: each input's output as numbers, of the task's kind (by default the
+    model's own: an embedding, a classifier's label scores, a NER model's token label
+    scores)."""
+    call = http_call(request)
+    engine, outputs, result = await tasks.pooled(
+        call, body.model, body.task, body.texts, body.truncation_side,
+        body.truncate_prompt_tokens, body.activated, body.dimensions, body.iterations)
+    head = {"id": f"pool-{uuid.uuid4().hex}", "created": int(time.time()),
+            "model": engine.name, "usage": {**usage(result), "completion_tokens": 0}}
+    if body.in_bytes:
+        return packed_reply(call, outputs, body, head, result)
+    data = [{"index": i, "object": "pooling", "data": body.payload(output)}
+            for i, output in enumerate(outputs)]
+    return reply(call, {**head, "object": "list", "data": data}, result)
 
 
 async def tokenize(body: VllmTokenizeRequest, request: Request):

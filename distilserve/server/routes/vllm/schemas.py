@@ -1,5 +1,5 @@
-"""vLLM's /score, /tokenize and /detokenize bodies and answers (/tokenize's beside TEI's
-body: ``TokenizeBody``)."""
+"""vLLM's /pooling, /score, /tokenize and /detokenize bodies and answers (/tokenize's
+beside TEI's body: ``TokenizeBody``)."""
 
 from __future__ import annotations
 
@@ -8,27 +8,28 @@ from typing import Annotated, Literal
 from pydantic import AliasChoices, BaseModel, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from distilserve.server.routes.native.schemas import Body, TokenIds, TokenizeRequest
-from distilserve.server.routes.options import Deep, PromptTokens, TextTokens, either
+from distilserve.server.routes.native.schemas import (
+    Body,
+    EmbeddingsRequest,
+    TokenIds,
+    TokenizeRequest,
+)
+from distilserve.server.routes.options import Activation, Deep, PromptTokens, TextTokens, either
 
 ScoreTexts = str | Annotated[list[str], Field(min_length=1)]
 
 
-class ScoreRequest(Deep, Body):
+class ScoreRequest(Deep, Activation, Body):
     """vLLM's /score: each text of ``data_1`` (one, for every text of ``data_2``, or one
     each) scored with its text of ``data_2``, as /v1/rerank scores a query and a document.
     vLLM's other names for the two sides are taken too: text_1 and text_2, queries and
-    documents, queries and items."""
+    documents, queries and items. use_activation false: a cross-encoder's logits."""
 
     data_1: ScoreTexts = Field(validation_alias=AliasChoices("data_1", "text_1", "queries"),
                                description="the queries: one, or one for each of data_2")
     data_2: ScoreTexts = Field(validation_alias=AliasChoices("data_2", "text_2", "documents",
                                                              "items"),
                                description="the documents")
-    use_activation: bool | None = Field(None, description="false: a cross-encoder's logit, "
-                                        "not its probability; default true")
-    activation: bool | None = Field(None, description="use_activation's older name")
-    softmax: bool | None = Field(None, description="use_activation's older name")
     truncation_side: Literal["right", "left"] = Field(
         "right", description="where an input is cut: its end (right) or its start (left)")
     max_tokens_per_doc: TextTokens = Field(None, description="each of data_2 first cut to N "
@@ -70,8 +71,7 @@ class ScoreRequest(Deep, Body):
     @property
     def raw_scores(self) -> bool:
         """A cross-encoder's logits: use_activation (or an older name of it) false."""
-        return not next((v for v in (self.use_activation, self.activation, self.softmax)
-                         if v is not None), True)
+        return not self.activated
 
 
 class ScoreData(BaseModel):
@@ -86,6 +86,31 @@ class ScoreResponse(BaseModel):
     created: int
     model: str
     data: list[ScoreData]
+    usage: dict
+
+
+class PoolingRequest(EmbeddingsRequest):
+    """vLLM's /pooling: each input's output as numbers, of the kind ``task`` says."""
+
+    task: Literal["embed", "classify", "token_embed", "token_classify"] | None = Field(
+        None, description="embed: an embedding model's embedding; classify: a classifier's "
+        "label scores; token_embed: an embedding model's token vectors (one exported with "
+        "--token-embeddings); token_classify: a NER model's label scores of each token; "
+        "default: what the model does")
+
+
+class PoolingData(BaseModel):
+    index: int
+    object: Literal["pooling"] = "pooling"
+    data: list[float] | list[list[float]] | str
+
+
+class PoolingResponse(BaseModel):
+    id: str
+    object: Literal["list"] = "list"
+    created: int
+    model: str
+    data: list[PoolingData]
     usage: dict
 
 
