@@ -58,6 +58,12 @@ class Settings(BaseSettings):
         "process holding one copy of each model, fed token ids by the workers (which parse, "
         "validate and tokenise), its batches formed from all their requests; per-worker, a "
         "copy of every model in each worker; auto: shared on a GPU, per-worker on the CPU")
+    engine_poll_us: int = Field(2000, ge=0, le=1_000_000, description="with the shared "
+                                "engine, how long a front end's event loop polls, rather "
+                                "than sleeps, for the engine's replies after it sends a "
+                                "request (microseconds): a reply that comes meanwhile wakes "
+                                "no sleeping process, at the cost of the front end's core "
+                                "while it waits; 0: it sleeps at once")
     cache_dir: Path = Field(Path.home() / ".cache" / "distilserve",
                             description="where the embedded default repository is built")
     api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY "

@@ -334,3 +334,42 @@ async def wait_until(condition, seconds: float = 60) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError("never happened")
+
+
+def test_a_front_end_polls_while_it_awaits_replies_and_sleeps_after():
+    """Polling: while replies are awaited the loop goes round (here, waiting() is asked
+    again and again), not once they all came, nor past the window after the last request;
+    a window of 0 never polls."""
+    async def go():
+        calls, awaited = 0, True
+
+        def waiting() -> bool:
+            nonlocal calls
+            calls += 1
+            return awaited
+
+        async def quiet() -> bool:  # whether the loop no longer asks, over a while
+            before = calls
+            await asyncio.sleep(0.05)
+            return calls == before
+
+        polling = front_end.Polling(60.0, waiting)
+        polling.start()
+        for _ in range(5000):  # (at most 5 s of a machine's time)
+            if calls >= 100:
+                break
+            await asyncio.sleep(0.001)
+        assert calls >= 100
+        awaited = False
+        await asyncio.sleep(0.01)
+        assert await quiet() and not polling.polling
+        awaited = True  # awaited still, past the window: it has stopped
+        front_end.Polling(0.02, waiting).start()
+        await asyncio.sleep(0.1)
+        assert calls > 0 and await quiet()
+        calls = 0
+        front_end.Polling(0.0, waiting).start()
+        await asyncio.sleep(0.02)
+        assert calls == 0
+
+    asyncio.run(go())
