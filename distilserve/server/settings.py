@@ -59,11 +59,12 @@ class Settings(BaseSettings):
         "validate and tokenise), its batches formed from all their requests; per-worker, a "
         "copy of every model in each worker; auto: shared on a GPU, per-worker on the CPU")
     engine_poll_us: int = Field(2000, ge=0, le=1_000_000, description="with the shared "
-                                "engine, how long a front end's event loop polls, rather "
-                                "than sleeps, for the engine's replies after it sends a "
-                                "request (microseconds): a reply that comes meanwhile wakes "
-                                "no sleeping process, at the cost of the front end's core "
-                                "while it waits; 0: it sleeps at once")
+                                "engine on a GPU, how long a front end's event loop polls, "
+                                "rather than sleeps, for the engine's replies after it sends "
+                                "a request (microseconds): a reply that comes meanwhile "
+                                "wakes no sleeping process, at the cost of the front end's "
+                                "core while it waits; 0: it sleeps at once (as it does "
+                                "where the models run on the CPU, whose cores it would take)")
     cache_dir: Path = Field(Path.home() / ".cache" / "distilserve",
                             description="where the embedded default repository is built")
     api_key: SecretStr | None = Field(None, description="require Authorization: Bearer KEY "

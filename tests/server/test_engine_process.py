@@ -336,6 +336,28 @@ async def wait_until(condition, seconds: float = 60) -> None:
     raise AssertionError("never happened")
 
 
+def test_a_front_end_polls_only_where_the_engine_runs_on_a_device(oip_repository, socket_path,
+                                                                   monkeypatch):
+    """DISTILSERVE_ENGINE_POLL_US where the engine's models run on a GPU; on the CPU, whose
+    cores the model computes on, a front end does not poll."""
+    async def window() -> float:
+        async with engine_and_front_end(oip_repository, socket_path, engine_poll_us=1500) as (
+                front, _):
+            return front.engines["embed"].runner.client.polling.window_s
+
+    assert asyncio.run(window()) == 0.0
+    said = process.models
+
+    def on_a_gpu(service) -> dict:
+        state = said(service)
+        for m in state.get("models", ()):
+            m["described"] = {**m["described"], "device": "cuda:0"}
+        return state
+
+    monkeypatch.setattr(process, "models", on_a_gpu)
+    assert asyncio.run(window()) == 0.0015
+
+
 def test_a_front_end_polls_while_it_awaits_replies_and_sleeps_after():
     """Polling: while replies are awaited the loop goes round (here, waiting() is asked
     again and again), not once they all came, nor past the window after the last request;

@@ -57,9 +57,9 @@ class Polling:
 class EngineClient:
     """The connection to the engine process at ``path``: requests sent as frames, each
     reply handed to the request of its id; while replies are awaited, the loop polls for
-    ``poll_s`` after each request (Polling)."""
+    ``polling.window_s`` after each request (none until the loader sets it)."""
 
-    def __init__(self, path: str, poll_s: float = 0.0):
+    def __init__(self, path: str):
         self.path = path
         self.outbox: wire.Outbox | None = None
         self.waiting: dict[int, asyncio.Future] = {}
@@ -67,7 +67,7 @@ class EngineClient:
         self.connected = asyncio.Event()
         self.lost = asyncio.Event()  # set when a connection ends (cleared by who waits on it)
         self.tasks: list[asyncio.Task] = []
-        self.polling = Polling(poll_s, lambda: bool(self.waiting))
+        self.polling = Polling(0.0, lambda: bool(self.waiting))
 
     def start(self) -> None:
         self.tasks.append(asyncio.create_task(self._run()))
@@ -168,11 +168,15 @@ def loader(path: str):
     """The app's loader (create_app's ``loader``) of a front end of the engine process at
     ``path``: waits until the engine has loaded its models (the front end's /ready says
     what it is doing meanwhile), then serves each as an engine here with a
-    ProcessRunner."""
+    ProcessRunner; while it awaits the engine's replies it polls (DISTILSERVE_ENGINE_POLL_US)
+    where the engine runs its models on a device, not on the CPU, whose cores a polling
+    front end would take from the model."""
     async def load(service: Service) -> None:
-        client = EngineClient(path, service.settings.engine_poll_us / 1e6)
+        client = EngineClient(path)
         client.start()  # (for the process's life)
         state = await engine_ready(client, service)
+        if any(m["described"]["device"] != "cpu" for m in state["models"]):
+            client.polling.window_s = service.settings.engine_poll_us / 1e6
         service.failures.update(state["failures"])
         if state["repository"] is not None:
             service.repository = Path(state["repository"])
