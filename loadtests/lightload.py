@@ -80,11 +80,11 @@ def drive(url: str, path: str, payloads: list[dict], clients: int, seconds: floa
 
 
 def beside_bulk(url: str, path: str, bulk: dict, queries: list[dict],
-                seconds: float) -> tuple[dict, dict]:
-    """One client sending ``bulk`` (a large request) over and over, beside one sending
-    ``queries`` one at a time, for ``seconds``: (the bulk client's figures, the query
-    client's), a query's latency being what a large request costs the requests queued
-    behind it."""
+                seconds: float, bulk_clients: int = 1) -> tuple[dict, dict]:
+    """``bulk_clients`` clients sending ``bulk`` (a large request) over and over, beside
+    one sending ``queries`` one at a time, for ``seconds``: (the bulk clients' figures,
+    the query client's), a query's latency being what large requests cost the requests
+    queued behind them."""
     host, port = _address(url)
     figures = [([], {}), ([], {})]
 
@@ -93,13 +93,14 @@ def beside_bulk(url: str, path: str, bulk: dict, queries: list[dict],
         await asyncio.gather(*(
             _client(host, port, [request(path, json.dumps(p).encode(), host)
                                  for p in payloads], until, latencies, statuses)
-            for payloads, (latencies, statuses) in zip(([bulk], queries), figures)))
+            for payloads, (latencies, statuses) in [*[([bulk], figures[0])] * bulk_clients,
+                                                    (queries, figures[1])]))
 
     cpu, wall = cpu_s(), time.perf_counter()
     asyncio.run(main())
     wall, cpu = time.perf_counter() - wall, cpu_s() - cpu
-    return tuple(_summary(1, latencies, statuses, wall, cpu)
-                 for latencies, statuses in figures)
+    return tuple(_summary(n, latencies, statuses, wall, cpu)
+                 for n, (latencies, statuses) in zip((bulk_clients, 1), figures))
 
 
 def _spread(url, path, payloads, clients, seconds, processes, key) -> dict:

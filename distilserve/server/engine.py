@@ -118,10 +118,10 @@ class Engine:
         await self.runner.stop()
 
     async def infer(self, texts: list, truncation: str | None,
-                    windows: tuple[int, int] | None = None,
-                    iterations: int | None = None) -> Result:
+                    windows: tuple[int, int] | None = None, iterations: int | None = None,
+                    priority: int = 0) -> Result:
         """The texts' raw outputs, as the runner gives them (LocalRunner.infer)."""
-        return await self.runner.infer(texts, truncation, windows, iterations)
+        return await self.runner.infer(texts, truncation, windows, iterations, priority)
 
 
 def limits(settings: Settings, device: str, dtype: str) -> Limits:

@@ -38,8 +38,9 @@ class ModelReplica:
         self.engine = await open_engine(path.name, path, settings, Metrics())
 
     async def infer(self, texts: list, truncation: str | None,
-                    windows: tuple[int, int] | None = None, iterations: int | None = None):
-        return await self.engine.infer(texts, truncation, windows, iterations)
+                    windows: tuple[int, int] | None = None, iterations: int | None = None,
+                    priority: int = 0):
+        return await self.engine.infer(texts, truncation, windows, iterations, priority)
 
     def describe(self) -> dict:
         return self.engine.describe()
@@ -71,9 +72,11 @@ class RayRunner:
         pass
 
     async def infer(self, texts: list, truncation: str | None,
-                    windows: tuple[int, int] | None = None, iterations: int | None = None):
+                    windows: tuple[int, int] | None = None, iterations: int | None = None,
+                    priority: int = 0):
         try:
-            return await self.handle.infer.remote(texts, truncation, windows, iterations)
+            return await self.handle.infer.remote(texts, truncation, windows, iterations,
+                                                  priority)
         except RayTaskError as e:  # the replica raised it: InputTooLong, QueueFull, ...
             raise e.cause from None
         except GONE as e:

@@ -152,3 +152,20 @@ def test_packed_numbers_in_base64_and_bytes(url, route):
     where = json.loads(tokens.headers["metadata"])["data"]
     assert [d["shape"] for d in where] == [[n, 7] for n in token_counts(url)]
     assert where[-1]["end"] == len(tokens.content) == 4 * 7 * sum(token_counts(url))
+
+
+def test_priority_is_taken_where_vllm_takes_it(url):
+    """vLLM's priority (a batch starts from the lowest queued: tests/server/test_batching)
+    on its embeddings, pooling, score and rerank bodies: the answers as without it; not a
+    whole number, a 422."""
+    bodies = {"/v1/embeddings": {"input": TEXTS}, "/pooling": {"input": TEXTS},
+              "/score": {"text_1": TEXTS[0], "text_2": TEXTS},
+              "/rerank": {"query": TEXTS[0], "documents": TEXTS}}
+    for route, body in bodies.items():
+        plain = post(url, route, body).json()
+        urgent = post(url, route, {**body, "priority": -5}).json()
+        for answer in (plain, urgent):
+            answer.pop("id", None), answer.pop("created", None)
+        assert urgent == plain, route
+        res = web.post(url + route, json={**body, "priority": 1.5})
+        assert res.status_code == 422 and "priority" in res.json()["error"]["message"]

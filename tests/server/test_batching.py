@@ -49,6 +49,35 @@ def test_take_batch_starts_with_the_request_least_served_then_its_own_inputs():
     assert take_batch(pending, 3, 10_000) == [pending[2], pending[3], pending[0]]
 
 
+def test_take_batch_starts_with_the_lowest_priority_then_as_before():
+    """vLLM's priority: a batch starts from the request of the lowest priority, however
+    young or served; among equals, as before."""
+    bulk, later, urgent = Request(priority=1), Request(priority=1), Request(priority=-2)
+    pending = [_item(10, bulk), _item(30, later), _item(50, urgent), _item(52, urgent)]
+    assert take_batch(pending, 2, 10_000) == pending[2:]
+    urgent.started = 5  # served more than the others: still first
+    assert take_batch(pending, 1, 10_000) == pending[2:3]
+    bulk.started = 1  # among the priority-1 requests, the one least served
+    assert take_batch(pending[:2], 1, 10_000) == pending[1:2]
+
+
+def test_a_request_of_a_lower_priority_starts_before_those_queued_ahead():
+    calls, batches = [], []
+
+    async def go():
+        b = _batcher(calls, max_size=4, max_queue=100)
+        run = b.run
+        b.run = lambda arrays: batches.append(arrays["input_ids"].tolist()) or run(arrays)
+        bulk = [b.submit(["a b"] * 4, "right", priority=1) for _ in range(5)]  # [1, 1] each
+        query = b.submit(["c dd"], "right")  # [1, 2], priority 0, queued last
+        b.start()
+        await asyncio.gather(*(it.future for it in sum(bulk, []) + query))
+        await b.stop()
+
+    asyncio.run(go())
+    assert [1, 2] in batches[0]  # at priority 1 it would have waited for five batches
+
+
 def test_not_finite_names_the_inputs_whose_own_outputs_are_not():
     batch = [_item(2), _item(4), _item(3)]
     pooled = np.ones((3, 5), dtype=np.float32)

@@ -28,7 +28,7 @@ class Series:
 def engine(run=None, **facts):
     """A fake embedding engine whose ``infer`` is ``run(texts)`` (default: a row of ones
     per text)."""
-    async def infer(texts, truncation, windows, iterations):
+    async def infer(texts, truncation, windows, iterations, priority):
         if run is not None:
             return await run(texts)
         return Result([np.ones(4, np.float32)] * len(texts), len(texts), 0, 0, 0, 0, "cpu")

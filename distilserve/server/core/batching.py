@@ -77,12 +77,13 @@ class NotFinite(InputFailed):
 
 
 class Request:
-    """What the inputs of one request share: how many of them have started."""
+    """What the inputs of one request share: how many of them have started, and its
+    priority (lower first)."""
 
-    __slots__ = ("started",)
+    __slots__ = ("started", "priority")
 
-    def __init__(self):
-        self.started = 0
+    def __init__(self, priority: int = 0):
+        self.started, self.priority = 0, priority
 
 
 @dataclass
@@ -166,16 +167,17 @@ def not_finite(outputs: Any, batch: list[Item]) -> list[Item]:
 
 def take_batch(pending: list[Item], max_size: int, max_tokens: int, max_padding: int | None = None,
                width: Callable[[int], int] = lambda tokens: tokens) -> list[Item]:
-    """The oldest input of the request with the fewest inputs started (so that a request
-    queued behind a large one waits for a batch, not for all of it; ``pending`` is oldest
-    first), then the queued inputs of its depth closest to it in length (its own request's
-    first; inputs of different depths never share a forward pass), as long as the padded
+    """The oldest input of the request of the lowest priority with the fewest inputs
+    started (so that a request queued behind a large one waits for a batch, not for all of
+    it; ``pending`` is oldest first), then the queued inputs of its depth closest to it in
+    length (its own request's first; inputs of different depths never share a forward
+    pass), as long as the padded
     batch stays within ``max_size`` inputs and ``max_tokens`` tokens, and each adds at most
     ``max_padding`` padded tokens more than its own length (None: any; a long input among
     short ones, or a short one among long ones, waits for a batch of its own length).
     A batch's length is ``width(its longest input's tokens)``: where the backend rounds it
     up (Backend.batch_width), an input within the rounding pads the others no further."""
-    first = min(pending, key=lambda it: it.request.started)
+    first = min(pending, key=lambda it: (it.request.priority, it.request.started))
     batch, widest = [first], width(first.length)
     rest = (it for it in pending if it is not first and it.depth == first.depth)
     for item in sorted(rest, key=lambda it: (abs(it.length - first.length),
@@ -268,17 +270,18 @@ class Batcher:
             await asyncio.to_thread(thread.join)
 
     def submit(self, texts: list, truncation: str | None, encodings: list | None = None,
-               depth: int | None = None) -> list[Item]:
+               depth: int | None = None, priority: int = 0) -> list[Item]:
         """Queues a request's texts together (with their ``encodings`` when the caller has
         tokenised them: the thread does not again; ``depth``: a recursive model's iterations
-        for them, None: its own), or raises QueueFull for all of them (OverQueue if they are
-        more than it ever holds; Stopped once ``stop`` began)."""
+        for them, None: its own; ``priority``: lower starts first), or raises QueueFull
+        for all of them (OverQueue if they are more than it ever holds; Stopped once
+        ``stop`` began)."""
         if len(texts) > self.max_queue:
             raise OverQueue(f"{len(texts)} inputs at once are more than its queue holds "
                             f"({self.max_queue}, DISTILSERVE_MAX_QUEUE)")
         loop = asyncio.get_running_loop()
         encodings = encodings or [None] * len(texts)
-        request = Request()
+        request = Request(priority)
         items = [Item(text, truncation, loop.create_future(), i, enc, request=request,
                       depth=depth) for i, (text, enc) in enumerate(zip(texts, encodings))]
         with self.lock:

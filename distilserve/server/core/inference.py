@@ -41,13 +41,15 @@ class Call:
     settings), when it ``started`` (time.perf_counter), its tracing ``span`` where traced,
     and ``on_gone(callback) -> stop``, which calls ``callback()`` if the client goes away
     before ``stop()`` (a transport that cancels the request's task itself, as gRPC does,
-    never calls it). ``answering``: the model's series and when its outputs came, set by
+    never calls it). ``priority``: its inputs' place in the model's queue, lower first
+    (vLLM's). ``answering``: the model's series and when its outputs came, set by
     ``infer`` for the transport to time the answer from."""
 
     service: Any
     started: float = field(default_factory=time.perf_counter)
     span: Any = None
     on_gone: Callable[[Callable[[], None]], Callable[[], None]] = _never_gone
+    priority: int = 0
     answering: tuple | None = None
 
     @property
@@ -249,7 +251,7 @@ async def infer(call: Call, engine, texts: list, truncation: str | None,
     stop_watching = call.on_gone(client_gone)
     result, began = None, time.perf_counter()
     try:
-        result = await engine.infer(texts, truncation, windows, iterations)
+        result = await engine.infer(texts, truncation, windows, iterations, call.priority)
         return result
     except asyncio.CancelledError:
         if not gone:

@@ -92,8 +92,8 @@ class Runner(Protocol):
     async def stop(self) -> None: ...
 
     async def infer(self, texts: list, truncation: str | None,
-                    windows: tuple[int, int] | None = None,
-                    iterations: int | None = None) -> Result: ...
+                    windows: tuple[int, int] | None = None, iterations: int | None = None,
+                    priority: int = 0) -> Result: ...
 
     def describe(self) -> dict: ...
 
@@ -253,14 +253,15 @@ class LocalRunner:
         await self.batcher.stop()
 
     def queue(self, texts: list, truncation: str | None, encodings: list | None,
-              iterations: int | None) -> list:
+              iterations: int | None, priority: int = 0) -> list:
         """The inputs queued together for the model's thread (Batcher.submit), at a
-        recursive model's ``iterations`` (None: its own); QueueFull counted as rejected,
+        recursive model's ``iterations`` (None: its own), at ``priority`` (lower first);
+        QueueFull counted as rejected,
         and ModelUnavailable once its batcher has stopped (the model unloaded or
         replaced since it was chosen)."""
         try:
             return self.batcher.submit(texts, truncation, encodings, iterations if (
-                self.depth is not None and iterations != self.depth) else None)
+                self.depth is not None and iterations != self.depth) else None, priority)
         except QueueFull:
             self.model.series.rejected.inc(len(texts))
             raise
@@ -268,17 +269,17 @@ class LocalRunner:
             raise ModelUnavailable("it was unloaded or replaced") from None
 
     async def infer(self, texts: list, truncation: str | None,
-                    windows: tuple[int, int] | None = None,
-                    iterations: int | None = None) -> Result:
+                    windows: tuple[int, int] | None = None, iterations: int | None = None,
+                    priority: int = 0) -> Result:
         """The texts' raw outputs, each cut to max_length as ``truncation`` says (see
         tokenize); with None, an input longer is refused before anything is queued. With
         ``windows`` (size, stride): each input runs as its windows (see windows), each an
         input of the batches, and its outputs are its windows' (a list of them).
         ``iterations``: a recursive model's depth for them, 1 to ``self.depth`` (None: its
-        own; the caller checks it). Texts to truncate are tokenised on the model's thread,
-        with the batch."""
+        own; the caller checks it); ``priority``: lower starts first (queue). Texts to
+        truncate are tokenised on the model's thread, with the batch."""
         inputs = await prepare(self.model, texts, truncation, windows, self.batcher.max_queue)
-        items = self.queue(inputs.queued, truncation, inputs.encodings, iterations)
+        items = self.queue(inputs.queued, truncation, inputs.encodings, iterations, priority)
         raw = await outcomes(items, inputs.owners)
         tokenized, waited, running = time_spent(items)
         inputs.tokenizing += tokenized  # on the model's thread

@@ -144,14 +144,15 @@ class ProcessRunner:
         pass
 
     async def infer(self, texts: list, truncation: str | None,
-                    windows: tuple[int, int] | None = None,
-                    iterations: int | None = None) -> Result:
+                    windows: tuple[int, int] | None = None, iterations: int | None = None,
+                    priority: int = 0) -> Result:
         """As LocalRunner.infer: the texts tokenised here, all of them, and run there."""
         inputs = await prepare(self.model, texts, truncation, windows, self.max_queue,
                                self.tokenizer.tokenize)
         encodings = inputs.encodings
         header, arrays = await self.client.call(
             {"op": "infer", "model": self.model.name, "iterations": iterations,
+             "priority": priority,
              "lengths": [len(e.ids) for e in encodings]}, wire.token_ids(encodings))
         try:  # (a QueueFull: counted by the engine, in the same metrics)
             wire.raise_failure(header)

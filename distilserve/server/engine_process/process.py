@@ -71,7 +71,7 @@ class Connection:
         encodings = [TokenIds(ids, types) for ids, types in wire.split(*arrays, header["lengths"])]
         try:
             items = engine.runner.queue([""] * len(encodings), None, encodings,
-                                        header["iterations"])
+                                        header["iterations"], header["priority"])
         except Exception as e:  # QueueFull (counted there), OverQueue, ModelUnavailable
             self.reply({"id": header["id"], **wire.failure(e)})
             return

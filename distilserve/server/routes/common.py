@@ -23,12 +23,12 @@ def service(request: Request):
     return request.app.state.service
 
 
-def http_call(request: Request) -> Call:
+def http_call(request: Request, priority: int = 0) -> Call:
     """The request as the core sees it: the app's service, when the request arrived, its
-    span, and what says that its client went away."""
+    span, and what says that its client went away; at the ``priority`` its body asks."""
     scope = request.scope
     return Call(request.app.state.service, scope[STARTED], scope.get(tracing.SPAN),
-                lambda callback: _on_client_gone(request, callback))
+                lambda callback: _on_client_gone(request, callback), priority)
 
 
 async def _disconnected(request: Request) -> None:

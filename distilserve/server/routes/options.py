@@ -148,6 +148,15 @@ class Packing(BaseModel):
                                              self.endianness)
 
 
+class Prioritised(BaseModel):
+    """vLLM's priority: where a request's inputs go in its model's queue."""
+
+    model_config = CONFIG
+    priority: Annotated[int, Field(ge=-LARGEST, le=LARGEST), BeforeValidator(whole_number)] = \
+        Field(0, description="vLLM's: a batch starts from the queued inputs of the lowest "
+              "priority (then as it would); default 0")
+
+
 class Activation(BaseModel):
     """vLLM's use_activation, and its older names: whether an output goes through the
     model's function (an embedding normalised, a classifier's logits made probabilities)."""

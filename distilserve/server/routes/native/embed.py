@@ -32,7 +32,7 @@ async def embeddings(body: EmbeddingsRequest, request: Request):
     # re-normalised; a long input: its end is cut (its start: truncation_side "left"), to
     # max_length or vLLM's truncate_prompt_tokens; token ids in the vocabulary the model
     # reads them in (foreign_ids)
-    call = http_call(request)
+    call = http_call(request, body.priority)
     engine, vectors, result = await embedded(
         call, body.model, body.texts, body.dimensions, truncation=body.truncation_side,
         normalize=body.activated, foreign_ids=True, iterations=body.iterations,

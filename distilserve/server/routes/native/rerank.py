@@ -20,7 +20,7 @@ router = APIRouter(tags=["rerank"])
 @router.post("/v1/rerank", response_model=RerankResponse, response_model_exclude_none=True,
              responses=errors.INFERENCE)
 async def rerank(body: RerankRequest, request: Request):
-    call = http_call(request)
+    call = http_call(request, body.priority)
     engine, scores, result = await scored(body, call)
     return reply(call, {"model": engine.name, "usage": usage(result), "results":
                         postprocess.ranked(scores, body.document_texts, body.top_n,

@@ -27,6 +27,7 @@ from distilserve.server.routes.options import (
     FillMaskOptions,
     NerOptions,
     Packing,
+    Prioritised,
     PromptTokens,
     QaOptions,
     TextTokens,
@@ -83,7 +84,7 @@ class Truncated(Truncation, Body):
     """A request whose inputs may be longer than the model's max_length tokens."""
 
 
-class EmbeddingsRequest(Deep, Packing, Activation, Body):
+class EmbeddingsRequest(Deep, Packing, Activation, Prioritised, Body):
     """OpenAI's /v1/embeddings, with vLLM's fields."""
 
     input: (Texts | Annotated[TokenIds, Field(min_length=1)]
@@ -123,7 +124,7 @@ class RerankDocument(BaseModel):
     text: str
 
 
-class RerankRequest(Deep, Truncated):
+class RerankRequest(Deep, Prioritised, Truncated):
     """Jina's and Cohere's /rerank (also vLLM's and Infinity's)."""
 
     query: str

@@ -33,7 +33,7 @@ router = APIRouter(tags=["vllm"])
 @router.post("/v1/score", response_model=ScoreResponse, responses=errors.INFERENCE)
 async def score(body: ScoreRequest, request: Request):
     """vLLM's score: each pair's score, in the order of data_2."""
-    call = http_call(request)
+    call = http_call(request, body.priority)
     engine, scores, result = await tasks.score(
         call, body.model, body.queries, body.documents, body.truncation_side, body.raw_scores,
         body.name_of, body.iterations, body.max_tokens_per_doc,
@@ -52,7 +52,7 @@ async def pooling(body: PoolingRequest, request: Request):
     """vLLM's pooling: each input's output as numbers, of the task's kind (by default the
     model's own: an embedding, a classifier's label scores, a NER model's token label
     scores)."""
-    call = http_call(request)
+    call = http_call(request, body.priority)
     engine, outputs, result = await tasks.pooled(
         call, body.model, body.task, body.texts, body.truncation_side,
         body.truncate_prompt_tokens, body.activated, body.dimensions, body.iterations)

@@ -14,12 +14,19 @@ from distilserve.server.routes.native.schemas import (
     TokenIds,
     TokenizeRequest,
 )
-from distilserve.server.routes.options import Activation, Deep, PromptTokens, TextTokens, either
+from distilserve.server.routes.options import (
+    Activation,
+    Deep,
+    Prioritised,
+    PromptTokens,
+    TextTokens,
+    either,
+)
 
 ScoreTexts = str | Annotated[list[str], Field(min_length=1)]
 
 
-class ScoreRequest(Deep, Activation, Body):
+class ScoreRequest(Deep, Activation, Prioritised, Body):
     """vLLM's /score: each text of ``data_1`` (one, for every text of ``data_2``, or one
     each) scored with its text of ``data_2``, as /v1/rerank scores a query and a document.
     vLLM's other names for the two sides are taken too: text_1 and text_2, queries and
