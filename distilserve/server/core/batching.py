@@ -171,10 +171,10 @@ def take_batch(pending: list[Item], max_size: int, max_tokens: int, max_padding:
     started (so that a request queued behind a large one waits for a batch, not for all of
     it; ``pending`` is oldest first), then the queued inputs of its depth closest to it in
     length (its own request's first; inputs of different depths never share a forward
-    pass), as long as the padded
-    batch stays within ``max_size`` inputs and ``max_tokens`` tokens, and each adds at most
-    ``max_padding`` padded tokens more than its own length (None: any; a long input among
-    short ones, or a short one among long ones, waits for a batch of its own length).
+    pass), as long as the padded batch stays within ``max_size`` inputs and ``max_tokens``
+    tokens, and each adds at most ``max_padding`` padded tokens more than its own length
+    (None: any; a long input among short ones, or a short one among long ones, waits for a
+    batch of its own length).
     A batch's length is ``width(its longest input's tokens)``: where the backend rounds it
     up (Backend.batch_width), an input within the rounding pads the others no further."""
     first = min(pending, key=lambda it: (it.request.priority, it.request.started))

@@ -256,9 +256,8 @@ class LocalRunner:
               iterations: int | None, priority: int = 0) -> list:
         """The inputs queued together for the model's thread (Batcher.submit), at a
         recursive model's ``iterations`` (None: its own), at ``priority`` (lower first);
-        QueueFull counted as rejected,
-        and ModelUnavailable once its batcher has stopped (the model unloaded or
-        replaced since it was chosen)."""
+        QueueFull counted as rejected, and ModelUnavailable once its batcher has stopped
+        (the model unloaded or replaced since it was chosen)."""
         try:
             return self.batcher.submit(texts, truncation, encodings, iterations if (
                 self.depth is not None and iterations != self.depth) else None, priority)
