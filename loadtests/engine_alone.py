@@ -62,7 +62,8 @@ async def measured(client: EngineClient, process: psutil.Process, model: str, co
         nonlocal answered
         while not stop:
             header, _ = await client.call({"op": "infer", "model": model, "iterations": None,
-                                           "lengths": [len(IDS)]}, [IDS, np.zeros_like(IDS)])
+                                           "priority": 0, "lengths": [len(IDS)]},
+                                          [IDS, np.zeros_like(IDS)])
             if "failed" in header:
                 raise RuntimeError(f"the engine refused a request: {header}")
             answered += 1
