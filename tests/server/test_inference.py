@@ -112,7 +112,7 @@ def test_a_cap_on_the_tokens_the_model_reads_counts_its_special_tokens_and_promp
     plain, prompted = (engine(text=text, max_length=8, default_prompt=p, prompts={"q": "q:"})
                        for p in ("", "d: "))
     texts = ["abcdef", "ab"]
-    for total in (8, 9):  # what max_length cuts anyway
+    for total in (8, 9, -1, None):  # what max_length cuts anyway; vLLM's -1, or none
         assert asyncio.run(inference.within(plain, texts, total, "cap")) is texts
     assert asyncio.run(inference.within(plain, texts, 5, "cap")) == ["abc", "ab"]
     assert asyncio.run(inference.within(prompted, texts, 7, "cap")) == ["ab", "ab"]
@@ -132,8 +132,11 @@ def test_a_cap_on_the_tokens_the_model_reads_counts_its_special_tokens_and_promp
 def test_a_pair_cut_below_what_leaves_a_token_of_each_text_is_refused_naming_its_field():
     text = SimpleNamespace(pair_specials=3, pair_cuts=lambda pairs, total, side: [
         (a[:1], b[:total - 4]) for a, b in pairs])
-    m = engine(text=text)
+    m = engine(text=text, max_length=8)
     assert asyncio.run(inference.pair_cuts(m, [("ab", "cdef")], 6, "cap")) == [("a", "cd")]
+    pairs = [("ab", "cdef")]
+    for total in (8, 9, -1, None):  # what max_length cuts anyway; vLLM's -1, or none
+        assert asyncio.run(inference.pair_cuts(m, pairs, total, "cap")) is pairs
     e = refused(lambda: inference.pair_cuts(m, [("ab", "cd")], 4, "cap"))
     assert e.reason == "invalid" and e.message == (
         "cap 4 leaves a pair no token of each text: model 'm' reads 3 special tokens with "

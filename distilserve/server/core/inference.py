@@ -183,15 +183,21 @@ async def capped(engine, texts: list[str], most: int | None, truncation: str | N
     return [text for text, _ in cuts]
 
 
-async def within(engine, texts: list, total: int, limit: str,
+def _cuts(engine, total: int | None) -> bool:
+    """Whether vLLM's truncate_prompt_tokens ``total`` cuts what the model reads: not None
+    or -1 (its max_length), and less than the model's max_length."""
+    return total not in (None, -1) and total < engine.max_length
+
+
+async def within(engine, texts: list, total: int | None, limit: str,
                  prompt_name: str | None = None, side: str = "right") -> list:
     """The inputs, each cut at its end (``side`` "right") or its start ("left") to at most
     ``total`` tokens as the model reads it: its special tokens counted, and before a text
     the model's prompt ``prompt_name`` (None: its default prompt; vLLM's
-    truncate_prompt_tokens); token ids, the model's own, cut as they are. No smaller than
-    max_length: as they are (max_length cuts them as always); a ``total`` that leaves an
-    input no token of its own is refused, naming ``limit``."""
-    if total >= engine.max_length:
+    truncate_prompt_tokens); token ids, the model's own, cut as they are. None or -1, or
+    no smaller than max_length: as they are (max_length cuts them as always); a ``total``
+    that leaves an input no token of its own is refused, naming ``limit``."""
+    if not _cuts(engine, total):
         return texts
     strings = [t for t in texts if isinstance(t, str)]
     specials = sum(map(len, engine.text.specials))
@@ -209,12 +215,15 @@ async def within(engine, texts: list, total: int, limit: str,
             for t in texts]
 
 
-async def pair_cuts(engine, pairs: list[tuple[str, str]], total: int, limit: str,
+async def pair_cuts(engine, pairs: list[tuple[str, str]], total: int | None, limit: str,
                     side: str = "right") -> list[tuple[str, str]]:
     """A cross-encoder's pairs, each cut to at most ``total`` tokens as the model reads it,
     each text at its end or its start as ``side`` says (Tokenisation.pair_cuts), inline or
-    on a thread as ``capped`` cuts; a ``total`` that leaves a pair no token of each text is
-    refused, naming ``limit``."""
+    on a thread as ``capped`` cuts (as ``within``: None, -1 or max_length and more, as they
+    are); a ``total`` that leaves a pair no token of each text is refused, naming
+    ``limit``."""
+    if not _cuts(engine, total):
+        return pairs
     specials = engine.text.pair_specials
     if total - specials < 2:
         raise Refusal("invalid", f"{limit} {total} leaves a pair no token of each text: model "
@@ -309,9 +318,8 @@ async def embedded(call: Call, model: str | None, texts: list,
     check_limits(call, texts, named=named)
     check_dimensions(engine, dimensions)
     check_answer_size(engine, len(texts), dimensions or engine.dimensions or 1)
-    if truncate_prompt_tokens not in (None, -1):
-        texts = await within(engine, texts, truncate_prompt_tokens, "truncate_prompt_tokens",
-                             prompt_name, truncation)
+    texts = await within(engine, texts, truncate_prompt_tokens, "truncate_prompt_tokens",
+                         prompt_name, truncation)
     result = await infer(call, engine, with_prompt(engine, texts, prompt_name), truncation,
                          named=named, iterations=iterations)
     if normalize and dimensions is None and result.postprocessed is not None:

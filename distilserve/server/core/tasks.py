@@ -108,14 +108,11 @@ async def score(call: Call, model: str | None, queries: list[str], documents: li
                              lambda k: named(q + k))
     queries = await capped(engine, queries, query_most or None, side, "max_tokens_per_query",
                            named)
-    if total == -1 or total is not None and total >= engine.max_length:
-        total = None  # (max_length cuts them anyway)
     if engine.task == "embed":  # prompted as sentence-transformers' encode_query/_document
         asks, finds = _first(engine, "query"), _first(engine, "document", "passage", "corpus")
-        if total is not None:
-            limit = "truncate_prompt_tokens"
-            queries = await within(engine, queries, total, limit, asks, side)
-            documents = await within(engine, documents, total, limit, finds, side)
+        limit = "truncate_prompt_tokens"
+        queries = await within(engine, queries, total, limit, asks, side)
+        documents = await within(engine, documents, total, limit, finds, side)
         texts = with_prompt(engine, queries, asks) + with_prompt(engine, documents, finds)
         result = await infer(call, engine, texts, truncation, named=named,
                              iterations=iterations)
@@ -126,8 +123,7 @@ async def score(call: Call, model: str | None, queries: list[str], documents: li
             return engine, (found * asked).sum(-1), result
         return engine, postprocess.cosines(asked, found), result
     pairs = list(zip(queries * len(documents) if q == 1 else queries, documents))
-    if total is not None:
-        pairs = await pair_cuts(engine, pairs, total, "truncate_prompt_tokens", side)
+    pairs = await pair_cuts(engine, pairs, total, "truncate_prompt_tokens", side)
     result = await infer(call, engine, pairs, truncation,
                          named=lambda k: f"{named(q + k)} (with {named(0 if q == 1 else k)})",
                          iterations=iterations)
@@ -327,9 +323,8 @@ async def pooled(call: Call, model: str | None, kind: str | None, texts: list,
         width = engine.dimensions if kind == "token_embed" else len(engine.labels)
         check_answer_size(engine, len(texts), engine.max_length * width,
                           f"numbers: {engine.max_length} tokens of {width}")
-    if truncate_prompt_tokens not in (None, -1):
-        texts = await within(engine, texts, truncate_prompt_tokens, "truncate_prompt_tokens",
-                             side=truncation)
+    texts = await within(engine, texts, truncate_prompt_tokens, "truncate_prompt_tokens",
+                         side=truncation)
     result = await infer(call, engine, with_prompt(engine, texts, None), truncation,
                          iterations=iterations)
     if kind == "classify":
