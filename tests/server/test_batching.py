@@ -62,19 +62,9 @@ def test_take_batch_starts_with_the_lowest_priority_then_as_before():
 
 
 def test_a_request_of_a_lower_priority_starts_before_those_queued_ahead():
-    calls, batches = [], []
-
-    async def go():
-        b = _batcher(calls, max_size=4, max_queue=100)
-        run = b.run
-        b.run = lambda arrays: batches.append(arrays["input_ids"].tolist()) or run(arrays)
-        bulk = [b.submit(["a b"] * 4, "right", priority=1) for _ in range(5)]  # [1, 1] each
-        query = b.submit(["c dd"], "right")  # [1, 2], priority 0, queued last
-        b.start()
-        await asyncio.gather(*(it.future for it in sum(bulk, []) + query))
-        await b.stop()
-
-    asyncio.run(go())
+    batches = _batches_of(lambda b: [  # the bulk's ids [1, 1] each, the query's [1, 2]
+        *(it for _ in range(5) for it in b.submit(["a b"] * 4, "right", priority=1)),
+        *b.submit(["c dd"], "right")])  # priority 0, queued last
     assert [1, 2] in batches[0]  # at priority 1 it would have waited for five batches
 
 
@@ -134,20 +124,27 @@ def test_time_spent_counts_overlapping_batches_once():
     assert time_spent([item(1, 3)]) == (0.5, 0.5, 2.0)
 
 
-def test_a_request_queued_behind_a_large_one_waits_for_one_batch_not_all():
-    calls, batches = [], []
+def _batches_of(queue) -> list[list[list[int]]]:
+    """Each batch's input ids, as a batcher of up to 4 inputs a batch runs the items that
+    ``queue(batcher)`` submits, queued before it starts."""
+    batches = []
 
     async def go():
-        b = _batcher(calls, max_size=4, max_queue=100)
+        b = _batcher([], max_size=4, max_queue=100)
         run = b.run
         b.run = lambda arrays: batches.append(arrays["input_ids"].tolist()) or run(arrays)
-        bulk = b.submit(["a b"] * 40, "right")  # ids [1, 1] each (the words' lengths)
-        lone = b.submit(["c dd"], "right")  # [1, 2]
+        items = queue(b)
         b.start()
-        await asyncio.gather(*(it.future for it in bulk + lone))
+        await asyncio.gather(*(it.future for it in items))
         await b.stop()
 
     asyncio.run(go())
+    return batches
+
+
+def test_a_request_queued_behind_a_large_one_waits_for_one_batch_not_all():
+    batches = _batches_of(lambda b: [  # ids [1, 1] each (the words' lengths), then [1, 2]
+        *b.submit(["a b"] * 40, "right"), *b.submit(["c dd"], "right")])
     assert [len(rows) for rows in batches] == [4] * 10 + [1]  # 41 inputs, batches of 4
     assert [1, 2] in batches[1]  # the second batch, not the last
 
