@@ -2,12 +2,14 @@
 # The GPU figures, in few device calls: a task's device time (15 minutes, the machine's
 # start and idle time included) fits one full call and a short one. Prepare here with
 # `bash loadtests/gpu_prepare.sh` (../shared/gpu/prepare.sh --peer, the wheels it leaves
-# out, py-spy for the profile step), then first what issue 15 asks, the service beside
-# Infinity, e.g. run(command="source .gpu/setup.sh && bash loadtests/gpu.sh tests peer
-# profile", carry=[".gpu"], timeout_s=540), then at once (the machine stays warm 30 s) with
-# the time left `... STEP_SECONDS=170 bash loadtests/gpu.sh workers nographs`, or `...
-# STEP_SECONDS=300 bash loadtests/gpu.sh bench` (rows are kept as measured: a rerun on the
-# same machine goes on); loadtests/GPU_RESULTS.md says how long each call took. Steps, run in
+# out, py-spy for the profile step), then one full call, e.g. the layouts beside Infinity:
+# run(command="source .gpu/setup.sh && STEP_SECONDS=480 bash loadtests/gpu.sh engines",
+# carry=[".gpu"], timeout_s=540), or the service beside Infinity: `... bash
+# loadtests/gpu.sh tests peer profile`; then at once (the machine stays warm 30 s) with the
+# time left `... STEP_SECONDS=150 bash loadtests/gpu.sh engine`, `... STEP_SECONDS=170 bash
+# loadtests/gpu.sh workers nographs`, or `... STEP_SECONDS=300 bash loadtests/gpu.sh bench`
+# (rows are kept as measured: a rerun on the same machine goes on);
+# loadtests/GPU_RESULTS.md says how long each call took. Steps, run in
 # the order given (the service steps use /tmp/minilm, a MiniLM-shaped model that
 # .gpu/setup.sh writes; CUDA graphs for batches of up to 4,096 padded tokens, the default,
 # unless a step says):
@@ -20,8 +22,11 @@
 #             (PYTORCH_TENSOREXPR=0): does compiling for new batch shapes cost throughput?
 #   workers   the same with 4 worker processes (DISTILSERVE_WORKERS=4)
 #   engines   one process, 8 workers with a copy each, and 8 front ends of one shared
-#             engine process, in 2 interleaved rounds beside the in-process rate
-#             (python -m loadtests.engines; about 7 minutes: STEP_SECONDS=480)
+#             engine process, then Infinity (.gpu/peer.sh) with the same clients, in 2
+#             interleaved rounds beside the in-process rate, with what each layout holds
+#             in GPU memory (python -m loadtests.engines; about 8 minutes: alone in a call,
+#             STEP_SECONDS=480; its report is written after each layout, so that a step cut
+#             short keeps the rounds it finished)
 #   engine    the shared engine process alone, driven over its socket without front ends
 #             (python -m loadtests.engine_alone): its CPU a request, which bounds how many
 #             requests one engine answers, at 1, 32 and 512 clients
@@ -89,8 +94,13 @@ step() {
     nofuser) DISTILSERVE_CUDA_GRAPH_TOKENS=0 PYTORCH_TENSOREXPR=0 load nofuser torchscript ;;
     workers) DISTILSERVE_WORKERS=4 load workers torchscript ;;
     engines)
+      local peer status=0
+      peer=$(bash .gpu/peer.sh 7997 128) || return
       python3 -m loadtests.engines --model-repository "$(repo torchscript)" --workers 8 \
-        --rounds 2 --seconds "$PHASE_SECONDS" --processes 8 --out /tmp/gpu/engines ;;
+        --rounds 2 --seconds "$PHASE_SECONDS" --processes 8 \
+        --peer-url http://127.0.0.1:7997 --out /tmp/gpu/engines || status=$?
+      kill "$peer"
+      return $status ;;
     engine)
       python3 -m loadtests.engine_alone --model-repository "$(repo torchscript)" \
         --seconds "$PHASE_SECONDS" --out /tmp/gpu/engine ;;

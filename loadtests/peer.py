@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,16 +47,46 @@ def payloads(model: str, per_request: int) -> list[dict]:
             for i in range(len(texts))]
 
 
+def gpu_listing() -> tuple[int, dict[int, int]] | None:
+    """The MiB in use on the machine's GPUs, and by each process nvidia-smi names (pid ->
+    MiB); None where there is no nvidia-smi (no GPU) or it fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        said = [subprocess.run([smi, f"--query-{query}", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=60, check=True).stdout
+                for query in ("gpu=memory.used", "compute-apps=pid,used_memory")]
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return parse_smi(*said)
+
+
+def parse_smi(used: str, apps: str) -> tuple[int, dict[int, int]]:
+    """nvidia-smi's csv (noheader, nounits) of ``memory.used`` (a line a GPU) and of
+    ``pid,used_memory`` (a line a process) -> (MiB in use in all, {pid: MiB})."""
+    by_pid = {}
+    for line in apps.splitlines():
+        pid, _, mib = (cell.strip() for cell in line.partition(","))
+        if pid.isdigit() and mib.isdigit():
+            by_pid[int(pid)] = by_pid.get(int(pid), 0) + int(mib)
+    return sum(int(line) for line in used.split() if line.isdigit()), by_pid
+
+
 class Inside:
     """What the service did between ``start()`` and ``stop()``: from its /metrics, batches
     per second, inputs per batch, milliseconds per batch (started to collected) and the
     mean time a request waited for its batch to start; from its threads' CPU time
     (psutil; every process: workers too), the cores it used, its busiest event loop (a
     process's main thread) and its busiest other thread (the model's inference thread, or
-    a runtime's), as fractions of one core, and its event loops' CPU seconds in all."""
+    a runtime's), as fractions of one core, and its event loops' CPU seconds in all. On a
+    GPU (``gpu_before``: gpu_listing's MiB in use before the service started), also what
+    it held there at the end: the MiB in use over ``gpu_before`` and how many of its
+    processes held any (a CUDA context)."""
 
-    def __init__(self, url: str, pid: int, model: str):
+    def __init__(self, url: str, pid: int, model: str, gpu_before: int | None = None):
         self.url, self.process, self.model = url, psutil.Process(pid), model
+        self.gpu_before = gpu_before
 
     def _snapshot(self) -> dict:
         metrics = {}
@@ -88,7 +120,7 @@ class Inside:
         used = {k: max(0.0, v - before["cpu"].get(k, 0.0)) for k, v in after["cpu"].items()}
         loops = [v for (pid, tid), v in used.items() if pid == tid]
         others = [v for (pid, tid), v in used.items() if pid != tid]
-        return {"batches_per_s": grew("distilserve_batch_size_count") / wall,
+        figures = {"batches_per_s": grew("distilserve_batch_size_count") / wall,
                 "inputs_per_batch": mean("distilserve_batch_size"),
                 "ms_per_batch": 1000 * mean("distilserve_inference_seconds"),
                 "ms_tokenizing": 1000 * mean("distilserve_tokenize_seconds"),
@@ -97,6 +129,11 @@ class Inside:
                 "event_loop_cpu": max(loops, default=0.0) / wall,
                 "busiest_other_thread_cpu": max(others, default=0.0) / wall,
                 "event_loops_cpu_s": sum(loops)}
+        gpu = gpu_listing() if self.gpu_before is not None else None
+        if gpu is not None:
+            figures["gpu_mib"] = gpu[0] - self.gpu_before
+            figures["gpu_processes"] = len({pid for pid, _ in after["cpu"]} & set(gpu[1]))
+        return figures
 
 
 def measure(url: str, path: str, model: str, seconds: float, processes: int,
@@ -143,16 +180,21 @@ def profile_table(rows: list[dict], threads: int = 3) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtests.peer", description=__doc__)
-    p.add_argument("--model-repository", type=Path, required=True)
-    p.add_argument("--model", help="the embedding model (default: the repository's first)")
+def add_peer_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that name a peer and how to ask it (loadtests.engines takes them too)."""
     p.add_argument("--peer-url", help="a peer already serving, e.g. http://127.0.0.1:7997")
     p.add_argument("--peer-model", default="minilm")
     p.add_argument("--peer-path", default="/embeddings")
     p.add_argument("--peer-name", default="Infinity")
     p.add_argument("--peer-health", default="/health",
                    help="the peer's route that answers 200 once it is ready (waited for)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loadtests.peer", description=__doc__)
+    p.add_argument("--model-repository", type=Path, required=True)
+    p.add_argument("--model", help="the embedding model (default: the repository's first)")
+    add_peer_arguments(p)
     p.add_argument("--seconds", type=float, default=15.0, help="per phase")
     p.add_argument("--processes", type=int, default=4, help="client processes")
     p.add_argument("--out", type=Path, default=HERE / "reports")
@@ -174,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
               "dtype": ceiling.backend.dtype}
     del ceiling
     print(f"  {inproc}", flush=True)
-    port = free_port()
+    gpu, port = gpu_listing(), free_port()
     server = start_server(args.model_repository, port, args.out / "service.log",
                           module="loadtests.emulated_gpu" if args.emulate_gpu else "distilserve.server.cli")
     url = f"http://127.0.0.1:{port}"
@@ -184,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"distilserve ({described['device']}, {described['dtype']})", flush=True)
         profile = Profile(server.pid, args.out, args.profile == "native") if args.profile else None
         ours = measure(url, "/v1/embeddings", model, args.seconds, args.processes,
-                       Inside(url, server.pid, model), profile)
+                       Inside(url, server.pid, model, gpu and gpu[0]), profile)
     finally:
         server.terminate()
         server.wait(30)

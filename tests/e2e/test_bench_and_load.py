@@ -263,18 +263,26 @@ def test_the_layouts_side_by_side_on_the_emulated_gpu(exports, tiny_checkpoints,
     """loadtests.engines --emulate-gpu: one process, a copy per worker and a shared engine,
     each served on the stand-in (the workers' and the engine process's models too), every
     request answered, each layout's rows in the report beside the in-process rate, with
-    what its event loops spent a request."""
+    what its event loops spent a request; then a peer (the service itself) with the same
+    clients."""
     from loadtests import engines
+    from tests.conftest import running_server
 
     repo = tmp_path / "repo"
     exports(tiny_checkpoints["bert", "embed"], repo / "bert", "onnx")
     out = tmp_path / "engines"
-    assert engines.main(["--model-repository", str(repo), "--emulate-gpu", "--workers", "2",
-                         "--rounds", "1", "--seconds", "0.5", "--processes", "1",
-                         "--out", str(out)]) == 0
+    with running_server(repo) as other:
+        assert engines.main(["--model-repository", str(repo), "--emulate-gpu", "--workers",
+                             "2", "--rounds", "1", "--seconds", "0.5", "--processes", "1",
+                             "--peer-url", other, "--peer-path", "/v1/embeddings",
+                             "--peer-model", "bert", "--peer-name", "itself",
+                             "--out", str(out)]) == 0
     result = json.loads((out / "engines.json").read_text())
-    layouts = [name for name in result["results"] if name != "in process"]
+    layouts = [name for name in result["results"] if name not in ("in process", "itself")]
     assert layouts == ["one process", "2 workers, a copy each", "2 workers, shared engine"]
+    (peer,) = result["results"]["itself"]
+    assert [r["phase"] for r in peer] == ["1 client", "32 clients", "512 clients"]
+    assert all(set(r["statuses"]) == {"200"} and "inside" not in r for r in peer)
     for name in layouts:
         (rows,) = result["results"][name]
         assert [r["phase"] for r in rows] == ["1 client", "32 clients", "512 clients"]
@@ -284,4 +292,5 @@ def test_the_layouts_side_by_side_on_the_emulated_gpu(exports, tiny_checkpoints,
     log = (out / "service.log").read_text()  # the last layout's: the shared engine
     assert "engine process" in log and "warmed bert on emulated-gpu" in log
     report = (out / "engines.md").read_text()
-    assert report.count("| 2 workers, shared engine |") == 3
+    assert report.count("| 2 workers, shared engine |") == 3 and report.count("| itself |") == 3
+    assert "At 512 clients the shared engine served" in report and "itself: " in report

@@ -1,0 +1,62 @@
+"""loadtests/engines.py's report and loadtests/peer.py's reading of nvidia-smi, from made-up
+figures: a layout's GPU memory and how many of its processes hold any, a peer's rows
+without the service's inside figures, and the sentence that sets the shared engine beside
+the rest. (The layouts served and measured: tests/e2e/test_bench_and_load.py.)"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+
+from loadtests import engines, peer
+
+
+def rows(rates: list[float], p50: float, inside: dict | None = None) -> list[dict]:
+    return [{"requests_per_s": rate, "p50_ms": p50,
+             **({"inside": {"inputs_per_batch": 2.0, "event_loops_us_per_request": 100.0,
+                            **inside}} if inside is not None else {})} for rate in rates]
+
+
+ARGS = Namespace(workers=8, emulate_gpu=False, seconds=10.0, processes=8, peer_url="http://x",
+                 peer_name="Infinity")
+
+
+def test_nvidia_smi_says_the_mib_in_use_and_each_process_s():
+    used, apps = "1200\n800\n", "4242, 500\n4243, 700\n4242, 20\n[N/A], [N/A]\n"
+    assert peer.parse_smi(used, apps) == (2000, {4242: 520, 4243: 700})
+    assert peer.parse_smi("", "") == (0, {})
+
+
+def test_the_report_shows_gpu_memory_and_sets_the_shared_engine_beside_the_rest():
+    one, copies, shared = (name for name, _ in engines.layouts(8))
+    results = {"in process": [{"batched_sentences_per_s": 50_000.0}] * 2,
+               one: [rows([500, 3000, 4000], 1.0, {"gpu_mib": 900, "gpu_processes": 1})] * 2,
+               copies: [rows([500, 9000, 11000], 1.1, {"gpu_mib": 7200, "gpu_processes": 8})] * 2,
+               shared: [rows([450, 12000, 25000], 1.2, {"gpu_mib": 950, "gpu_processes": 1})] * 2,
+               "Infinity": [rows([300, 1000, 1250], 3.0)] * 2}
+    lines = engines.report(results, "minilm", ARGS)
+    assert lines[4].endswith("| GPU MiB (processes) |")
+    assert "| 8 workers, a copy each | 512 clients | 11000, 11000 | 11000 | 22% | 1.10 | 2.0 | " \
+           "100 µs | 7200 (8) |" in lines
+    assert "| 8 workers, shared engine | 512 clients | 25000, 25000 | 25000 | 50% | 1.20 | 2.0 | " \
+           "100 µs | 950 (1) |" in lines
+    assert "| Infinity | 512 clients | 1250, 1250 | 1250 | 2% | 3.00 | — | — | — |" in lines
+    assert lines[-1] == (
+        "At 512 clients the shared engine served 25000 req/s (medians of the rounds), 50% of "
+        "the in-process rate; its rate against one process: 6.25x; 8 workers, a copy each: "
+        "2.27x; Infinity: 20.00x. A lone client's p50: 1.20 ms shared, 1.00 ms one process.")
+
+
+def test_a_run_stopped_part_way_reports_what_it_measured():
+    """Written after each layout: a second round cut short after its first layout, and
+    no GPU (no memory column)."""
+    one, _, shared = (name for name, _ in engines.layouts(8))
+    results = {"in process": [{"batched_sentences_per_s": 10_000.0}] * 2,
+               one: [rows([500, 3000, 4000], 1.0, {})] * 2,
+               shared: [rows([450, 2000, 5000], 1.2, {})]}
+    lines = engines.report(results, "minilm", ARGS)
+    assert "GPU" not in lines[4]
+    assert "| 8 workers, shared engine | 512 clients | 5000 | 5000 | 50% | 1.20 | 2.0 | 100 µs |" \
+        in lines
+    assert "its rate against one process: 1.25x." in lines[-1]
+    assert engines.report({"in process": [{"batched_sentences_per_s": 1.0}],
+                           one: [rows([1, 2, 3], 1.0, {})]}, "minilm", ARGS)[-1].startswith("| one")
