@@ -79,7 +79,8 @@ step() {
     tests)
       python3 -m pytest -m gpu -q -p no:cacheprovider tests/models/test_runtime.py \
         tests/models/test_cuda_graphs.py \
-        tests/models/test_dtypes.py tests/e2e/test_gpu.py tests/bench/test_harness.py \
+        tests/models/test_dtypes.py tests/e2e/test_gpu.py tests/e2e/test_engine_process.py \
+        tests/bench/test_harness.py \
         > /tmp/gpu/tests.txt 2>&1
       local status=$?
       tail -5 /tmp/gpu/tests.txt

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import psutil
 import pytest
+import torch
 
 from distilserve.server.engine import load_engine
 from distilserve.server.metrics import Metrics
@@ -35,7 +37,8 @@ def _engines(log: Path) -> list[int]:
 
 
 def _own_embedding(folder: Path, text: str) -> np.ndarray:
-    engine = load_engine(folder.name, folder, Settings(), Metrics())
+    """The model's embedding of ``text``, run here on the CPU."""
+    engine = load_engine(folder.name, folder, Settings(device="cpu"), Metrics())
 
     async def run():
         await engine.start(warmup=False)
@@ -47,25 +50,36 @@ def _own_embedding(folder: Path, text: str) -> np.ndarray:
     return asyncio.run(run())
 
 
-def test_front_ends_share_one_engine_process(exports, tiny_checkpoints, tmp_path):
-    exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
+def _serve(repo: Path, log: Path, *flags: str, **env: str) -> tuple[subprocess.Popen, str]:
+    """``distilserve serve --workers 2`` of ``repo`` (with ``flags``, the variables ``env``),
+    once both front ends have started and /ready answers 200: the process and its URL."""
     port = free_port()
-    log, url = tmp_path / "serve.log", f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
         [sys.executable, "-m", "distilserve.server.cli", "serve", "--model-repository",
-         str(tmp_path / "repo"), "--port", str(port), "--workers", "2", "--engine", "shared"],
-        cwd=ROOT, env={**os.environ, "DISTILSERVE_THREADS": "1",
-                       # a lone request waits this long for company: in flight at SIGTERM
-                       "DISTILSERVE_MAX_WAIT_MS": "1000"},
-        stdout=log.open("w"), stderr=subprocess.STDOUT)
+         str(repo), "--port", str(port), "--workers", "2", *flags],
+        cwd=ROOT, env={**os.environ, **env}, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: log.read_text().count("Application startup complete") == 2,
+                 "two front ends")
+        wait_for(lambda: web.get(url + "/ready", timeout=5).status_code == 200, "ready")
+    except BaseException:
+        terminate(server, _engines(log))
+        raise
+    return server, url
+
+
+def test_front_ends_share_one_engine_process(exports, tiny_checkpoints, tmp_path):
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
+    log = tmp_path / "serve.log"
+    # a lone request waits a second for company: in flight at SIGTERM
+    server, url = _serve(tmp_path / "repo", log, "--engine", "shared", DISTILSERVE_THREADS="1",
+                         DISTILSERVE_MAX_WAIT_MS="1000")
 
     def embed(text: str = "a text") -> httpx.Response:
         return web.post(url + "/embed", json={"inputs": text}, timeout=60)
 
     try:
-        wait_for(lambda: log.read_text().count("Application startup complete") == 2,
-                 "two front ends")
-        wait_for(lambda: web.get(url + "/ready", timeout=5).status_code == 200, "ready")
         answer = embed()
         assert answer.status_code == 200
         np.testing.assert_allclose(answer.json()[0], _own_embedding(tmp_path / "repo" / "bert",
@@ -95,5 +109,35 @@ def test_front_ends_share_one_engine_process(exports, tiny_checkpoints, tmp_path
         server.send_signal(signal.SIGTERM)
         thread.join(60)
         assert in_flight == [200]
+    finally:
+        terminate(server, _engines(log))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
+def test_workers_on_a_gpu_share_one_engine_process_there(exports, tiny_checkpoints, tmp_path):
+    """``--workers 2`` on a GPU machine, the engine layout left to auto: one engine process
+    holds the model on the GPU, the only one of the service's processes there (the front
+    ends hold no CUDA context), and answers as the model does on the CPU."""
+    from loadtests.peer import gpu_listing
+
+    repo = tmp_path / "repo"
+    exports(tiny_checkpoints["bert", "embed"], repo / "bert", "torchscript")
+    texts = ["The cat sat on the mat.", "GPUs multiply matrices quickly.", "short"]
+    want = np.stack([_own_embedding(repo / "bert", text) for text in texts])
+    log = tmp_path / "serve.log"
+    server, url = _serve(repo, log, DISTILSERVE_DEVICE="auto")
+    try:
+        (model,) = web.get(url + "/v1/models", timeout=30).json()["data"]
+        assert model["device"].startswith("cuda"), model
+        for _ in range(4):  # (each front end, most likely)
+            r = web.post(url + "/v1/embed", json={"inputs": texts}, timeout=60)
+            assert r.status_code == 200, r.text
+            assert (np.array(r.json()["embeddings"]) * want).sum(-1).min() >= 0.999
+        (engine,) = _engines(log)
+        service = {p.pid for p in psutil.Process(server.pid).children(recursive=True)}
+        holding = (gpu_listing() or (0, {}))[1]
+        if holding.keys() & (service | {server.pid}):  # (a container may name no process)
+            assert holding.keys() & (service | {server.pid}) == {engine}, (holding, engine)
     finally:
         terminate(server, _engines(log))
