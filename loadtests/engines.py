@@ -54,7 +54,8 @@ def measure_layout(repository: Path, model: str, env: dict, seconds: float, proc
     try:
         httpx.post(url + "/v1/embeddings", json={"model": model, "input": "warm"}, timeout=60)
         return measure(url, "/v1/embeddings", model, seconds, processes,
-                       Inside(url, server.pid, model, gpu and gpu[0]), phases=PHASES)
+                       Inside(url, server.pid, model, gpu[0] if gpu else None),
+                       phases=PHASES)
     finally:
         server.terminate()
         server.wait(60)

@@ -121,14 +121,14 @@ class Inside:
         loops = [v for (pid, tid), v in used.items() if pid == tid]
         others = [v for (pid, tid), v in used.items() if pid != tid]
         figures = {"batches_per_s": grew("distilserve_batch_size_count") / wall,
-                "inputs_per_batch": mean("distilserve_batch_size"),
-                "ms_per_batch": 1000 * mean("distilserve_inference_seconds"),
-                "ms_tokenizing": 1000 * mean("distilserve_tokenize_seconds"),
-                "ms_queued": 1000 * mean("distilserve_queue_seconds"),
-                "cpu_cores": sum(used.values()) / wall,
-                "event_loop_cpu": max(loops, default=0.0) / wall,
-                "busiest_other_thread_cpu": max(others, default=0.0) / wall,
-                "event_loops_cpu_s": sum(loops)}
+                   "inputs_per_batch": mean("distilserve_batch_size"),
+                   "ms_per_batch": 1000 * mean("distilserve_inference_seconds"),
+                   "ms_tokenizing": 1000 * mean("distilserve_tokenize_seconds"),
+                   "ms_queued": 1000 * mean("distilserve_queue_seconds"),
+                   "cpu_cores": sum(used.values()) / wall,
+                   "event_loop_cpu": max(loops, default=0.0) / wall,
+                   "busiest_other_thread_cpu": max(others, default=0.0) / wall,
+                   "event_loops_cpu_s": sum(loops)}
         gpu = gpu_listing() if self.gpu_before is not None else None
         if gpu is not None:
             figures["gpu_mib"] = gpu[0] - self.gpu_before
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"distilserve ({described['device']}, {described['dtype']})", flush=True)
         profile = Profile(server.pid, args.out, args.profile == "native") if args.profile else None
         ours = measure(url, "/v1/embeddings", model, args.seconds, args.processes,
-                       Inside(url, server.pid, model, gpu and gpu[0]), profile)
+                       Inside(url, server.pid, model, gpu[0] if gpu else None), profile)
     finally:
         server.terminate()
         server.wait(30)

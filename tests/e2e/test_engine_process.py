@@ -64,7 +64,8 @@ def _serve(repo: Path, log: Path, *flags: str, **env: str) -> tuple[subprocess.P
                  "two front ends")
         wait_for(lambda: web.get(url + "/ready", timeout=5).status_code == 200, "ready")
     except BaseException:
-        terminate(server, _engines(log))
+        server.terminate()
+        server.wait(120)
         raise
     return server, url
 
