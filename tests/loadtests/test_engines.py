@@ -20,7 +20,7 @@ ARGS = Namespace(workers=8, emulate_gpu=False, seconds=10.0, processes=8, peer_u
                  peer_name="Infinity")
 
 
-def test_nvidia_smi_says_the_mib_in_use_and_each_process_s():
+def test_nvidia_smi_gives_the_mib_in_use_in_all_and_by_process():
     used, apps = "1200\n800\n", "4242, 500\n4243, 700\n4242, 20\n[N/A], [N/A]\n"
     assert peer.parse_smi(used, apps) == (2000, {4242: 520, 4243: 700})
     assert peer.parse_smi("", "") == (0, {})
