@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import httpx
@@ -92,10 +94,26 @@ def _raise_for(response: httpx.Response) -> Any:
 
 
 def _delay(response: httpx.Response | None, attempt: int, backoff: float) -> float:
-    """Retry-After when the server gives one (capped), else exponential backoff."""
+    """Retry-After when the answer has one (capped), else exponential backoff."""
     header = response.headers.get("retry-after", "") if response is not None else ""
-    base = float(header) if header.replace(".", "", 1).isdigit() else backoff * 2 ** attempt
-    return min(base, 30.0)
+    wait = retry_after(header)
+    return min(backoff * 2 ** attempt if wait is None else wait, 30.0)
+
+
+def retry_after(header: str, now: datetime | None = None) -> float | None:
+    """The seconds a Retry-After header asks to wait, given in seconds (as distilserve
+    gives it) or as an HTTP date (as a proxy in front of it may); none for one that is
+    neither, 0 for a date gone by."""
+    header = header.strip()
+    if header.replace(".", "", 1).isdigit():
+        return float(header)
+    try:
+        when = parsedate_to_datetime(header)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # (-0000: no zone said; HTTP dates are in GMT)
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 class _Base:

@@ -2,6 +2,8 @@
 mock transport."""
 
 import asyncio
+import email.utils
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import numpy as np
@@ -18,6 +20,7 @@ from distilserve.client import (
     TimedOut,
     Unauthorized,
 )
+from distilserve.client.api import retry_after
 from distilserve.models.io import checkpoint
 from tests import web
 from tests.conftest import running_server
@@ -217,6 +220,31 @@ def test_gives_up_after_max_retries_with_a_typed_error():
     with pytest.raises(Overloaded) as e:
         client.embed("x")
     assert len(calls) == 3 and e.value.status == 429 and e.value.message == "busy"
+
+
+def test_retry_after_in_seconds_or_as_an_http_date():
+    now = datetime(2026, 12, 2, 7, 28, 0, tzinfo=UTC)
+    assert retry_after("2", now) == 2.0 and retry_after(" 0.5 ", now) == 0.5
+    assert retry_after("Wed, 02 Dec 2026 07:28:05 GMT", now) == 5.0
+    assert retry_after("Wed, 02 Dec 2026 07:27:00 GMT", now) == 0.0  # gone by
+    assert retry_after("", now) is None and retry_after("soon", now) is None
+    assert retry_after("-1", now) is None
+
+
+def test_a_retry_waits_as_the_answers_retry_after_says_capped_else_backs_off(monkeypatch):
+    """A proxy's 503 with an HTTP date is waited for (up to 30 s), as one in seconds."""
+    waits = []
+    monkeypatch.setattr("distilserve.client.api.time.sleep", waits.append)
+    later = email.utils.format_datetime(datetime.now(UTC) + timedelta(seconds=90),
+                                        usegmt=True)
+    answers = iter([httpx.Response(503, headers={"Retry-After": later}),
+                    httpx.Response(429, headers={"Retry-After": "1.5"}), httpx.Response(503),
+                    httpx.Response(200, json={"embeddings": [[1.0]]})])
+    client = DistilServeClient("http://test", max_retries=3, backoff=0.25)
+    client.http = httpx.Client(base_url="http://test",
+                               transport=httpx.MockTransport(lambda request: next(answers)))
+    assert client.embed("x") == [[1.0]]
+    assert waits == [30.0, 1.5, 1.0]  # the date capped; then seconds; then 0.25 x 2 ** 2
 
 
 # what a kept-alive connection closed by the server as the request went out raises (either,
