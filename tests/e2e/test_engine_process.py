@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,12 +23,11 @@ import torch
 from distilserve.server.engine import load_engine
 from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
+from loadtests.run import start_server
 from tests import web
 from tests.conftest import free_port, terminate, wait_for
 
 pytestmark = pytest.mark.slow  # a server of three processes
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _engines(log: Path) -> list[int]:
@@ -50,32 +48,21 @@ def _own_embedding(folder: Path, text: str) -> np.ndarray:
     return asyncio.run(run())
 
 
-def _serve(repo: Path, log: Path, *flags: str, **env: str) -> tuple[subprocess.Popen, str]:
-    """``distilserve serve --workers 2`` of ``repo`` (with ``flags``, the variables ``env``),
-    once both front ends have started and /ready answers 200: the process and its URL."""
+def _serve(repo: Path, log: Path, **env: str) -> tuple[subprocess.Popen, str]:
+    """``distilserve serve --workers 2`` of ``repo`` (with the variables ``env``) once both
+    front ends have started and /ready answers 200 (loadtests.run.start_server): the
+    process and its URL."""
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "distilserve.server.cli", "serve", "--model-repository",
-         str(repo), "--port", str(port), "--workers", "2", *flags],
-        cwd=ROOT, env={**os.environ, **env}, stdout=log.open("w"), stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: log.read_text().count("Application startup complete") == 2,
-                 "two front ends")
-        wait_for(lambda: web.get(url + "/ready", timeout=5).status_code == 200, "ready")
-    except BaseException:
-        server.terminate()
-        server.wait(120)
-        raise
-    return server, url
+    return (start_server(repo, port, log, {"DISTILSERVE_WORKERS": "2", **env}),
+            f"http://127.0.0.1:{port}")
 
 
 def test_front_ends_share_one_engine_process(exports, tiny_checkpoints, tmp_path):
     exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
     log = tmp_path / "serve.log"
     # a lone request waits a second for company: in flight at SIGTERM
-    server, url = _serve(tmp_path / "repo", log, "--engine", "shared", DISTILSERVE_THREADS="1",
-                         DISTILSERVE_MAX_WAIT_MS="1000")
+    server, url = _serve(tmp_path / "repo", log, DISTILSERVE_ENGINE="shared",
+                         DISTILSERVE_THREADS="1", DISTILSERVE_MAX_WAIT_MS="1000")
 
     def embed(text: str = "a text") -> httpx.Response:
         return web.post(url + "/embed", json={"inputs": text}, timeout=60)
