@@ -9,8 +9,10 @@ made for Triton: ``triton_series``) and Text Embeddings Inference's (te_*, for T
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -39,10 +41,111 @@ VERSION = "1"  # each model's one version, as Triton's statistics and series nam
 STARTED = "distilserve.started"
 
 
+class Turn:
+    """Per-request observations made on a running event loop, added up over the loop's
+    turn and written to their series together when it ends (the loop's next callback), or
+    before this process's values are read (``Metrics.render``, ``statistics``). Under
+    ``--workers`` every write to a series is a write to the worker's file of values
+    (prometheus-client's multiprocess mode), costing a request about as much as the rest
+    of counting it, while at many clients one turn answers tens of requests: a histogram's
+    observations of a turn become one write to its sum and one to each bucket they fell
+    in. Off an event loop (a model's thread) a value is written at once."""
+
+    def __init__(self):
+        self.pending: list = []  # the values observed this turn
+        self.scheduled = None  # the loop whose next callback writes them
+
+    def defer(self, value) -> bool:
+        """Whether ``value``'s observation waits for the end of the turn (it is then
+        among ``pending``); False off an event loop."""
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            return False
+        if self.scheduled is not loop:
+            self.scheduled = loop
+            loop.call_soon(self.write)
+        if not value.dirty:
+            value.dirty = True
+            self.pending.append(value)
+        return True
+
+    def write(self) -> None:
+        self.scheduled = None
+        pending, self.pending = self.pending, []
+        for value in pending:
+            value.dirty = False
+            value.write()
+
+
+class TurnHistogram:
+    """A Histogram's child (one label set's) observed through a Turn. It adds a turn's
+    observations into the child's own sum and buckets (prometheus-client's ``_sum``,
+    ``_buckets`` and ``_upper_bounds``; a bucket's count is its own, made cumulative
+    when rendered), as ``Histogram.observe`` adds one."""
+
+    __slots__ = ("child", "turn", "bounds", "sum", "counts", "dirty")
+
+    def __init__(self, child, turn: Turn):
+        self.child, self.turn, self.bounds = child, turn, child._upper_bounds
+        self.sum, self.counts, self.dirty = 0.0, [0] * len(self.bounds), False
+
+    def observe(self, amount: float) -> None:
+        if amount != amount or not self.turn.defer(self):  # NaN: no bucket, as observe
+            self.child.observe(amount)
+            return
+        self.sum += amount
+        self.counts[bisect_left(self.bounds, amount)] += 1  # the first bound >= amount
+
+    def write(self) -> None:
+        self.child._sum.inc(self.sum)
+        for bucket, count in zip(self.child._buckets, self.counts):
+            if count:
+                bucket.inc(count)
+        self.sum, self.counts = 0.0, [0] * len(self.bounds)
+
+
+class TurnCounter:
+    """A Counter's child counted through a Turn."""
+
+    __slots__ = ("child", "turn", "amount", "dirty")
+
+    def __init__(self, child, turn: Turn):
+        self.child, self.turn, self.amount, self.dirty = child, turn, 0.0, False
+
+    def inc(self, amount: float = 1) -> None:
+        if not self.turn.defer(self):
+            self.child.inc(amount)
+            return
+        self.amount += amount
+
+    def write(self) -> None:
+        self.child.inc(self.amount)
+        self.amount = 0.0
+
+
+class TurnGauge:
+    """A Gauge's child set through a Turn: the turn's last value is written."""
+
+    __slots__ = ("child", "turn", "value", "dirty")
+
+    def __init__(self, child, turn: Turn):
+        self.child, self.turn, self.value, self.dirty = child, turn, 0.0, False
+
+    def set(self, value: float) -> None:
+        if not self.turn.defer(self):
+            self.child.set(value)
+            return
+        self.value = value
+
+    def write(self) -> None:
+        self.child.set(self.value)
+
+
 @dataclass(frozen=True)
 class ModelSeries:
     """One model's series, looked up once (``labels()`` costs as much as the counting, and
-    these are counted per request or per batch)."""
+    these are counted per request or per batch); a request's (queued, tokenized, answered,
+    failed, ran, postprocessed, last) are written through the Metrics' Turn."""
 
     queue_depth: Any  # inputs waiting (a Gauge's child)
     queued: Any  # seconds a request waited (a Histogram's child)
@@ -127,6 +230,7 @@ class Metrics:
         for reason in CLOSED:  # each series there from the start, at 0
             self.connections_closed.labels(reason)
         self._per_request: dict[tuple[str, int], tuple] = {}
+        self.turn = Turn()  # the per-request observations' writes, a turn's together
 
     def observe_request(self, route: str, status: int, seconds: float) -> None:
         """An HTTP request answered. Its route's counter and histogram are looked up once
@@ -134,7 +238,8 @@ class Metrics:
         children = self._per_request.get((route, status))
         if children is None:
             children = self._per_request[route, status] = (
-                self.requests.labels(route, str(status)), self.latency.labels(route))
+                TurnCounter(self.requests.labels(route, str(status)), self.turn),
+                TurnHistogram(self.latency.labels(route), self.turn))
         children[0].inc()
         children[1].observe(seconds)
 
@@ -153,15 +258,23 @@ class Metrics:
 
             return child
 
-        return ModelSeries(*(series.labels(name) for series in (
-            self.queue_depth, self.queued, self.tokenized, self.batch_size, self.inference,
-            self.rejected, self.truncated)), self.with_model.labels(name, "success"),
-            self.with_model.labels(name, "failure"), self.ran.labels(name),
-            self.postprocessed.labels(name), self.last.labels(name), by(self.by_size),
-            by(self.by_depth))
+        def per_request(child):  # observed on the event loop, once or more a request
+            return TurnHistogram(child, self.turn)
+
+        return ModelSeries(
+            self.queue_depth.labels(name), per_request(self.queued.labels(name)),
+            per_request(self.tokenized.labels(name)), self.batch_size.labels(name),
+            self.inference.labels(name), self.rejected.labels(name),
+            self.truncated.labels(name), per_request(self.with_model.labels(name, "success")),
+            per_request(self.with_model.labels(name, "failure")),
+            per_request(self.ran.labels(name)), per_request(self.postprocessed.labels(name)),
+            TurnGauge(self.last.labels(name), self.turn), by(self.by_size), by(self.by_depth))
 
     def _everyone(self) -> CollectorRegistry:
-        """The registry of this process, or with several workers one of all of them."""
+        """The registry of this process, or with several workers one of all of them (this
+        turn's observations here written first)."""
+        if asyncio._get_running_loop() is not None:
+            self.turn.write()
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)

@@ -86,3 +86,56 @@ def test_teis_series_are_ours_under_its_names():
     assert [value(name, name) for name in ("te_request_count", "te_request_success",
                                            "te_request_failure")] == [2.0, 1.0, 1.0]
     assert scraped["te_request_count"].type == "unknown"  # untyped: no _total added
+
+
+def scraped(metrics: Metrics) -> dict[tuple, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(metrics.render().decode())
+            for s in f.samples}
+
+
+def test_a_turns_observations_are_written_together_when_it_ends_as_each_would_be():
+    import asyncio
+
+    # on and past the buckets' bounds, between them, past all of them, zero
+    amounts = [0.001, 0.0011, 0.0025, 0.003, 0.5, 0.7, 11.0, 0.0, 0.001, 2.5]
+    at_once, turned = Metrics(), Metrics()
+    for amount in amounts:  # no event loop: each written as it comes
+        at_once.model("m").queued.observe(amount)
+        at_once.observe_request("/v1/embed", 200, amount)
+    at_once.model("m").last.set(5.0)
+
+    async def one_turn():
+        series = turned.model("m")
+        for amount in amounts:
+            series.queued.observe(amount)
+            turned.observe_request("/v1/embed", 200, amount)
+        series.last.set(4.0)
+        series.last.set(5.0)  # the turn's last value
+        child = turned.queued.labels("m")
+        assert child._sum.get() == 0  # not yet written
+        await asyncio.sleep(0)  # the turn ends
+        assert child._sum.get() == sum(amounts)
+
+    asyncio.run(one_turn())
+    theirs = {k: v for k, v in scraped(turned).items() if not k[0].endswith("_created")}
+    ours = {k: v for k, v in scraped(at_once).items() if not k[0].endswith("_created")}
+    assert theirs == ours
+    assert ours["distilserve_queue_seconds_count", (("model", "m"),)] == len(amounts)
+    assert ours["distilserve_requests_total", (("route", "/v1/embed"), ("status", "200"))] == 10
+
+
+def test_what_a_turn_observed_is_in_a_scrape_made_in_the_same_turn():
+    import asyncio
+
+    metrics = Metrics()
+
+    async def scrape_at_once():
+        metrics.observe_request("/v1/embed", 200, 0.01)
+        return scraped(metrics)
+
+    seen = asyncio.run(scrape_at_once())
+    assert seen["distilserve_requests_total", (("route", "/v1/embed"), ("status", "200"))] == 1
+    assert seen["distilserve_request_seconds_sum", (("route", "/v1/embed"),)] == 0.01
