@@ -89,7 +89,9 @@ def test_two_workers_share_the_port_and_the_metrics(exports, tiny_checkpoints, t
         statuses = [web.post(url + "/v1/embed", json={"inputs": f"text {i}"},  # new
                                timeout=60).status_code for i in range(30)]  # connections
         assert statuses == [200] * 30
-        assert _embed_count(url) == 30  # summed over the workers, whichever answers
+        # summed over the workers, whichever answers: each worker writes a request's series
+        # as the turn of its event loop that answered it ends
+        wait_for(lambda: _embed_count(url) == 30, "30 requests counted")
         # Triton's statistics are those series: every worker's requests, no warm-up's
         (stats,) = web.get(url + "/v2/models/cmow/stats", timeout=30).json()["model_stats"]
         assert stats["inference_stats"]["success"]["count"] == 30
@@ -100,8 +102,8 @@ def test_two_workers_share_the_port_and_the_metrics(exports, tiny_checkpoints, t
         assert 'te_request_duration_count{model="cmow"} 30.0' in scraped
         # gRPC's port too is both workers' (each binds it): a new connection each call
         assert [_grpc_embed(grpc_port) for _ in range(10)] == [(2, 48)] * 10
-        assert f'route="{GRPC_INFER}",status="200"}} 10.0' in web.get(
-            url + "/metrics", timeout=30).text
+        wait_for(lambda: f'route="{GRPC_INFER}",status="200"}} 10.0' in web.get(
+            url + "/metrics", timeout=30).text, "10 gRPC calls counted")
 
         first, second = _workers(log)
         os.kill(first, signal.SIGKILL)
