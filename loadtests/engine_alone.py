@@ -48,11 +48,12 @@ async def drive(socket: str, process: psutil.Process, model: str | None, clients
     await client.connected.wait()
     while not (state := (await client.call({"op": "models"}))[0])["ready"]:
         await asyncio.sleep(0.2)
-    model = model or state["models"][0]["name"]
-    return [await measured(client, process, model, count, seconds) for count in clients]
+    served = {m["name"]: m for m in state["models"]}
+    served = served[model] if model else state["models"][0]
+    return [await measured(client, process, served, count, seconds) for count in clients]
 
 
-async def measured(client: EngineClient, process: psutil.Process, model: str, count: int,
+async def measured(client: EngineClient, process: psutil.Process, served: dict, count: int,
                    seconds: float) -> dict:
     """``count`` clients for ``seconds`` (after as long as two seconds' warming up, for
     the batches of this load to form): the row."""
@@ -61,7 +62,8 @@ async def measured(client: EngineClient, process: psutil.Process, model: str, co
     async def one() -> None:
         nonlocal answered
         while not stop:
-            header, _ = await client.call({"op": "infer", "model": model, "iterations": None,
+            header, _ = await client.call({"op": "infer", "model": served["name"],
+                                           "loaded": served["loaded"], "iterations": None,
                                            "priority": 0, "lengths": [len(IDS)]},
                                           [IDS, np.zeros_like(IDS)])
             if "failed" in header:

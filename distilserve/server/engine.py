@@ -15,6 +15,7 @@ translate (``InputTooLong``, ``NotFinite``, ``QueueFull``, ``OverQueue``,
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
@@ -71,6 +72,7 @@ class Engine:
                  metrics: Metrics, cpu_thread: Executor | None = None,
                  runner: Callable[[Engine], Runner] | None = None):
         self.card = Card(name, folder, manifest)
+        self.loaded = time.monotonic_ns()  # tells this load of the folder from the others
         # an embedding model's token-id inputs to /v1/embeddings in another vocabulary than
         # its own (distilserve.server.vocabularies), read back into text; None: in its own
         vocabulary = manifest.token_ids or settings.token_ids

@@ -240,9 +240,6 @@ class Settings(BaseSettings):
         if self.model_control == "explicit" and (self.workers > 1 or self.poll_seconds):
             raise ValueError("model_control explicit loads a model in one process, as "
                              "asked: not with workers > 1 or poll_seconds")
-        if self.engine == "shared" and self.poll_seconds:
-            raise ValueError("engine shared serves the models its engine process loaded at "
-                             "start: not with poll_seconds")
         return self
 
     def bearer_key(self) -> str | None:

@@ -129,3 +129,34 @@ def test_workers_on_a_gpu_share_one_engine_process_there(exports, tiny_checkpoin
             assert holding.keys() & (service | {server.pid}) == {engine}, (holding, engine)
     finally:
         terminate(server, _engines(log))
+
+
+def test_front_ends_serve_what_the_engine_finds_in_the_repository(exports, tiny_checkpoints,
+                                                                  tmp_path):
+    """``--workers 2 --engine shared`` with DISTILSERVE_POLL_SECONDS: a folder added to the
+    repository is served through every front end, one removed no longer."""
+    repo = tmp_path / "repo"
+    exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx")
+    log = tmp_path / "serve.log"
+    server, url = _serve(repo, log, DISTILSERVE_ENGINE="shared", DISTILSERVE_POLL_SECONDS="0.3")
+
+    def listed(times: int = 8) -> set[str]:  # by whichever front ends answer: all of them
+        return set.intersection(*({m["id"] for m in web.get(url + "/v1/models", timeout=30)
+                                   .json()["data"]} for _ in range(times)))
+
+    try:
+        assert listed() == {"embed"}
+        exports(tiny_checkpoints["bert", "classify"], tmp_path / "staging" / "classify", "onnx")
+        (tmp_path / "staging" / "classify").rename(repo / "classify")  # whole, at once
+        wait_for(lambda: listed() == {"embed", "classify"}, "the new folder to be served")
+        for _ in range(4):
+            answer = web.post(url + "/v1/classify", json={"model": "classify", "inputs": "a"},
+                              timeout=60)
+            assert answer.status_code == 200, answer.text
+        (repo / "classify").rename(tmp_path / "gone")
+        wait_for(lambda: listed() == {"embed"}, "the removed folder to be unloaded")
+        gone = web.post(url + "/v1/classify", json={"model": "classify", "inputs": "a"},
+                        timeout=60)
+        assert gone.status_code == 404, gone.text
+    finally:
+        terminate(server, _engines(log))

@@ -292,18 +292,6 @@ def test_a_variable_that_is_no_setting_is_named_with_the_closest_one():
         "DISTILSERVE_MAX_BATCH_SIZE?)"]
 
 
-def test_a_shared_engine_that_would_poll_is_refused(monkeypatch):
-    from pydantic import ValidationError
-
-    from distilserve.server.settings import Settings
-
-    monkeypatch.setenv("DISTILSERVE_ENGINE", "shared")
-    monkeypatch.setenv("DISTILSERVE_POLL_SECONDS", "1")
-    with pytest.raises(ValidationError, match="engine shared serves the models its engine "
-                       "process loaded at start"):
-        Settings()
-
-
 @pytest.mark.parametrize("engine, workers, device, shared", [
     ("auto", 1, "auto", False), ("auto", 4, "cpu", False),
     ("auto", 4, "auto", torch.cuda.is_available()),  # a GPU: shared

@@ -4,11 +4,14 @@ runs its models' inputs there. ``EngineClient`` is its one connection to the eng
 shared by its models; each model's ``ProcessRunner`` sends a request's token ids and
 builds its Result from the outputs that come back. While the engine process is gone (it
 died, and the supervisor starts another) the front end is not ready and refuses requests
-as unavailable, until the client has connected again and the engine has loaded."""
+as unavailable, until the client has connected again and the engine has loaded. The
+front end serves the models the engine serves: as they change there (the engine polls
+the repository, or a new engine process has read it afresh), here too."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -22,7 +25,13 @@ from distilserve.server.core.runner import INLINE, ModelUnavailable, Result, ass
 from distilserve.server.core.tokenisation import TurnTokenizer
 from distilserve.server.engine import Engine, read_manifest
 from distilserve.server.engine_process import wire
-from distilserve.server.service import Service, load_models
+from distilserve.server.service import (
+    Service,
+    failure,
+    freeze_long_lived,
+    load_models,
+    put_in_place,
+)
 
 log = logging.getLogger("distilserve")
 
@@ -66,6 +75,8 @@ class EngineClient:
         self.ids = itertools.count()
         self.connected = asyncio.Event()
         self.lost = asyncio.Event()  # set when a connection ends (cleared by who waits on it)
+        # set with lost, and when a reply says a model here is not the one served there
+        self.look = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
         self.polling = Polling(0.0, lambda: bool(self.waiting))
 
@@ -98,6 +109,7 @@ class EngineClient:
             finally:
                 self.connected.clear()
                 self.lost.set()
+                self.look.set()
                 writer.close()
                 gone, self.waiting = self.waiting, {}
                 for future in gone.values():
@@ -129,6 +141,7 @@ class ProcessRunner:
 
     def __init__(self, model: Engine, client: EngineClient, served: dict):
         self.model, self.client = model, client
+        self.loaded = served["loaded"]  # which load of the model the engine serves
         self.described = served["described"]
         self.batch_limits = tuple(served["batch_limits"])  # the engine's, which batches
         self.depth, self.max_queue = served["depth"], served["max_queue"]
@@ -151,9 +164,11 @@ class ProcessRunner:
                                self.tokenizer.tokenize)
         encodings = inputs.encodings
         header, arrays = await self.client.call(
-            {"op": "infer", "model": self.model.name, "iterations": iterations,
-             "priority": priority,
+            {"op": "infer", "model": self.model.name, "loaded": self.loaded,
+             "iterations": iterations, "priority": priority,
              "lengths": [len(e.ids) for e in encodings]}, wire.token_ids(encodings))
+        if header.get("stale"):  # (a 503 to retry) removed or loaded again there
+            self.client.look.set()
         try:  # (a QueueFull: counted by the engine, in the same metrics)
             wire.raise_failure(header)
         except InputFailed as e:  # a window: its input's
@@ -169,9 +184,10 @@ def loader(path: str):
     """The app's loader (create_app's ``loader``) of a front end of the engine process at
     ``path``: waits until the engine has loaded its models (the front end's /ready says
     what it is doing meanwhile), then serves each as an engine here with a
-    ProcessRunner; while it awaits the engine's replies it polls (DISTILSERVE_ENGINE_POLL_US)
-    where the engine runs its models on a device, not on the CPU, whose cores a polling
-    front end would take from the model."""
+    ProcessRunner, and follows the engine's models as they change; while it awaits the
+    engine's replies it polls (DISTILSERVE_ENGINE_POLL_US) where the engine runs its models
+    on a device, not on the CPU, whose cores a polling front end would take from the
+    model."""
     async def load(service: Service) -> None:
         client = EngineClient(path)
         client.start()  # (for the process's life)
@@ -182,18 +198,26 @@ def loader(path: str):
         if state["repository"] is not None:
             service.repository = Path(state["repository"])
         served = {m["name"]: m for m in state["models"]}
-
-        async def open_remote(folder: Path) -> Engine:
-            return await asyncio.to_thread(
-                Engine, folder.name, folder, read_manifest(folder), service.settings,
-                service.metrics, runner=lambda engine: ProcessRunner(
-                    engine, client, served[folder.name]))
-
-        await load_models(service, [Path(m["folder"]) for m in state["models"]], open_remote)
+        open_remote = opener(client, service)
+        await load_models(service, [Path(m["folder"]) for m in state["models"]],
+                          lambda folder: open_remote(served[folder.name]))
         client.lost.clear()
-        client.tasks.append(asyncio.create_task(follow(client, service)))
+        client.look.clear()
+        client.tasks.append(asyncio.create_task(follow(client, service, open_remote)))
 
     return load
+
+
+def opener(client: EngineClient, service: Service):
+    """``await open_remote(served)``: the engine here of a model the engine process serves
+    (an entry of ``models``' answer), its inputs run there."""
+    async def open_remote(served: dict) -> Engine:
+        folder = Path(served["folder"])
+        return await asyncio.to_thread(
+            Engine, folder.name, folder, read_manifest(folder), service.settings,
+            service.metrics, runner=lambda engine: ProcessRunner(engine, client, served))
+
+    return open_remote
 
 
 async def engine_ready(client: EngineClient, service: Service) -> dict:
@@ -211,12 +235,55 @@ async def engine_ready(client: EngineClient, service: Service) -> dict:
         await asyncio.sleep(RECONNECT_S)
 
 
-async def follow(client: EngineClient, service: Service) -> None:
-    """The front end not ready while its engine process is gone, and ready again once the
-    one that replaces it has loaded."""
+async def follow(client: EngineClient, service: Service, open_remote) -> None:
+    """The front end's models kept the engine process's: not ready while the engine
+    process is gone, and ready again, serving what the one that replaces it loaded, once
+    it has; and as the engine's models change (DISTILSERVE_POLL_SECONDS), the same here,
+    looked for as often, and at once when the engine says a model here is not its own."""
+    every = service.settings.poll_seconds or None
     while True:
-        await client.lost.wait()
-        client.lost.clear()
-        service.ready, service.status = False, "the engine process is restarting"
-        await engine_ready(client, service)
-        service.ready, service.status = True, "ready"
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(client.look.wait(), every)
+        client.look.clear()
+        if client.lost.is_set():
+            client.lost.clear()
+            service.ready, service.status = False, "the engine process is restarting"
+            await in_step(service, await engine_ready(client, service), open_remote)
+            service.ready, service.status = True, "ready"
+            continue
+        try:
+            state, _ = await client.call({"op": "models"})
+        except ModelUnavailable:
+            continue  # the engine process is gone: lost is set
+        if state["ready"]:
+            await in_step(service, state, open_remote)
+
+
+async def in_step(service: Service, state: dict, open_remote) -> None:
+    """Serves here what the engine process serves (``models``' answer): a model it no
+    longer serves dropped; one it has loaded again, or newly, opened here and put in the
+    place of the one before. Its failures are the front end's; a model that fails to open
+    here is not served, and is opened again at the next look."""
+    served = {m["name"]: m for m in state["models"]}
+    failures = dict(state["failures"])
+    changed = False
+    for name in sorted(set(service.engines) - set(served)):
+        del service.engines[name]
+        log.info("model %s no longer served by the engine process", name)
+        changed = True
+    for name, model in served.items():
+        before = service.engines.get(name)
+        if before is not None and before.runner.loaded == model["loaded"]:
+            continue
+        try:
+            engine = await open_remote(model)
+        except Exception as e:
+            log.error("model %s not served: %s", name, failure(e))
+            service.engines.pop(name, None)  # (the engine would refuse its requests)
+            failures[name] = service.said(failure(e))
+            continue
+        await put_in_place(service, engine)
+        changed = True
+    service.failures = failures
+    if changed:
+        freeze_long_lived(thaw=True)

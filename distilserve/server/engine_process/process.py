@@ -1,10 +1,12 @@
 """The engine process: the service's models (their runners: batching queues, backends,
 warm-ups, CUDA graphs), one copy of each, answering the front ends' requests on a Unix
 socket. It reads the repository as a one-process service does (building the embedded
-default when none is named); a front end asks which models it serves, then sends each
-request's token ids and gets back the outputs (distilserve/server/engine_process/front_end.py).
-Batches form from all the front ends' inputs. SIGTERM: what is queued is answered, then
-it exits; SIGINT is the supervisor's to handle (it stops the front ends first)."""
+default when none is named; with DISTILSERVE_POLL_SECONDS, kept in step with it); a front
+end asks which models it serves, then sends each request's token ids, naming the load of
+the model it serves, and gets back the outputs, or a refusal that says its model is not
+the one served here (distilserve/server/engine_process/front_end.py). Batches form from
+all the front ends' inputs. SIGTERM: what is queued is answered, then it exits; SIGINT is
+the supervisor's to handle (it stops the front ends first)."""
 
 from __future__ import annotations
 
@@ -29,11 +31,12 @@ log = logging.getLogger("distilserve")
 
 def models(service: Service) -> dict:
     """What a front end needs to serve the models: whether they are loaded yet (and what is
-    being done meanwhile), each model's folder, how its runner runs it and batches, and the
-    folders that failed."""
+    being done meanwhile), each model's folder and which load of it is served, how its
+    runner runs it and batches, and the folders that failed."""
     if not service.ready:
         return {"ready": False, "status": service.status}
-    served = [{"name": name, "folder": str(engine.folder), "described": engine.runner.describe(),
+    served = [{"name": name, "folder": str(engine.folder), "loaded": engine.loaded,
+               "described": engine.runner.describe(),
                "batch_limits": list(engine.batch_limits), "depth": engine.depth,
                "max_queue": engine.runner.batcher.max_queue}
               for name, engine in service.engines.items()]
@@ -54,6 +57,12 @@ class Connection:
     def reply(self, header: dict, arrays: list = ()) -> None:
         self.outbox.send(header, arrays)
 
+    def unavailable(self, header: dict, why: str, stale: bool = False) -> None:
+        """The request refused as unavailable (503, retry); ``stale``: the front end's
+        model is not the one served here (removed, or loaded again since it was sent)."""
+        self.reply({"id": header["id"], **wire.failure(ModelUnavailable(why)),
+                    **({"stale": True} if stale else {})})
+
     def handle(self, header: dict, arrays: list) -> None:
         if header["op"] == "models":
             self.reply({"id": header["id"], **models(self.service)})
@@ -63,10 +72,13 @@ class Connection:
                 item.future.cancel()
             return
         engine = self.service.engines.get(header["model"])
-        if engine is None or self.service.draining:
-            why = "the engine process is shutting down" if self.service.draining else \
-                "the engine process does not serve it"
-            self.reply({"id": header["id"], **wire.failure(ModelUnavailable(why))})
+        if self.service.draining:
+            self.unavailable(header, "the engine process is shutting down")
+            return
+        if engine is None or engine.loaded != header["loaded"]:  # the front end is behind
+            self.unavailable(header, "the engine process " + (
+                "no longer serves it" if engine is None else "has loaded it again since"),
+                stale=True)
             return
         encodings = [TokenIds(ids, types) for ids, types in wire.split(*arrays, header["lengths"])]
         try:
