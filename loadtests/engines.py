@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 
 from loadtests.emulated_gpu import EmulatedGpu
+from loadtests.lightload import answered_per_s, not_answered
 from loadtests.peer import Inside, add_peer_arguments, gpu_listing, measure
 from loadtests.run import HERE, InProcess, free_port, start_server, wait_until_ready
 
@@ -141,7 +142,7 @@ def report(results: dict, model: str, args) -> list[str]:
 
     for name, rounds in measured.items():
         for i, (label, _, _) in enumerate(PHASES):
-            rates = [rows[i]["requests_per_s"] for rows in rounds]
+            rates = [answered_per_s(rows[i]) for rows in rounds]
             share = statistics.median(rate / c for rate, c in zip(rates, ceiling))
             batch, loops = median_of(rounds, i, inside("inputs_per_batch")), median_of(
                 rounds, i, inside("event_loops_us_per_request"))
@@ -156,6 +157,12 @@ def report(results: dict, model: str, args) -> list[str]:
                 f"{statistics.median(rates):.0f} | {share:.0%} | "
                 f"{median_of(rounds, i, lambda row: row['p50_ms']):.2f} | "
                 + " | ".join(cells) + " |")
+    failed = [f"{name}, {label}, round {n}: {refused}" for name, rounds in measured.items()
+              for n, rows in enumerate(rounds, 1) for (label, _, _), row in zip(PHASES, rows)
+              if (refused := not_answered(row))]
+    if failed:
+        lines += ["", "Not answered (counted out of req/s; status: requests): "
+                  + "; ".join(failed) + "."]
     return lines + verdict(measured, ceiling, args)
 
 
@@ -169,9 +176,9 @@ def verdict(measured: dict, ceiling: list[float], args) -> list[str]:
     last = len(PHASES) - 1  # 512 clients
 
     def rate(name: str) -> float:
-        return median_of(measured[name], last, lambda row: row["requests_per_s"])
+        return median_of(measured[name], last, answered_per_s)
 
-    share = statistics.median(rows[last]["requests_per_s"] / c
+    share = statistics.median(answered_per_s(rows[last]) / c
                               for rows, c in zip(measured[shared], ceiling))
     beside = "; ".join(f"{name}: {rate(shared) / rate(name):.2f}x"
                        for name in measured if name != shared)

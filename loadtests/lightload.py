@@ -119,6 +119,21 @@ def _spread(url, path, payloads, clients, seconds, processes, key) -> dict:
                     sum(p[3] for p in parts))
 
 
+def answered_per_s(row: dict) -> float:
+    """A summary's requests a second that were answered (2xx): a service that refuses every
+    request (503) answers fast, and its requests a second say nothing of its rate."""
+    return row["requests_per_s"] * answered(row) / max(row["requests"], 1)
+
+
+def answered(row: dict) -> int:
+    return sum(n for status, n in row["statuses"].items() if 200 <= int(status) < 300)
+
+
+def not_answered(row: dict) -> dict:
+    """A summary's statuses other than 2xx, and how many of each."""
+    return {status: n for status, n in row["statuses"].items() if not 200 <= int(status) < 300}
+
+
 def _summary(clients: int, latencies: list[float], statuses: dict, wall: float,
              cpu: float) -> dict:
     ms = np.array(latencies) * 1000

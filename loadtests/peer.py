@@ -157,7 +157,7 @@ def measure(url: str, path: str, model: str, seconds: float, processes: int,
                 1e6 * r["inside"]["event_loops_cpu_s"] / max(r["requests"], 1))
         if profile:
             r["profile"] = profile.stop()
-        r.update(phase=label, sentences_per_s=r["requests_per_s"] * per_request)
+        r.update(phase=label, sentences_per_s=lightload.answered_per_s(r) * per_request)
         rows.append(r)
         print(f"  {label}: {r['requests_per_s']:.0f} req/s, {r['sentences_per_s']:.0f} "
               f"sentences/s, p50 {r['p50_ms']:.2f} ms, statuses {r['statuses']}", flush=True)
@@ -254,11 +254,17 @@ def main(argv: list[str] | None = None) -> int:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(ours):
         q = peer[i] if peer else None
-        cells = (f"{q['requests_per_s']:.0f} | {q['sentences_per_s']:.0f} | "
+        cells = (f"{lightload.answered_per_s(q):.0f} | {q['sentences_per_s']:.0f} | "
                  f"{q['p50_ms']:.2f} | {q['p99_ms']:.2f} | "
                  f"{r['sentences_per_s'] / q['sentences_per_s']:.1f}x" if q else "| | | |")
-        lines.append(f"| {r['phase']} | {r['requests_per_s']:.0f} | {r['sentences_per_s']:.0f}"
+        lines.append(f"| {r['phase']} | {lightload.answered_per_s(r):.0f} | {r['sentences_per_s']:.0f}"
                      f" | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cells} |")
+    failed = [f"{who}, {r['phase']}: {refused}" for who, rows in (("distilserve", ours),
+                                                                  (args.peer_name, peer or []))
+              for r in rows if (refused := lightload.not_answered(r))]
+    if failed:
+        lines += ["", "Not answered (counted out of req/s; status: requests): "
+                  + "; ".join(failed) + "."]
     lines += ["", "Inside distilserve in each phase (CPU as a fraction of one core; the event "
               "loop is a process's main thread):", "",
               "| phase | batches/s | inputs per batch | ms per batch | ms tokenising | ms "

@@ -1,7 +1,8 @@
 """loadtests/engines.py's report and loadtests/peer.py's reading of nvidia-smi, from made-up
 figures: a layout's GPU memory and how many of its processes hold any, a peer's rows
-without the service's inside figures, and the sentence that sets the shared engine beside
-the rest. (The layouts served and measured: tests/e2e/test_bench_and_load.py.)"""
+without the service's inside figures, the requests refused counted out of the rates, and
+the sentence that sets the shared engine beside the rest. (The layouts served and
+measured: tests/e2e/test_bench_and_load.py.)"""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from loadtests import engines, peer
 
 
 def rows(rates: list[float], p50: float, inside: dict | None = None) -> list[dict]:
-    return [{"requests_per_s": rate, "p50_ms": p50,
-             **({"inside": {"inputs_per_batch": 2.0, "event_loops_us_per_request": 100.0,
+    return [{"requests_per_s": rate, "requests": 10 * rate, "statuses": {200: 10 * rate},
+             "p50_ms": p50, **({"inside": {"inputs_per_batch": 2.0, "event_loops_us_per_request": 100.0,
                             **inside}} if inside is not None else {})} for rate in rates]
 
 
@@ -60,3 +61,19 @@ def test_a_run_stopped_part_way_reports_what_it_measured():
     assert "its rate against one process: 1.25x." in lines[-1]
     assert engines.report({"in process": [{"batched_sentences_per_s": 1.0}],
                            one: [rows([1, 2, 3], 1.0, {})]}, "minilm", ARGS)[-1].startswith("| one")
+
+
+def test_requests_refused_are_no_part_of_a_layouts_rate_and_are_named():
+    """A layout whose engine refuses everything (503) answers fast: its rate is what it
+    answered, and the report names the phases that were refused and how."""
+    one, _, shared = (name for name, _ in engines.layouts(8))
+    failing = rows([450, 2000, 5000], 1.2, {})
+    failing[2] = {**failing[2], "statuses": {200: 30_000, 503: 20_000}}  # (10 s: 5,000/s)
+    results = {"in process": [{"batched_sentences_per_s": 10_000.0}],
+               one: [rows([500, 3000, 4000], 1.0, {})], shared: [failing]}
+    lines = engines.report(results, "minilm", ARGS)
+    assert "| 8 workers, shared engine | 512 clients | 3000 | 3000 | 30% | 1.20 | 2.0 | 100 µs |" \
+        in lines
+    assert lines[-3] == ("Not answered (counted out of req/s; status: requests): 8 workers, "
+                         "shared engine, 512 clients, round 1: {503: 20000}.")
+    assert "served 3000 req/s" in lines[-1] and "one process: 0.75x" in lines[-1]
