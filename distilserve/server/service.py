@@ -9,6 +9,7 @@ import asyncio
 import gc
 import logging
 import os
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +41,11 @@ class Service:
     draining: bool = False
     status: str = "starting"  # what is being built or loaded, for /ready
     repository: Path | None = None  # the one served, once known (the default once built)
-    # loads and unloads by request (DISTILSERVE_MODEL_CONTROL=explicit), one at a time
+    # loads and unloads by request (DISTILSERVE_MODEL_CONTROL=explicit), one at a time,
+    # carried out here, or (a front end's) by ``await elsewhere(op, name)`` in the engine
+    # process its models run in
     controlling: asyncio.Lock = field(default_factory=asyncio.Lock)
+    elsewhere: Callable[[str, str], Awaitable[None]] | None = None
 
     def unloaded(self) -> list[str]:
         """The repository's model folders neither served nor failed: added since the
@@ -89,6 +93,9 @@ class Service:
         One that fails to load is refused with the reason, listed UNAVAILABLE unless the
         one before is still served."""
         folder = self._controlled(name)
+        if self.elsewhere is not None:
+            await self.elsewhere("load", name)
+            return
         async with self.controlling:
             try:
                 engine = await _open(self, folder)
@@ -123,6 +130,9 @@ class Service:
         """Triton's explicit model control: the model ``name`` no longer served (what was
         queued for it answered first); one not served is not found."""
         self._controlled(name)
+        if self.elsewhere is not None:
+            await self.elsewhere("unload", name)
+            return
         async with self.controlling:
             gone = self.engines.pop(name, None)
             if gone is None:

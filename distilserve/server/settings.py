@@ -81,7 +81,8 @@ class Settings(BaseSettings):
     model_control: Literal["none", "explicit"] = Field(
         "none", description="explicit: models loaded and unloaded by request too (Triton's "
         "model control mode: POST /v2/repository/models/NAME/load and /unload, gRPC's "
-        "RepositoryModelLoad and RepositoryModelUnload); one worker, no polling")
+        "RepositoryModelLoad and RepositoryModelUnload); one worker or engine shared, no "
+        "polling")
     cors_allow_origins: str = Field("", description="origins whose web pages may call the "
                                     "service from a browser (CORS), comma-separated, or * "
                                     "for any; none by default")
@@ -235,11 +236,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _one_controller(self):
-        """Models loaded by request are one process's: not with several workers (each
-        would load its own), nor with polling (which serves the repository as it is)."""
-        if self.model_control == "explicit" and (self.workers > 1 or self.poll_seconds):
+        """Models loaded by request are one process's: not with several workers of their
+        own (each would load its own; the shared engine process loads them for all), nor
+        with polling (which serves the repository as it is)."""
+        if self.model_control == "explicit" and (
+                self.workers > 1 and self.engine != "shared" or self.poll_seconds):
             raise ValueError("model_control explicit loads a model in one process, as "
-                             "asked: not with workers > 1 or poll_seconds")
+                             "asked: not with workers > 1 (but with engine shared, whose "
+                             "process loads them) or poll_seconds")
         return self
 
     def bearer_key(self) -> str | None:

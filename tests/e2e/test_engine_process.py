@@ -34,6 +34,13 @@ def _engines(log: Path) -> list[int]:
     return [int(p) for p in re.findall(r"engine process (\d+) on", log.read_text())]
 
 
+def _listed(url: str, times: int = 8) -> set[str]:
+    """The models /v1/models lists in each of ``times`` answers, by whichever front ends
+    answer (all of them, most likely)."""
+    return set.intersection(*({m["id"] for m in web.get(url + "/v1/models", timeout=30)
+                               .json()["data"]} for _ in range(times)))
+
+
 def _own_embedding(folder: Path, text: str) -> np.ndarray:
     """The model's embedding of ``text``, run here on the CPU."""
     engine = load_engine(folder.name, folder, Settings(device="cpu"), Metrics())
@@ -140,23 +147,47 @@ def test_front_ends_serve_what_the_engine_finds_in_the_repository(exports, tiny_
     log = tmp_path / "serve.log"
     server, url = _serve(repo, log, DISTILSERVE_ENGINE="shared", DISTILSERVE_POLL_SECONDS="0.3")
 
-    def listed(times: int = 8) -> set[str]:  # by whichever front ends answer: all of them
-        return set.intersection(*({m["id"] for m in web.get(url + "/v1/models", timeout=30)
-                                   .json()["data"]} for _ in range(times)))
-
     try:
-        assert listed() == {"embed"}
+        assert _listed(url) == {"embed"}
         exports(tiny_checkpoints["bert", "classify"], tmp_path / "staging" / "classify", "onnx")
         (tmp_path / "staging" / "classify").rename(repo / "classify")  # whole, at once
-        wait_for(lambda: listed() == {"embed", "classify"}, "the new folder to be served")
+        wait_for(lambda: _listed(url) == {"embed", "classify"}, "the new folder to be served")
         for _ in range(4):
             answer = web.post(url + "/v1/classify", json={"model": "classify", "inputs": "a"},
                               timeout=60)
             assert answer.status_code == 200, answer.text
         (repo / "classify").rename(tmp_path / "gone")
-        wait_for(lambda: listed() == {"embed"}, "the removed folder to be unloaded")
+        wait_for(lambda: _listed(url) == {"embed"}, "the removed folder to be unloaded")
         gone = web.post(url + "/v1/classify", json={"model": "classify", "inputs": "a"},
                         timeout=60)
         assert gone.status_code == 404, gone.text
+    finally:
+        terminate(server, _engines(log))
+
+
+def test_a_model_unloaded_and_loaded_by_request_through_the_front_ends(exports,
+                                                                       tiny_checkpoints,
+                                                                       tmp_path):
+    """``--workers 2 --engine shared`` with DISTILSERVE_MODEL_CONTROL=explicit: Triton's
+    unload and load, sent to whichever front end, are the engine process's, and every
+    front end serves the outcome."""
+    repo = tmp_path / "repo"
+    for task in ("embed", "classify"):
+        exports(tiny_checkpoints["bert", task], repo / task, "onnx")
+    log = tmp_path / "serve.log"
+    server, url = _serve(repo, log, DISTILSERVE_ENGINE="shared",
+                         DISTILSERVE_MODEL_CONTROL="explicit")
+    try:
+        assert _listed(url) == {"embed", "classify"}
+        unloaded = web.post(url + "/v2/repository/models/classify/unload", timeout=60)
+        assert unloaded.status_code == 200, unloaded.text
+        wait_for(lambda: _listed(url) == {"embed"}, "every front end to drop it")
+        assert web.post(url + "/v1/classify", json={"inputs": "a"}, timeout=60).status_code == 404
+        loaded = web.post(url + "/v2/repository/models/classify/load", timeout=60)
+        assert loaded.status_code == 200, loaded.text
+        wait_for(lambda: _listed(url) == {"embed", "classify"}, "every front end to serve it")
+        for _ in range(4):
+            answer = web.post(url + "/v1/classify", json={"inputs": "a"}, timeout=60)
+            assert answer.status_code == 200, answer.text
     finally:
         terminate(server, _engines(log))

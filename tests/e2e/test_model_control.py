@@ -1,6 +1,6 @@
 """End to end: Triton's explicit model control (DISTILSERVE_MODEL_CONTROL=explicit):
 tritonclient's load_model and unload_model, over HTTP and gRPC, on the repository's folders
-only; refused by default, and with several workers or polling."""
+only; refused by default, and with several workers (of their own) or polling."""
 
 from __future__ import annotations
 
@@ -129,3 +129,5 @@ def test_refused_by_default_and_with_workers_or_polling(exports, tiny_checkpoint
     for other in ({"workers": 2}, {"poll_seconds": 5}):
         with pytest.raises(ValidationError, match="model_control explicit"):
             Settings(model_control="explicit", **other)
+    # the shared engine process loads the models for all its front ends
+    assert Settings(model_control="explicit", workers=2, engine="shared").workers == 2

@@ -260,6 +260,22 @@ def test_without_its_engine_process_a_front_end_answers_unavailable(tmp_path):
     asyncio.run(go())
 
 
+def test_a_load_by_request_without_the_engine_process_is_refused_as_unavailable(tmp_path):
+    from distilserve.server.core.refusals import Refusal
+
+    async def go():
+        client = front_end.EngineClient(str(tmp_path / "nobody.sock"))
+        client.start()
+        follower = front_end.Follower(client, Service(Settings(), Metrics()))
+        with pytest.raises(Refusal, match="the engine process that would load it") as refused:
+            await follower.control("load", "embed")
+        assert refused.value.reason == "unavailable" and refused.value.retry_after == 2
+        for task in client.tasks:
+            task.cancel()
+
+    asyncio.run(go())
+
+
 def test_requests_in_flight_when_the_engine_process_goes_are_unavailable(tmp_path):
     """The engine's connection closes with a request unanswered: it is failed, not hung,
     and the next request is refused until the engine is back."""
@@ -444,5 +460,46 @@ def test_front_ends_follow_the_engines_repository_as_it_changes(exports, tiny_ch
             (repo / "classify").rename(tmp_path / "gone")
             await wait_until(lambda: "classify" not in looking.engines)
             assert "classify" not in engine.service.engines
+
+    asyncio.run(go())
+
+
+def test_models_loaded_and_unloaded_by_request_through_any_front_end(exports, tiny_checkpoints,
+                                                                     tmp_path):
+    """DISTILSERVE_MODEL_CONTROL=explicit with the shared engine: a front end's load or
+    unload is the engine process's, done once that front end serves the outcome; every
+    other front end serves it once the engine says its models changed. A load the engine
+    refuses is refused at the front end as the engine said it."""
+    from distilserve.server.core.refusals import Refusal
+
+    repo = tmp_path / "repo"
+    for task in ("embed", "classify"):
+        exports(tiny_checkpoints["bert", task], repo / task, "onnx", check=False)
+    path = str(tmp_path / "engine.sock")
+
+    async def go():
+        async with engine_and_front_end(repo, path, model_control="explicit", workers=2,
+                                        warmup=False) as (one, engine):
+            other = Service(one.settings, Metrics())
+            await front_end.loader(path)(other)
+            assert sorted(one.engines) == sorted(other.engines) == ["classify", "embed"]
+
+            await one.unload("classify")
+            assert "classify" not in one.engines and "classify" not in engine.service.engines
+            await wait_until(lambda: "classify" not in other.engines)
+            with pytest.raises(Refusal, match="not served") as refused:
+                await other.unload("classify")
+            assert refused.value.reason == "not_found"
+
+            await other.load("classify")
+            assert len((await other.engines["classify"].infer(["a"], "right")).outputs) == 1
+            await wait_until(lambda: "classify" in one.engines)
+
+            (repo / "broken").mkdir()
+            (repo / "broken" / "manifest.json").write_text("{not json")
+            with pytest.raises(Refusal, match="model 'broken' failed to load") as refused:
+                await one.load("broken")
+            assert refused.value.reason == "bad_request" and "broken" in one.failures
+            await wait_until(lambda: "broken" in other.failures)
 
     asyncio.run(go())

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from distilserve.server.core.batching import InputFailed
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.core.runner import INLINE, ModelUnavailable, Result, assemble, prepare
 from distilserve.server.core.tokenisation import TurnTokenizer
 from distilserve.server.engine import Engine, read_manifest
@@ -75,7 +76,8 @@ class EngineClient:
         self.ids = itertools.count()
         self.connected = asyncio.Event()
         self.lost = asyncio.Event()  # set when a connection ends (cleared by who waits on it)
-        # set with lost, and when a reply says a model here is not the one served there
+        # set with lost, and when the engine says its models changed or a reply says a
+        # model here is not the one served there
         self.look = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
         self.polling = Polling(0.0, lambda: bool(self.waiting))
@@ -97,6 +99,9 @@ class EngineClient:
             try:
                 while True:
                     for header, arrays in await wire.read(reader):
+                        if "news" in header:  # its models changed: a look at them
+                            self.look.set()
+                            continue
                         future = self.waiting.pop(header["id"], None)
                         if future is not None and not future.done():
                             future.set_result((header, arrays))
@@ -184,10 +189,10 @@ def loader(path: str):
     """The app's loader (create_app's ``loader``) of a front end of the engine process at
     ``path``: waits until the engine has loaded its models (the front end's /ready says
     what it is doing meanwhile), then serves each as an engine here with a
-    ProcessRunner, and follows the engine's models as they change; while it awaits the
-    engine's replies it polls (DISTILSERVE_ENGINE_POLL_US) where the engine runs its models
-    on a device, not on the CPU, whose cores a polling front end would take from the
-    model."""
+    ProcessRunner, and follows the engine's models as they change (Follower); while it
+    awaits the engine's replies it polls (DISTILSERVE_ENGINE_POLL_US) where the engine runs
+    its models on a device, not on the CPU, whose cores a polling front end would take
+    from the model."""
     async def load(service: Service) -> None:
         client = EngineClient(path)
         client.start()  # (for the process's life)
@@ -198,26 +203,15 @@ def loader(path: str):
         if state["repository"] is not None:
             service.repository = Path(state["repository"])
         served = {m["name"]: m for m in state["models"]}
-        open_remote = opener(client, service)
+        follower = Follower(client, service)
         await load_models(service, [Path(m["folder"]) for m in state["models"]],
-                          lambda folder: open_remote(served[folder.name]))
+                          lambda folder: follower.open(served[folder.name]))
+        service.elsewhere = follower.control
         client.lost.clear()
         client.look.clear()
-        client.tasks.append(asyncio.create_task(follow(client, service, open_remote)))
+        client.tasks.append(asyncio.create_task(follower.follow()))
 
     return load
-
-
-def opener(client: EngineClient, service: Service):
-    """``await open_remote(served)``: the engine here of a model the engine process serves
-    (an entry of ``models``' answer), its inputs run there."""
-    async def open_remote(served: dict) -> Engine:
-        folder = Path(served["folder"])
-        return await asyncio.to_thread(
-            Engine, folder.name, folder, read_manifest(folder), service.settings,
-            service.metrics, runner=lambda engine: ProcessRunner(engine, client, served))
-
-    return open_remote
 
 
 async def engine_ready(client: EngineClient, service: Service) -> dict:
@@ -235,55 +229,88 @@ async def engine_ready(client: EngineClient, service: Service) -> dict:
         await asyncio.sleep(RECONNECT_S)
 
 
-async def follow(client: EngineClient, service: Service, open_remote) -> None:
+class Follower:
     """The front end's models kept the engine process's: not ready while the engine
     process is gone, and ready again, serving what the one that replaces it loaded, once
-    it has; and as the engine's models change (DISTILSERVE_POLL_SECONDS), the same here,
-    looked for as often, and at once when the engine says a model here is not its own."""
-    every = service.settings.poll_seconds or None
-    while True:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(client.look.wait(), every)
-        client.look.clear()
-        if client.lost.is_set():
-            client.lost.clear()
-            service.ready, service.status = False, "the engine process is restarting"
-            await in_step(service, await engine_ready(client, service), open_remote)
-            service.ready, service.status = True, "ready"
-            continue
-        try:
-            state, _ = await client.call({"op": "models"})
-        except ModelUnavailable:
-            continue  # the engine process is gone: lost is set
-        if state["ready"]:
-            await in_step(service, state, open_remote)
+    it has; and as the engine's models change (it polls the repository, or loads and
+    unloads by request), the same here: looked for as often as it polls, and at once
+    when the engine says they changed or that a model here is not its own. A load or
+    unload by request here is the engine's (``control``)."""
 
+    def __init__(self, client: EngineClient, service: Service):
+        self.client, self.service = client, service
+        self.lock = asyncio.Lock()  # one look at a time
 
-async def in_step(service: Service, state: dict, open_remote) -> None:
-    """Serves here what the engine process serves (``models``' answer): a model it no
-    longer serves dropped; one it has loaded again, or newly, opened here and put in the
-    place of the one before. Its failures are the front end's; a model that fails to open
-    here is not served, and is opened again at the next look."""
-    served = {m["name"]: m for m in state["models"]}
-    failures = dict(state["failures"])
-    changed = False
-    for name in sorted(set(service.engines) - set(served)):
-        del service.engines[name]
-        log.info("model %s no longer served by the engine process", name)
-        changed = True
-    for name, model in served.items():
-        before = service.engines.get(name)
-        if before is not None and before.runner.loaded == model["loaded"]:
-            continue
+    async def open(self, served: dict) -> Engine:
+        """The engine here of a model the engine process serves (an entry of ``models``'
+        answer), its inputs run there."""
+        folder = Path(served["folder"])
+        return await asyncio.to_thread(
+            Engine, folder.name, folder, read_manifest(folder), self.service.settings,
+            self.service.metrics, runner=lambda engine: ProcessRunner(
+                engine, self.client, served))
+
+    async def follow(self) -> None:
+        client, service = self.client, self.service
+        every = service.settings.poll_seconds or None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(client.look.wait(), every)
+            client.look.clear()
+            if client.lost.is_set():
+                client.lost.clear()
+                service.ready, service.status = False, "the engine process is restarting"
+                await self.in_step(await engine_ready(client, service))
+                service.ready, service.status = True, "ready"
+                continue
+            with contextlib.suppress(ModelUnavailable):  # (gone: lost is set)
+                await self.in_step()
+
+    async def control(self, op: str, name: str) -> None:
+        """Service.load or Service.unload (``op``) of the model ``name``, carried out by
+        the engine process (its Refusal raised here); done once this front end serves
+        what the engine serves after it."""
         try:
-            engine = await open_remote(model)
-        except Exception as e:
-            log.error("model %s not served: %s", name, failure(e))
-            service.engines.pop(name, None)  # (the engine would refuse its requests)
-            failures[name] = service.said(failure(e))
-            continue
-        await put_in_place(service, engine)
-        changed = True
-    service.failures = failures
-    if changed:
-        freeze_long_lived(thaw=True)
+            header, _ = await self.client.call({"op": op, "model": name})
+            try:
+                wire.raise_failure(header)
+            finally:  # (a load that failed is the engine's failure, said here too)
+                await self.in_step()
+        except ModelUnavailable as e:
+            raise Refusal("unavailable", f"model {name!r}: the engine process that would "
+                          f"{op} it is unavailable ({e}); retry shortly", retry_after=2) from None
+
+    async def in_step(self, state: dict | None = None) -> None:
+        """Serves here what the engine process serves (``models``' answer, asked for
+        where not given): a model it no longer serves dropped; one it has loaded again,
+        or newly, opened here and put in the place of the one before. Its failures are
+        the front end's; a model that fails to open here is not served, and is opened
+        again at the next look."""
+        async with self.lock:
+            if state is None:
+                state, _ = await self.client.call({"op": "models"})
+                if not state["ready"]:
+                    return
+            service = self.service
+            served = {m["name"]: m for m in state["models"]}
+            failures, changed = dict(state["failures"]), False
+            for name in sorted(set(service.engines) - set(served)):
+                del service.engines[name]
+                log.info("model %s no longer served by the engine process", name)
+                changed = True
+            for name, model in served.items():
+                before = service.engines.get(name)
+                if before is not None and before.runner.loaded == model["loaded"]:
+                    continue
+                try:
+                    engine = await self.open(model)
+                except Exception as e:
+                    log.error("model %s not served: %s", name, failure(e))
+                    service.engines.pop(name, None)  # (the engine would refuse its requests)
+                    failures[name] = service.said(failure(e))
+                    continue
+                await put_in_place(service, engine)
+                changed = True
+            service.failures = failures
+            if changed:
+                freeze_long_lived(thaw=True)

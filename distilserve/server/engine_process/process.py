@@ -50,9 +50,11 @@ class Connection:
     order: the reply names the request's id); one the front end cancels (its client went
     away) leaves the queue, as in one process."""
 
-    def __init__(self, service: Service, writer: asyncio.StreamWriter):
-        self.service, self.outbox = service, wire.Outbox(writer)
+    def __init__(self, service: Service, writer: asyncio.StreamWriter,
+                 everyone: set[Connection]):
+        self.service, self.outbox, self.everyone = service, wire.Outbox(writer), everyone
         self.running: dict[int, list] = {}  # each request's queued items, by its id
+        self.controls: set[asyncio.Task] = set()  # loads and unloads by request, under way
 
     def reply(self, header: dict, arrays: list = ()) -> None:
         self.outbox.send(header, arrays)
@@ -70,6 +72,11 @@ class Connection:
         if header["op"] == "cancel":
             for item in self.running.pop(header["id"], []):
                 item.future.cancel()
+            return
+        if header["op"] in ("load", "unload"):
+            task = asyncio.create_task(self.control(header))
+            self.controls.add(task)
+            task.add_done_callback(self.controls.discard)
             return
         engine = self.service.engines.get(header["model"])
         if self.service.draining:
@@ -91,6 +98,17 @@ class Connection:
         futures = [item.future for item in items]
         done = futures[0] if len(futures) == 1 else asyncio.gather(*futures)
         done.add_done_callback(lambda _: self.answer(header["id"], engine, items, done))
+
+    async def control(self, header: dict) -> None:
+        """A load or unload by request (Service.load, Service.unload), answered when done
+        or refused; then every front end is told that the models may have changed."""
+        try:
+            await getattr(self.service, header["op"])(header["model"])
+            self.reply({"id": header["id"]})
+        except Exception as e:  # a Refusal: not explicit, no such folder, a failed load
+            self.reply({"id": header["id"], **wire.failure(e)})
+        for connection in self.everyone:  # (a failed load is listed as failed)
+            connection.reply({"news": "models"})
 
     def answer(self, request: int, engine, items: list, done: asyncio.Future) -> None:
         """The request's outputs, once all are ready (a row per token cut to its tokens),
@@ -118,11 +136,11 @@ async def serve(service: Service, path: str, stop: asyncio.Event) -> None:
     settings = service.settings
     settings.tune_interpreter()  # (the process ends with it)
     loading = asyncio.create_task(build_and_load(service, settings.model_repository))
-    writers: set[asyncio.StreamWriter] = set()
+    connections: set[Connection] = set()
 
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = Connection(service, writer)
-        writers.add(writer)
+        connection = Connection(service, writer, connections)
+        connections.add(connection)
         try:
             while True:
                 for header, arrays in await wire.read(reader):
@@ -130,7 +148,7 @@ async def serve(service: Service, path: str, stop: asyncio.Event) -> None:
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the front end has gone
         finally:
-            writers.discard(writer)
+            connections.discard(connection)
             writer.close()
 
     server = await asyncio.start_unix_server(connected, path)
@@ -143,8 +161,8 @@ async def serve(service: Service, path: str, stop: asyncio.Event) -> None:
         await engine.stop()  # what is queued is answered first
     server.close()
     await asyncio.sleep(0)  # (the last replies written)
-    for writer in list(writers):
-        writer.close()
+    for connection in list(connections):
+        connection.outbox.writer.close()
     service.cpu_thread.shutdown(wait=False)
 
 

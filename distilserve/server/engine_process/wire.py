@@ -2,7 +2,8 @@
 frame the messages of one turn of the sender's event loop, a header (JSON) and the numpy
 arrays it describes, prefixed by the two lengths. A request carries token ids, a reply
 each input's outputs (an array, or a pair of them: an output and its postprocessed copy)
-or the refusal of the whole request."""
+or the refusal of the whole request; a message with no id is the engine's news (its models
+changed)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from distilserve.server.core.batching import (
     OverQueue,
     QueueFull,
 )
+from distilserve.server.core.refusals import Refusal
 from distilserve.server.core.runner import ModelUnavailable
 
 LENGTHS = struct.Struct("<II")  # the header's bytes, the arrays' bytes
@@ -114,6 +116,9 @@ def failure(error: Exception) -> dict:
     for kind, cls in FAILURES.items():
         if isinstance(error, cls):
             return {"failed": kind, "message": str(error)}
+    if isinstance(error, Refusal):  # (a load or unload by request)
+        return {"failed": "refusal", "reason": error.reason, "message": error.message,
+                "retry_after": error.retry_after}
     return {"failed": "error", "message": f"{type(error).__name__}: {error}"}
 
 
@@ -126,6 +131,8 @@ def raise_failure(header: dict) -> None:
         raise INPUT_FAILURES[kind](header["index"], *header["facts"])
     if kind in FAILURES:
         raise FAILURES[kind](header["message"])
+    if kind == "refusal":
+        raise Refusal(header["reason"], header["message"], header["retry_after"])
     raise EngineError(header["message"])
 
 
