@@ -46,6 +46,13 @@ class Service:
     # process its models run in
     controlling: asyncio.Lock = field(default_factory=asyncio.Lock)
     elsewhere: Callable[[str, str], Awaitable[None]] | None = None
+    # called once what is served may have changed (a model loaded, replaced or unloaded, a
+    # folder failed) by polling or by request: the engine process tells its front ends
+    on_change: Callable[[], None] | None = None
+
+    def changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def unloaded(self) -> list[str]:
         """The repository's model folders neither served nor failed: added since the
@@ -103,9 +110,11 @@ class Service:
                 log.error("model %s not loaded by request: %s", name, failure(e))
                 if name not in self.engines:
                     self.failures[name] = self.said(failure(e))
+                    self.changed()
                 raise Refusal("bad_request", f"model {name!r} failed to load: "
                               f"{self.said(failure(e))}") from None
             await put_in_place(self, engine)
+            self.changed()
             freeze_long_lived(thaw=True)
 
     def names(self) -> tuple[dict[str, str], list[str]]:
@@ -138,6 +147,7 @@ class Service:
             if gone is None:
                 raise Refusal("not_found", f"model {name!r} is not served")
             log.info("model %s unloaded by request", name)
+            self.changed()
             await gone.stop()
             freeze_long_lived(thaw=True)
 
@@ -246,6 +256,7 @@ async def poll_repository(service: Service, repository: Path, every: float) -> N
     are served (sync_repository)."""
     while True:
         await asyncio.sleep(every)
+        served = list(service.engines.items()), dict(service.failures)
         try:
             changed = await sync_repository(service, repository)
         except Exception:  # e.g. the repository unmounted for a moment: try again later
@@ -253,6 +264,8 @@ async def poll_repository(service: Service, repository: Path, every: float) -> N
             continue
         if changed:  # the models unloaded can be freed, the ones loaded frozen with the rest
             freeze_long_lived(thaw=True)
+        if (list(service.engines.items()), service.failures) != served:
+            service.changed()
 
 
 async def sync_repository(service: Service, repository: Path) -> bool:

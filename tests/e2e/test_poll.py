@@ -145,3 +145,37 @@ def test_a_model_replaced_or_removed_is_freed(repo, tiny_checkpoints):
         assert first() is None and second() is None  # both models' memory given back
     finally:
         gc.unfreeze()
+
+
+def test_the_polls_that_change_what_is_served_say_so(repo):
+    """Service.on_change (the engine process's news to its front ends) after a poll that
+    changed what is served or failed, not after those that found the repository as it was."""
+    import asyncio
+
+    from distilserve.server.metrics import Metrics
+    from distilserve.server.service import Service, load_repository, poll_repository
+    from distilserve.server.settings import Settings
+
+    async def go():
+        service = Service(Settings(warmup=False), Metrics())
+        told = []
+        service.on_change = lambda: told.append((sorted(service.engines),
+                                                 sorted(service.failures)))
+        await load_repository(service, repo)
+        polling = asyncio.create_task(poll_repository(service, repo, 0.05))
+        await asyncio.sleep(0.3)  # some polls: nothing changed
+        quiet = list(told)
+        (repo / "broken").mkdir()
+        (repo / "broken" / "manifest.json").write_text("{not json")
+        for _ in range(500):
+            if told:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)  # more polls, the broken folder as it was
+        polling.cancel()
+        for engine in service.engines.values():
+            await engine.stop()
+        return quiet, told
+
+    quiet, told = asyncio.run(go())
+    assert quiet == [] and told == [(["embed"], ["broken"])]

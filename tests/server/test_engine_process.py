@@ -415,9 +415,10 @@ def test_a_front_end_polls_while_it_awaits_replies_and_sleeps_after():
 
 def test_front_ends_follow_the_engines_repository_as_it_changes(exports, tiny_checkpoints,
                                                                 tmp_path):
-    """The engine polls its repository (DISTILSERVE_POLL_SECONDS); a front end that looks as
-    often serves a folder added, and each serves a model exported again or removed once a
-    request of its finds it so there (a 503 to retry), even one that never looks."""
+    """The engine polls its repository (DISTILSERVE_POLL_SECONDS) and tells the front ends
+    when what it serves changes: each serves a folder added, exported again or removed.
+    A request sent with a model the engine no longer serves is refused (a 503 to retry)
+    and has its front end look, news or none."""
     repo, staging = tmp_path / "repo", tmp_path / "staging"
     exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
     path = str(tmp_path / "engine.sock")
@@ -430,35 +431,37 @@ def test_front_ends_follow_the_engines_repository_as_it_changes(exports, tiny_ch
 
     async def go():
         async with engine_and_front_end(repo, path, poll_seconds=0.2, warmup=False) as (
-                looking, engine):
-            deaf = Service(Settings(model_repository=repo, engine="shared", warmup=False),
-                           Metrics())  # it never looks
-            await front_end.loader(path)(deaf)
-            assert sorted(looking.engines) == sorted(deaf.engines) == ["embed"]
+                one, engine):
+            other = Service(one.settings, Metrics())
+            await front_end.loader(path)(other)
+            assert sorted(one.engines) == sorted(other.engines) == ["embed"]
 
             await asyncio.to_thread(put_in_place, tiny_checkpoints["bert", "classify"],
                                     "classify")
-            await wait_until(lambda: "classify" in looking.engines)
-            assert len((await looking.engines["classify"].infer(["a"], "right")).outputs) == 1
-            assert "classify" not in deaf.engines
+            await wait_until(lambda: "classify" in one.engines and "classify" in other.engines)
+            assert len((await one.engines["classify"].infer(["a"], "right")).outputs) == 1
 
-            before = deaf.engines["embed"]
+            news, engine.service.on_change = engine.service.on_change, None  # none told
+            before = one.engines["embed"]
             await asyncio.to_thread(put_in_place, tiny_checkpoints["minialbert", "embed"],
                                     "embed")
             await wait_until(lambda: engine.service.engines["embed"].family == "minialbert")
             with pytest.raises(ModelUnavailable, match="has loaded it again since"):
                 await before.infer(["a"], "right")
-            await wait_until(lambda: deaf.engines["embed"] is not before)
-            assert deaf.engines["embed"].family == "minialbert"
-            await wait_until(lambda: looking.engines["embed"].family == "minialbert")
+            await wait_until(lambda: one.engines["embed"].family == "minialbert")
+            assert other.engines["embed"].family == "bert"  # (no request of its has asked)
+            with pytest.raises(ModelUnavailable):
+                await other.engines["embed"].infer(["a"], "right")
+            await wait_until(lambda: other.engines["embed"].family == "minialbert")
             own = await engine.service.engines["embed"].infer(["a"], "right")
-            for front in (looking, deaf):
+            for front in (one, other):
                 np.testing.assert_allclose(
                     (await front.engines["embed"].infer(["a"], "right")).outputs[0],
                     own.outputs[0], atol=1e-6)
 
+            engine.service.on_change = news
             (repo / "classify").rename(tmp_path / "gone")
-            await wait_until(lambda: "classify" not in looking.engines)
+            await wait_until(lambda: "classify" not in one.engines | other.engines)
             assert "classify" not in engine.service.engines
 
     asyncio.run(go())

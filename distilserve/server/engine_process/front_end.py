@@ -233,9 +233,9 @@ class Follower:
     """The front end's models kept the engine process's: not ready while the engine
     process is gone, and ready again, serving what the one that replaces it loaded, once
     it has; and as the engine's models change (it polls the repository, or loads and
-    unloads by request), the same here: looked for as often as it polls, and at once
-    when the engine says they changed or that a model here is not its own. A load or
-    unload by request here is the engine's (``control``)."""
+    unloads by request), the same here, looked at when the engine says they changed, or
+    that a model here is not its own (a request sent as it changed). A load or unload by
+    request here is the engine's (``control``)."""
 
     def __init__(self, client: EngineClient, service: Service):
         self.client, self.service = client, service
@@ -252,10 +252,8 @@ class Follower:
 
     async def follow(self) -> None:
         client, service = self.client, self.service
-        every = service.settings.poll_seconds or None
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(client.look.wait(), every)
+            await client.look.wait()
             client.look.clear()
             if client.lost.is_set():
                 client.lost.clear()

@@ -1,12 +1,14 @@
 """The engine process: the service's models (their runners: batching queues, backends,
 warm-ups, CUDA graphs), one copy of each, answering the front ends' requests on a Unix
 socket. It reads the repository as a one-process service does (building the embedded
-default when none is named; with DISTILSERVE_POLL_SECONDS, kept in step with it); a front
-end asks which models it serves, then sends each request's token ids, naming the load of
-the model it serves, and gets back the outputs, or a refusal that says its model is not
-the one served here (distilserve/server/engine_process/front_end.py). Batches form from
-all the front ends' inputs. SIGTERM: what is queued is answered, then it exits; SIGINT is
-the supervisor's to handle (it stops the front ends first)."""
+default when none is named; with DISTILSERVE_POLL_SECONDS, kept in step with it; with
+DISTILSERVE_MODEL_CONTROL=explicit, loading and unloading as a front end asks). A front
+end asks which models it serves, and is told when they change; it sends each request's
+token ids, naming the load of the model it serves, and gets back the outputs, or a
+refusal that says its model is not the one served here
+(distilserve/server/engine_process/front_end.py). Batches form from all the front ends'
+inputs. SIGTERM: what is queued is answered, then it exits; SIGINT is the supervisor's to
+handle (it stops the front ends first)."""
 
 from __future__ import annotations
 
@@ -50,9 +52,8 @@ class Connection:
     order: the reply names the request's id); one the front end cancels (its client went
     away) leaves the queue, as in one process."""
 
-    def __init__(self, service: Service, writer: asyncio.StreamWriter,
-                 everyone: set[Connection]):
-        self.service, self.outbox, self.everyone = service, wire.Outbox(writer), everyone
+    def __init__(self, service: Service, writer: asyncio.StreamWriter):
+        self.service, self.outbox = service, wire.Outbox(writer)
         self.running: dict[int, list] = {}  # each request's queued items, by its id
         self.controls: set[asyncio.Task] = set()  # loads and unloads by request, under way
 
@@ -101,14 +102,12 @@ class Connection:
 
     async def control(self, header: dict) -> None:
         """A load or unload by request (Service.load, Service.unload), answered when done
-        or refused; then every front end is told that the models may have changed."""
+        or refused (every front end told of the change: serve's ``on_change``)."""
         try:
             await getattr(self.service, header["op"])(header["model"])
             self.reply({"id": header["id"]})
         except Exception as e:  # a Refusal: not explicit, no such folder, a failed load
             self.reply({"id": header["id"], **wire.failure(e)})
-        for connection in self.everyone:  # (a failed load is listed as failed)
-            connection.reply({"news": "models"})
 
     def answer(self, request: int, engine, items: list, done: asyncio.Future) -> None:
         """The request's outputs, once all are ready (a row per token cut to its tokens),
@@ -135,11 +134,17 @@ async def serve(service: Service, path: str, stop: asyncio.Event) -> None:
     queued is answered, the front ends' connections closed, and it returns."""
     settings = service.settings
     settings.tune_interpreter()  # (the process ends with it)
-    loading = asyncio.create_task(build_and_load(service, settings.model_repository))
     connections: set[Connection] = set()
 
+    def tell_everyone() -> None:  # that the models served changed: each front end looks
+        for connection in connections:
+            connection.reply({"news": "models"})
+
+    service.on_change = tell_everyone
+    loading = asyncio.create_task(build_and_load(service, settings.model_repository))
+
     async def connected(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = Connection(service, writer, connections)
+        connection = Connection(service, writer)
         connections.add(connection)
         try:
             while True:
