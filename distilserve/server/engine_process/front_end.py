@@ -6,7 +6,8 @@ builds its Result from the outputs that come back. While the engine process is g
 died, and the supervisor starts another) the front end is not ready and refuses requests
 as unavailable, until the client has connected again and the engine has loaded. The
 front end serves the models the engine serves: as they change there (the engine polls
-the repository, or a new engine process has read it afresh), here too."""
+the repository, loads or unloads a model by request, or a new engine process has read
+the repository afresh), here too."""
 
 from __future__ import annotations
 
