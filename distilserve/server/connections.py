@@ -244,7 +244,17 @@ class Workers(Multiprocess):
     they have closed theirs too, a new connection is refused at connect, where the
     supervisor's copy would have kept the socket listening, its connections queued for
     no one and reset when it exits. It replaces a worker that dies as soon as it is gone,
-    even while the worker was being pinged."""
+    even while the worker was being pinged. SIGHUP replaces the workers in turn, after
+    ``on_hup`` (the shared engine process told to read its repository again)."""
+
+    def __init__(self, config: Config, sockets: list, on_hup: Callable[[], None] | None = None):
+        super().__init__(config, sockets)
+        self.on_hup = on_hup
+
+    def handle_hup(self) -> None:
+        if self.on_hup is not None:
+            self.on_hup()
+        super().handle_hup()
 
     def keep_subprocess_alive(self) -> None:
         # each worker's end of its health-check pipe, closed in the supervisor once the

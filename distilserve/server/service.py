@@ -41,10 +41,11 @@ class Service:
     draining: bool = False
     status: str = "starting"  # what is being built or loaded, for /ready
     repository: Path | None = None  # the one served, once known (the default once built)
-    # loads and unloads by request (DISTILSERVE_MODEL_CONTROL=explicit), one at a time,
-    # carried out here, or (a front end's) by ``await elsewhere(op, name)`` in the engine
-    # process its models run in
+    # changes to what is served, one at a time: loads and unloads by request
+    # (DISTILSERVE_MODEL_CONTROL=explicit) and the repository read again (polls, SIGHUP)
     controlling: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # a front end's loads and unloads by request, ``await elsewhere(op, name)``: carried out
+    # by the engine process its models run in (None: here)
     elsewhere: Callable[[str, str], Awaitable[None]] | None = None
     # called once what is served may have changed (a model loaded, replaced or unloaded, a
     # folder failed) by polling or by request: the engine process tells its front ends
@@ -253,15 +254,22 @@ def folder_version(folder: Path) -> tuple:
 
 async def poll_repository(service: Service, repository: Path, every: float) -> None:
     """Triton's poll mode: every ``every`` seconds, the repository's folders as they are now
-    are served (sync_repository)."""
+    are served (reread)."""
     while True:
         await asyncio.sleep(every)
+        await reread(service, repository)
+
+
+async def reread(service: Service, repository: Path) -> None:
+    """The repository's folders as they are now served (sync_repository), and said where
+    that changed what is served or failed (Service.on_change)."""
+    async with service.controlling:  # (a poll beside a SIGHUP's: one after the other)
         served = list(service.engines.items()), dict(service.failures)
         try:
             changed = await sync_repository(service, repository)
         except Exception:  # e.g. the repository unmounted for a moment: try again later
-            log.exception("polling the model repository %s failed", repository)
-            continue
+            log.exception("reading the model repository %s again failed", repository)
+            return
         if changed:  # the models unloaded can be freed, the ones loaded frozen with the rest
             freeze_long_lived(thaw=True)
         if (list(service.engines.items()), service.failures) != served:

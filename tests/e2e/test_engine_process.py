@@ -34,11 +34,23 @@ def _engines(log: Path) -> list[int]:
     return [int(p) for p in re.findall(r"engine process (\d+) on", log.read_text())]
 
 
-def _listed(url: str, times: int = 8) -> set[str]:
-    """The models /v1/models lists in each of ``times`` answers, by whichever front ends
-    answer (all of them, most likely)."""
-    return set.intersection(*({m["id"] for m in web.get(url + "/v1/models", timeout=30)
-                               .json()["data"]} for _ in range(times)))
+def _answers(url: str, model: str, times: int = 8) -> list[int]:
+    """The statuses of ``times`` requests classifying with ``model``, answered by
+    whichever front ends answer (all of them, most likely)."""
+    return [web.post(url + "/v1/classify", json={"model": model, "inputs": "a"},
+                     timeout=60).status_code for _ in range(times)]
+
+
+def _until_all(url: str, model: str, status: int, why: str, before: int = 200) -> None:
+    """Waits until eight requests with ``model`` in a row are answered ``status``; before,
+    each is answered that, ``before``, or 503 by a front end a moment behind the engine
+    (none is left unanswered, none fails)."""
+    def settled() -> bool:
+        seen = _answers(url, model)
+        assert set(seen) <= {status, before, 503}, seen
+        return set(seen) == {status}
+
+    wait_for(settled, why)
 
 
 def _own_embedding(folder: Path, text: str) -> np.ndarray:
@@ -148,19 +160,12 @@ def test_front_ends_serve_what_the_engine_finds_in_the_repository(exports, tiny_
     server, url = _serve(repo, log, DISTILSERVE_ENGINE="shared", DISTILSERVE_POLL_SECONDS="0.3")
 
     try:
-        assert _listed(url) == {"embed"}
+        assert set(_answers(url, "classify")) == {404}
         exports(tiny_checkpoints["bert", "classify"], tmp_path / "staging" / "classify", "onnx")
         (tmp_path / "staging" / "classify").rename(repo / "classify")  # whole, at once
-        wait_for(lambda: _listed(url) == {"embed", "classify"}, "the new folder to be served")
-        for _ in range(4):
-            answer = web.post(url + "/v1/classify", json={"model": "classify", "inputs": "a"},
-                              timeout=60)
-            assert answer.status_code == 200, answer.text
+        _until_all(url, "classify", 200, "the new folder to be served", before=404)
         (repo / "classify").rename(tmp_path / "gone")
-        wait_for(lambda: _listed(url) == {"embed"}, "the removed folder to be unloaded")
-        gone = web.post(url + "/v1/classify", json={"model": "classify", "inputs": "a"},
-                        timeout=60)
-        assert gone.status_code == 404, gone.text
+        _until_all(url, "classify", 404, "the removed folder to be unloaded")
     finally:
         terminate(server, _engines(log))
 
@@ -178,16 +183,43 @@ def test_a_model_unloaded_and_loaded_by_request_through_the_front_ends(exports,
     server, url = _serve(repo, log, DISTILSERVE_ENGINE="shared",
                          DISTILSERVE_MODEL_CONTROL="explicit")
     try:
-        assert _listed(url) == {"embed", "classify"}
+        assert set(_answers(url, "classify")) == {200}
         unloaded = web.post(url + "/v2/repository/models/classify/unload", timeout=60)
         assert unloaded.status_code == 200, unloaded.text
-        wait_for(lambda: _listed(url) == {"embed"}, "every front end to drop it")
-        assert web.post(url + "/v1/classify", json={"inputs": "a"}, timeout=60).status_code == 404
+        _until_all(url, "classify", 404, "every front end to drop it")
         loaded = web.post(url + "/v2/repository/models/classify/load", timeout=60)
         assert loaded.status_code == 200, loaded.text
-        wait_for(lambda: _listed(url) == {"embed", "classify"}, "every front end to serve it")
-        for _ in range(4):
-            answer = web.post(url + "/v1/classify", json={"inputs": "a"}, timeout=60)
-            assert answer.status_code == 200, answer.text
+        _until_all(url, "classify", 200, "every front end to serve it", before=404)
+    finally:
+        terminate(server, _engines(log))
+
+
+def test_sighup_has_the_engine_read_its_repository_again(exports, tiny_checkpoints, tmp_path):
+    """``--workers 2 --engine shared``: SIGHUP replaces the front ends in turn, as with a
+    copy each, and has the engine process read its repository again: a folder exported
+    again is served through every front end, requests answered throughout."""
+    repo = tmp_path / "repo"
+    exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx")
+    log = tmp_path / "serve.log"
+    server, url = _serve(repo, log, DISTILSERVE_ENGINE="shared")
+
+    def families(times: int = 8) -> set[str]:
+        return {m["family"] for _ in range(times)
+                for m in web.get(url + "/v1/models", timeout=30).json()["data"]}
+
+    def embedded() -> bool:  # eight in a row (each 200, or a 503 to retry meanwhile)
+        seen = [web.post(url + "/v1/embed", json={"inputs": "a"}, timeout=60).status_code
+                for _ in range(8)]
+        assert set(seen) <= {200, 503}, seen
+        return set(seen) == {200}
+
+    try:
+        assert families() == {"bert"}
+        exports(tiny_checkpoints["minialbert", "embed"], tmp_path / "staging" / "embed", "onnx")
+        (repo / "embed").rename(tmp_path / "old")
+        (tmp_path / "staging" / "embed").rename(repo / "embed")
+        server.send_signal(signal.SIGHUP)
+        wait_for(lambda: embedded() and families() == {"minialbert"}, "the new export served")
+        assert "SIGHUP: reading the model repository" in log.read_text()
     finally:
         terminate(server, _engines(log))

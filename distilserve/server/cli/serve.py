@@ -191,7 +191,7 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
         config = Config(WORKER_APP, factory=True,
                         workers=settings.workers, timeout_worker_healthcheck=WORKER_READY_S,
                         **common)
-        Workers(config, sockets=[sock]).run()
+        Workers(config, sockets=[sock], on_hup=engine and engine.reread).run()
     finally:
         if engine is not None:
             engine.stop()

@@ -1,11 +1,13 @@
 """The engine process's supervisor, in ``distilserve serve``'s own process: starts it
 before the front ends, starts another when it dies (the front ends answer 503 meanwhile),
-and stops it after them (SIGTERM: it answers what is queued, then exits)."""
+passes SIGHUP on (it reads its repository again), and stops it after them (SIGTERM: it
+answers what is queued, then exits)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -60,6 +62,12 @@ class Supervisor:
                 if self.stopping.is_set():
                     return
                 self.process = self._spawn()
+
+    def reread(self) -> None:
+        """SIGHUP to the engine process: it reads its repository again."""
+        with self.lock:
+            if self.process is not None and self.process.poll() is None:
+                self.process.send_signal(signal.SIGHUP)
 
     def stop(self) -> None:
         """SIGTERM, and its exit awaited (killed if it takes over STOP_S)."""
