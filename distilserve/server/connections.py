@@ -37,6 +37,8 @@ import asyncio
 import contextlib
 import functools
 import json
+import signal
+import threading
 from collections.abc import Callable
 from http import HTTPStatus
 
@@ -227,15 +229,27 @@ class Config(uvicorn.Config):
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server, exiting normally after draining on SIGTERM or SIGINT."""
+    """uvicorn's server, exiting normally after draining on SIGTERM or SIGINT; on SIGHUP
+    (in the main thread), ``on_hup`` is called on the event loop."""
+
+    def __init__(self, config: uvicorn.Config, on_hup: Callable[[], None] | None = None):
+        super().__init__(config)
+        self.on_hup = on_hup
 
     @contextlib.contextmanager
     def capture_signals(self):
         with super().capture_signals():
+            hup = None
+            if self.on_hup is not None and threading.current_thread() is threading.main_thread():
+                loop = asyncio.get_running_loop()
+                hup = signal.signal(signal.SIGHUP,
+                                    lambda *_: loop.call_soon_threadsafe(self.on_hup))
             try:
                 yield
             finally:
                 self._captured_signals.clear()  # drained: nothing to re-raise
+                if hup is not None:
+                    signal.signal(signal.SIGHUP, hup)
 
 
 class Workers(Multiprocess):

@@ -51,9 +51,25 @@ class Service:
     # folder failed) by polling or by request: the engine process tells its front ends
     on_change: Callable[[], None] | None = None
 
+    # the repository read again on SIGHUP (reread_soon), while under way
+    rereading: set[asyncio.Task] = field(default_factory=set)
+
     def changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
+
+    def reread_soon(self, why: str) -> None:
+        """The repository read again (reread), as ``why`` (SIGHUP) asks: unless models are
+        loaded by request, or it is not read yet."""
+        if not self.ready or self.repository is None or \
+                self.settings.model_control == "explicit":
+            log.warning("%s: the model repository is not read again (%s)", why,
+                        "models are loaded by request" if self.ready else self.status)
+            return
+        log.info("%s: reading the model repository %s again", why, self.repository)
+        task = asyncio.create_task(reread(self, self.repository))
+        self.rereading.add(task)
+        task.add_done_callback(self.rereading.discard)
 
     def unloaded(self) -> list[str]:
         """The repository's model folders neither served nor failed: added since the

@@ -179,3 +179,34 @@ def test_the_polls_that_change_what_is_served_say_so(repo):
 
     quiet, told = asyncio.run(go())
     assert quiet == [] and told == [(["embed"], ["broken"])]
+
+
+@pytest.mark.slow  # a server in a subprocess
+def test_sighup_has_one_process_read_its_repository_again(repo, exports, tiny_checkpoints,
+                                                          tmp_path):
+    """``distilserve serve`` in one process: SIGHUP reads the repository again, as a poll
+    does (a folder exported again served in place of the one before); the process serves
+    on, where uvicorn alone would have ended."""
+    import signal
+
+    from loadtests.run import start_server
+    from tests.conftest import free_port, terminate
+
+    port, log = free_port(), tmp_path / "serve.log"
+    server = start_server(repo, port, log)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert models(url)["embed"]["family"] == "bert"
+        exports(tiny_checkpoints["minialbert", "embed"], tmp_path / "staging" / "embed",
+                "onnx", check=False)
+        (repo / "embed").rename(tmp_path / "old")
+        (tmp_path / "staging" / "embed").rename(repo / "embed")
+        server.send_signal(signal.SIGHUP)
+        wait_for(lambda: models(url)["embed"]["family"] == "minialbert", "the new export")
+        assert web.post(url + "/v1/embed", json={"inputs": "a"}).status_code == 200
+        assert "SIGHUP: reading the model repository" in log.read_text()
+        server.send_signal(signal.SIGHUP)  # again, the repository as it was: nothing changes
+        wait_for(lambda: log.read_text().count("SIGHUP: reading") == 2, "the second SIGHUP")
+        assert server.poll() is None and models(url)["embed"]["family"] == "minialbert"
+    finally:
+        terminate(server, [])

@@ -117,11 +117,19 @@ def run(args: argparse.Namespace) -> int:
                   log_config=log_config)
     shared = engine_shared(settings)
     if settings.workers == 1 and not shared:
-        Server(Config(create_app(settings, repository), **common)).run(sockets=[sock])
+        app = create_app(settings, repository)
+        Server(Config(app, **common), on_hup=lambda: hup(app)).run(sockets=[sock])
         leave_an_abandoned_build()
         return 0
     return serve_workers(settings, {**overrides, "engine": "shared" if shared else "per-worker"},
                          sock, common)
+
+
+def hup(app) -> None:
+    """SIGHUP to one process: its repository read again (Service.reread_soon)."""
+    service = getattr(app.state, "service", None)  # (none before the app's start)
+    if service is not None:
+        service.reread_soon("SIGHUP")
 
 
 def engine_shared(settings) -> bool:

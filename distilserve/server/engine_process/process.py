@@ -25,7 +25,7 @@ from distilserve.server.core.threads import leave_an_abandoned_build
 from distilserve.server.core.tokenisation import TokenIds
 from distilserve.server.engine_process import wire
 from distilserve.server.metrics import Metrics
-from distilserve.server.service import Service, build_and_load, reread
+from distilserve.server.service import Service, build_and_load
 from distilserve.server.settings import Settings
 
 log = logging.getLogger("distilserve")
@@ -180,20 +180,7 @@ async def until_terminated(settings: Settings, path: str) -> None:
     service = Service(settings, Metrics())
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, lambda: None)
-    rereading: set[asyncio.Task] = set()
-
-    def on_hup() -> None:
-        if not service.ready or service.repository is None or \
-                settings.model_control == "explicit":
-            log.warning("SIGHUP: the model repository is not read again (%s)",
-                        "models are loaded by request" if service.ready else service.status)
-            return
-        log.info("SIGHUP: reading the model repository %s again", service.repository)
-        task = asyncio.create_task(reread(service, service.repository))
-        rereading.add(task)
-        task.add_done_callback(rereading.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_hup)
+    loop.add_signal_handler(signal.SIGHUP, service.reread_soon, "SIGHUP")
     orphaned = asyncio.create_task(_until_orphaned(stop))
     await serve(service, path, stop)
     orphaned.cancel()
