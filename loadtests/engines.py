@@ -180,8 +180,8 @@ def verdict(measured: dict, ceiling: list[float], args) -> list[str]:
 
     share = statistics.median(answered_per_s(rows[last]) / c
                               for rows, c in zip(measured[shared], ceiling))
-    beside = "; ".join(f"{name}: {rate(shared) / rate(name):.2f}x"
-                       for name in measured if name != shared)
+    beside = "; ".join(f"{name}: {rate(shared) / rate(name):.2f}x" if rate(name) else
+                       f"{name}: none answered" for name in measured if name != shared)
     said = (f"At 512 clients the shared engine served {rate(shared):.0f} req/s (medians of "
             f"the rounds), {share:.0%} of the in-process rate"
             + (f"; its rate against {beside}" if beside else ""))

@@ -190,6 +190,57 @@ def add_peer_arguments(p: argparse.ArgumentParser) -> None:
                    help="the peer's route that answers 200 once it is ready (waited for)")
 
 
+def report(result: dict, args) -> list[str]:
+    """peer.md's lines of ``result`` (peer.json's): distilserve's phases beside the peer's,
+    the requests not answered 2xx (counted out of the rates), and what distilserve did
+    inside each phase."""
+    model, described, inproc = result["model"], result["served"], result["in_process"]
+    ours, peer = result["distilserve"], result["peer"]["rows"]
+    beside = f" beside {args.peer_name}" if peer else ""
+    graphs = (f", CUDA graphs up to {described['cuda_graph_tokens']} tokens"
+              if described.get("cuda_graph_tokens") else "")
+    lines = [f"# distilserve{beside} ({time.strftime('%Y-%m-%d %H:%M')})", "",
+             f"Model {model} ({described['family']}, {described['backend']} backend, "
+             f"{described['device']}, {described['dtype']}{graphs}); in-process ceiling "
+             f"{inproc['batched_sentences_per_s']:.0f} sentences/s (batches of 256), one "
+             f"sentence {inproc['single_p50_ms']:.2f} ms. {args.seconds:.0f} s per phase, "
+             f"closed-loop raw-socket clients in {args.processes} processes on 127.0.0.1.", "",
+             f"| phase | distilserve req/s | sentences/s | p50 ms | p99 ms | "
+             f"{args.peer_name} req/s | sentences/s | p50 ms | p99 ms | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(ours):
+        cells = "| | | |"
+        if peer:
+            q = peer[i]
+            ratio = (f"{r['sentences_per_s'] / q['sentences_per_s']:.1f}x"
+                     if q["sentences_per_s"] else "—")  # (a peer that answered none)
+            cells = (f"{lightload.answered_per_s(q):.0f} | {q['sentences_per_s']:.0f} | "
+                     f"{q['p50_ms']:.2f} | {q['p99_ms']:.2f} | {ratio}")
+        lines.append(f"| {r['phase']} | {lightload.answered_per_s(r):.0f} | {r['sentences_per_s']:.0f}"
+                     f" | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cells} |")
+    failed = [f"{who}, {r['phase']}: {refused}" for who, rows in (("distilserve", ours),
+                                                                  (args.peer_name, peer))
+              for r in rows if (refused := lightload.not_answered(r))]
+    if failed:
+        lines += ["", "Not answered (counted out of req/s; status: requests): "
+                  + "; ".join(failed) + "."]
+    lines += ["", "Inside distilserve in each phase (CPU as a fraction of one core; the event "
+              "loop is a process's main thread):", "",
+              "| phase | batches/s | inputs per batch | ms per batch | ms tokenising | ms "
+              "queued | CPU, cores | event loop | busiest other thread | event loops' CPU a "
+              "request |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in ours:
+        i = r["inside"]
+        lines.append(f"| {r['phase']} | {i['batches_per_s']:.0f} | {i['inputs_per_batch']:.1f} | "
+                     f"{i['ms_per_batch']:.2f} | {i['ms_tokenizing']:.2f} | {i['ms_queued']:.2f} | "
+                     f"{i['cpu_cores']:.2f} | {i['event_loop_cpu']:.0%} | "
+                     f"{i['busiest_other_thread_cpu']:.0%} | "
+                     f"{i['event_loops_us_per_request']:.0f} µs |")
+    if args.profile:
+        lines += profile_table(ours)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loadtests.peer", description=__doc__)
     p.add_argument("--model-repository", type=Path, required=True)
@@ -240,45 +291,7 @@ def main(argv: list[str] | None = None) -> int:
               "peer": {"name": args.peer_name, "url": args.peer_url, "rows": peer},
               "seconds_per_phase": args.seconds, "client_processes": args.processes}
     (args.out / "peer.json").write_text(json.dumps(result, indent=2) + "\n")
-    beside = f" beside {args.peer_name}" if peer else ""
-    graphs = (f", CUDA graphs up to {described['cuda_graph_tokens']} tokens"
-              if described.get("cuda_graph_tokens") else "")
-    lines = [f"# distilserve{beside} ({time.strftime('%Y-%m-%d %H:%M')})", "",
-             f"Model {model} ({described['family']}, {described['backend']} backend, "
-             f"{described['device']}, {described['dtype']}{graphs}); in-process ceiling "
-             f"{inproc['batched_sentences_per_s']:.0f} sentences/s (batches of 256), one "
-             f"sentence {inproc['single_p50_ms']:.2f} ms. {args.seconds:.0f} s per phase, "
-             f"closed-loop raw-socket clients in {args.processes} processes on 127.0.0.1.", "",
-             f"| phase | distilserve req/s | sentences/s | p50 ms | p99 ms | "
-             f"{args.peer_name} req/s | sentences/s | p50 ms | p99 ms | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for i, r in enumerate(ours):
-        q = peer[i] if peer else None
-        cells = (f"{lightload.answered_per_s(q):.0f} | {q['sentences_per_s']:.0f} | "
-                 f"{q['p50_ms']:.2f} | {q['p99_ms']:.2f} | "
-                 f"{r['sentences_per_s'] / q['sentences_per_s']:.1f}x" if q else "| | | |")
-        lines.append(f"| {r['phase']} | {lightload.answered_per_s(r):.0f} | {r['sentences_per_s']:.0f}"
-                     f" | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cells} |")
-    failed = [f"{who}, {r['phase']}: {refused}" for who, rows in (("distilserve", ours),
-                                                                  (args.peer_name, peer or []))
-              for r in rows if (refused := lightload.not_answered(r))]
-    if failed:
-        lines += ["", "Not answered (counted out of req/s; status: requests): "
-                  + "; ".join(failed) + "."]
-    lines += ["", "Inside distilserve in each phase (CPU as a fraction of one core; the event "
-              "loop is a process's main thread):", "",
-              "| phase | batches/s | inputs per batch | ms per batch | ms tokenising | ms "
-              "queued | CPU, cores | event loop | busiest other thread | event loops' CPU a "
-              "request |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in ours:
-        i = r["inside"]
-        lines.append(f"| {r['phase']} | {i['batches_per_s']:.0f} | {i['inputs_per_batch']:.1f} | "
-                     f"{i['ms_per_batch']:.2f} | {i['ms_tokenizing']:.2f} | {i['ms_queued']:.2f} | "
-                     f"{i['cpu_cores']:.2f} | {i['event_loop_cpu']:.0%} | "
-                     f"{i['busiest_other_thread_cpu']:.0%} | "
-                     f"{i['event_loops_us_per_request']:.0f} µs |")
-    if args.profile:
-        lines += profile_table(ours)
+    lines = report(result, args)
     (args.out / "peer.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -77,3 +77,35 @@ def test_requests_refused_are_no_part_of_a_layouts_rate_and_are_named():
     assert lines[-3] == ("Not answered (counted out of req/s; status: requests): 8 workers, "
                          "shared engine, 512 clients, round 1: {503: 20000}.")
     assert "served 3000 req/s" in lines[-1] and "one process: 0.75x" in lines[-1]
+
+
+def test_a_peer_that_answered_nothing_is_said_so_not_divided_by():
+    """The peer refused every request (503): the reports say so, where the ratios would
+    divide by its rate of none."""
+    one, _, shared = (name for name, _ in engines.layouts(8))
+    refused = [{**row, "statuses": {503: row["requests"]}} for row in rows([9, 90, 900], 3.0)]
+    results = {"in process": [{"batched_sentences_per_s": 10_000.0}],
+               one: [rows([500, 3000, 4000], 1.0, {})], shared: [rows([450, 2000, 5000], 1.2, {})],
+               "Infinity": [refused]}
+    lines = engines.report(results, "minilm", ARGS)
+    assert "| Infinity | 512 clients | 0 | 0 | 0% | 3.00 | — | — |" in lines
+    assert lines[-1].startswith("At 512 clients the shared engine served 5000 req/s") and \
+        "Infinity: none answered" in lines[-1]
+
+    ours = [{**row, "phase": label, "sentences_per_s": row["requests_per_s"], "p99_ms": 2.0,
+             "inside": {"batches_per_s": 10.0, "inputs_per_batch": 2.0, "ms_per_batch": 1.0,
+                        "ms_tokenizing": 0.1, "ms_queued": 0.2, "cpu_cores": 1.0,
+                        "event_loop_cpu": 0.5, "busiest_other_thread_cpu": 0.5,
+                        "event_loops_us_per_request": 100.0}}
+            for row, label in zip(rows([500, 4000], 1.0), ("1 client", "512 clients"))]
+    theirs = [{**row, "phase": label, "sentences_per_s": 0.0, "p99_ms": 5.0}
+              for row, label in zip(refused, ("1 client", "512 clients"))]
+    result = {"model": "minilm", "in_process": {"batched_sentences_per_s": 10_000.0,
+                                                "single_p50_ms": 0.9},
+              "served": {"family": "bert", "backend": "onnx", "device": "cpu", "dtype": "fp32"},
+              "distilserve": ours, "peer": {"name": "Infinity", "rows": theirs}}
+    said = peer.report(result, Namespace(seconds=10.0, processes=2, peer_name="Infinity",
+                                         profile=None))
+    assert "| 512 clients | 4000 | 4000 | 1.00 | 2.00 | 0 | 0 | 3.00 | 5.00 | — |" in said
+    assert ("Not answered (counted out of req/s; status: requests): Infinity, 1 client: "
+            "{503: 90}; Infinity, 512 clients: {503: 900}.") in said
