@@ -158,7 +158,6 @@ def test_front_ends_serve_what_the_engine_finds_in_the_repository(exports, tiny_
     exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx")
     log = tmp_path / "serve.log"
     server, url = _serve(repo, log, DISTILSERVE_ENGINE="shared", DISTILSERVE_POLL_SECONDS="0.3")
-
     try:
         assert set(_answers(url, "classify")) == {404}
         exports(tiny_checkpoints["bert", "classify"], tmp_path / "staging" / "classify", "onnx")
