@@ -54,6 +54,12 @@ class Service:
     # the repository read again on SIGHUP (reread_soon), while under way
     rereading: set[asyncio.Task] = field(default_factory=set)
 
+    def not_served(self, name: str, error: Exception) -> None:
+        """The model folder ``name`` logged and listed as failed, for the reason ``error``
+        gives."""
+        log.error("model %s not served: %s", name, failure(error))
+        self.failures[name] = self.said(failure(error))
+
     def changed(self) -> None:
         if self.on_change is not None:
             self.on_change()
@@ -319,8 +325,7 @@ async def sync_repository(service: Service, repository: Path) -> bool:
                 log.error("model %s not reloaded, the one loaded before still served: %s",
                           name, failure(e))
             else:
-                log.error("model %s not served: %s", name, failure(e))
-                service.failures[name] = service.said(failure(e))
+                service.not_served(name, e)
             continue
         await put_in_place(service, engine)
         changed = True
@@ -369,8 +374,7 @@ async def load_models(service: Service, folders: list[Path], open_folder) -> Non
         try:
             engine = await open_folder(folder)
         except Exception as e:  # a broken folder, or a model that loads but cannot run
-            log.error("model %s not served: %s", folder.name, failure(e))
-            service.failures[folder.name] = service.said(failure(e))
+            service.not_served(folder.name, e)
             continue
         service.engines[folder.name] = engine
         announce(engine, "serving")

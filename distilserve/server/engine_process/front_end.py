@@ -27,13 +27,7 @@ from distilserve.server.core.runner import INLINE, ModelUnavailable, Result, ass
 from distilserve.server.core.tokenisation import TurnTokenizer
 from distilserve.server.engine import Engine, read_manifest
 from distilserve.server.engine_process import wire
-from distilserve.server.service import (
-    Service,
-    failure,
-    freeze_long_lived,
-    load_models,
-    put_in_place,
-)
+from distilserve.server.service import Service, freeze_long_lived, load_models, put_in_place
 
 log = logging.getLogger("distilserve")
 
@@ -292,7 +286,7 @@ class Follower:
                     return
             service = self.service
             served = {m["name"]: m for m in state["models"]}
-            failures, changed = dict(state["failures"]), False
+            service.failures, changed = dict(state["failures"]), False
             for name in sorted(set(service.engines) - set(served)):
                 del service.engines[name]
                 log.info("model %s no longer served by the engine process", name)
@@ -304,12 +298,10 @@ class Follower:
                 try:
                     engine = await self.open(model)
                 except Exception as e:
-                    log.error("model %s not served: %s", name, failure(e))
                     service.engines.pop(name, None)  # (the engine would refuse its requests)
-                    failures[name] = service.said(failure(e))
+                    service.not_served(name, e)
                     continue
                 await put_in_place(service, engine)
                 changed = True
-            service.failures = failures
             if changed:
                 freeze_long_lived(thaw=True)
