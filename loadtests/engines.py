@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from loadtests.emulated_gpu import EmulatedGpu
-from loadtests.lightload import answered_per_s, not_answered
+from loadtests.lightload import answered_per_s, not_answered_lines
 from loadtests.peer import Inside, add_peer_arguments, gpu_listing, measure
 from loadtests.run import HERE, InProcess, free_port, start_server, wait_until_ready
 
@@ -157,12 +157,9 @@ def report(results: dict, model: str, args) -> list[str]:
                 f"{statistics.median(rates):.0f} | {share:.0%} | "
                 f"{median_of(rounds, i, lambda row: row['p50_ms']):.2f} | "
                 + " | ".join(cells) + " |")
-    failed = [f"{name}, {label}, round {n}: {refused}" for name, rounds in measured.items()
-              for n, rows in enumerate(rounds, 1) for (label, _, _), row in zip(PHASES, rows)
-              if (refused := not_answered(row))]
-    if failed:
-        lines += ["", "Not answered (counted out of req/s; status: requests): "
-                  + "; ".join(failed) + "."]
+    lines += not_answered_lines([
+        (f"{name}, {label}, round {n}", row) for name, rounds in measured.items()
+        for n, rows in enumerate(rounds, 1) for (label, _, _), row in zip(PHASES, rows)])
     return lines + verdict(measured, ceiling, args)
 
 

@@ -134,6 +134,14 @@ def not_answered(row: dict) -> dict:
     return {status: n for status, n in row["statuses"].items() if not 200 <= int(status) < 300}
 
 
+def not_answered_lines(rows: list[tuple[str, dict]]) -> list[str]:
+    """A report's lines naming each (label, summary) with answers other than 2xx, and how
+    many of each status; none where every request was answered."""
+    failed = [f"{label}: {refused}" for label, row in rows if (refused := not_answered(row))]
+    return ["", "Not answered (counted out of req/s; status: requests): " + "; ".join(failed)
+            + "."] if failed else []
+
+
 def _summary(clients: int, latencies: list[float], statuses: dict, wall: float,
              cpu: float) -> dict:
     ms = np.array(latencies) * 1000

@@ -218,12 +218,9 @@ def report(result: dict, args) -> list[str]:
                      f"{q['p50_ms']:.2f} | {q['p99_ms']:.2f} | {ratio}")
         lines.append(f"| {r['phase']} | {lightload.answered_per_s(r):.0f} | {r['sentences_per_s']:.0f}"
                      f" | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {cells} |")
-    failed = [f"{who}, {r['phase']}: {refused}" for who, rows in (("distilserve", ours),
-                                                                  (args.peer_name, peer))
-              for r in rows if (refused := lightload.not_answered(r))]
-    if failed:
-        lines += ["", "Not answered (counted out of req/s; status: requests): "
-                  + "; ".join(failed) + "."]
+    lines += lightload.not_answered_lines([
+        (f"{who}, {r['phase']}", r) for who, rows in (("distilserve", ours),
+                                                      (args.peer_name, peer)) for r in rows])
     lines += ["", "Inside distilserve in each phase (CPU as a fraction of one core; the event "
               "loop is a process's main thread):", "",
               "| phase | batches/s | inputs per batch | ms per batch | ms tokenising | ms "
