@@ -15,10 +15,11 @@ translate (``InputTooLong``, ``NotFinite``, ``QueueFull``, ``OverQueue``,
 
 from __future__ import annotations
 
-import time
+import hashlib
 from collections.abc import Callable
 from concurrent.futures import Executor
 from pathlib import Path
+from stat import S_ISDIR
 
 from distilserve.models import families
 from distilserve.models.io.manifest import Manifest, ManifestError
@@ -35,8 +36,25 @@ from distilserve.server.settings import Settings
 from distilserve.server.vocabularies import Foreign
 
 __all__ = ["Engine", "InputTooLong", "ModelLoadError", "ModelUnavailable", "NotFinite",
-           "OverQueue", "QueueFull", "Result", "TokenIds", "load_engine", "on_daemon_thread",
-           "on_own_thread", "open_engine"]
+           "OverQueue", "QueueFull", "Result", "TokenIds", "folder_version", "load_engine",
+           "on_daemon_thread", "on_own_thread", "open_engine"]
+
+
+def folder_version(folder: Path) -> str:
+    """What changes when any file a model folder serves changes (a new export put in its
+    place whole, an artefact copied under an unchanged manifest, the rest of a folder
+    copied after its manifest): a digest of each file's path, inode, size and
+    modification time."""
+    version = []
+    for path in sorted(folder.rglob("*")):
+        try:
+            stat = path.stat()
+        except OSError:  # removed while listed: the next poll sees the folder without it
+            continue
+        if not S_ISDIR(stat.st_mode):
+            version.append((str(path.relative_to(folder)), stat.st_ino, stat.st_size,
+                            stat.st_mtime_ns))
+    return hashlib.blake2b(repr(version).encode(), digest_size=16).hexdigest()
 
 
 def read_manifest(folder: Path) -> Manifest:
@@ -72,7 +90,7 @@ class Engine:
                  metrics: Metrics, cpu_thread: Executor | None = None,
                  runner: Callable[[Engine], Runner] | None = None):
         self.card = Card(name, folder, manifest)
-        self.loaded = time.monotonic_ns()  # tells this load of the folder from the others
+        self.version = folder_version(folder)  # which export of the folder it serves
         # an embedding model's token-id inputs to /v1/embeddings in another vocabulary than
         # its own (distilserve.server.vocabularies), read back into text; None: in its own
         vocabulary = manifest.token_ids or settings.token_ids

@@ -13,11 +13,10 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from stat import S_ISDIR
 
 from distilserve.models.io.manifest import FILE as MANIFEST
 from distilserve.server.core.refusals import Refusal
-from distilserve.server.engine import Engine, ModelLoadError, on_daemon_thread, open_engine
+from distilserve.server.engine import Engine, ModelLoadError, folder_version, on_daemon_thread, open_engine
 from distilserve.server.metrics import Metrics
 from distilserve.server.settings import Settings
 
@@ -36,7 +35,7 @@ class Service:
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="torch-cpu"))
     failures: dict[str, str] = field(default_factory=dict)  # why, as clients read it: said
     # each model folder's version when it was loaded (or failed): folder_version
-    versions: dict[str, tuple] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
     ready: bool = False
     draining: bool = False
     status: str = "starting"  # what is being built or loaded, for /ready
@@ -256,22 +255,6 @@ async def load_repository(service: Service, repository: Path) -> None:
 def _open(service: Service, folder: Path):
     return open_engine(folder.name, folder, service.settings, service.metrics,
                        service.cpu_thread)
-
-
-def folder_version(folder: Path) -> tuple:
-    """What changes when any file a model folder serves changes (a new export put in its
-    place whole, an artefact copied under an unchanged manifest, the rest of a folder
-    copied after its manifest): each file's path, inode, size and modification time."""
-    version = []
-    for path in sorted(folder.rglob("*")):
-        try:
-            stat = path.stat()
-        except OSError:  # removed while listed: the next poll sees the folder without it
-            continue
-        if not S_ISDIR(stat.st_mode):
-            version.append((str(path.relative_to(folder)), stat.st_ino, stat.st_size,
-                            stat.st_mtime_ns))
-    return tuple(version)
 
 
 async def poll_repository(service: Service, repository: Path, every: float) -> None:

@@ -312,14 +312,16 @@ def test_a_front_end_is_not_ready_while_its_engine_process_is_gone(oip_repositor
                                                                   socket_path):
     async def go():
         async with engine_and_front_end(oip_repository, socket_path) as (front, engine):
+            before = front.engines["embed"]
             await engine.stop()
             await wait_until(lambda: not front.ready)
             assert front.status == "the engine process is restarting"
             with pytest.raises(ModelUnavailable):
-                await front.engines["embed"].infer(["a"], "right")
+                await before.infer(["a"], "right")
             engine.start()  # another on the same socket: the front end connects again
             await wait_until(lambda: front.ready)
-            assert len((await front.engines["embed"].infer(["a"], "right")).outputs) == 1
+            assert front.engines["embed"] is before  # its folder unchanged: kept
+            assert len((await before.infer(["a"], "right")).outputs) == 1
 
     asyncio.run(go())
 
@@ -446,7 +448,7 @@ def test_front_ends_follow_the_engines_repository_as_it_changes(exports, tiny_ch
             await asyncio.to_thread(put_in_place, tiny_checkpoints["minialbert", "embed"],
                                     "embed")
             await wait_until(lambda: engine.service.engines["embed"].family == "minialbert")
-            with pytest.raises(ModelUnavailable, match="has loaded it again since"):
+            with pytest.raises(ModelUnavailable, match="has loaded another version since"):
                 await before.infer(["a"], "right")
             await wait_until(lambda: one.engines["embed"].family == "minialbert")
             assert other.engines["embed"].family == "bert"  # (no request of its has asked)
@@ -497,6 +499,14 @@ def test_models_loaded_and_unloaded_by_request_through_any_front_end(exports, ti
             await other.load("classify")
             assert len((await other.engines["classify"].infer(["a"], "right")).outputs) == 1
             await wait_until(lambda: "classify" in one.engines)
+
+            served, kept = engine.service.engines["embed"], (one.engines["embed"],
+                                                             other.engines["embed"])
+            await one.load("embed")  # its folder unchanged: each front end's model kept
+            assert engine.service.engines["embed"] is not served
+            assert (one.engines["embed"], other.engines["embed"]) == kept
+            for model in kept:  # (as the engine's version: not refused as stale)
+                assert len((await model.infer(["a"], "right")).outputs) == 1
 
             (repo / "broken").mkdir()
             (repo / "broken" / "manifest.json").write_text("{not json")

@@ -141,7 +141,8 @@ class ProcessRunner:
 
     def __init__(self, model: Engine, client: EngineClient, served: dict):
         self.model, self.client = model, client
-        self.loaded = served["loaded"]  # which load of the model the engine serves
+        self.served = served  # the engine's entry of it (``models``' answer)
+        self.version = served["version"]  # which version of the folder the engine serves
         self.described = served["described"]
         self.batch_limits = tuple(served["batch_limits"])  # the engine's, which batches
         self.depth, self.max_queue = served["depth"], served["max_queue"]
@@ -164,10 +165,10 @@ class ProcessRunner:
                                self.tokenizer.tokenize)
         encodings = inputs.encodings
         header, arrays = await self.client.call(
-            {"op": "infer", "model": self.model.name, "loaded": self.loaded,
+            {"op": "infer", "model": self.model.name, "version": self.version,
              "iterations": iterations, "priority": priority,
              "lengths": [len(e.ids) for e in encodings]}, wire.token_ids(encodings))
-        if header.get("stale"):  # (a 503 to retry) removed or loaded again there
+        if header.get("stale"):  # (a 503 to retry) removed, or another version, there
             self.client.look.set()
         try:  # (a QueueFull: counted by the engine, in the same metrics)
             wire.raise_failure(header)
@@ -275,10 +276,12 @@ class Follower:
 
     async def in_step(self, state: dict | None = None) -> None:
         """Serves here what the engine process serves (``models``' answer, asked for
-        where not given): a model it no longer serves dropped; one it has loaded again,
-        or newly, opened here and put in the place of the one before. Its failures are
-        the front end's; a model that fails to open here is not served, and is opened
-        again at the next look."""
+        where not given): a model it no longer serves dropped; one it serves newly, or in
+        another version or way (another entry), opened here and put in the place of the
+        one before; one as before kept (a folder loaded again unchanged, or the same
+        repository read by an engine process started again). Its failures are the front
+        end's; a model that fails to open here is not served, and is opened again at the
+        next look."""
         async with self.lock:
             if state is None:
                 state, _ = await self.client.call({"op": "models"})
@@ -293,7 +296,7 @@ class Follower:
                 changed = True
             for name, model in served.items():
                 before = service.engines.get(name)
-                if before is not None and before.runner.loaded == model["loaded"]:
+                if before is not None and before.runner.served == model:
                     continue
                 try:
                     engine = await self.open(model)

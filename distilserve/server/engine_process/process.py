@@ -4,7 +4,7 @@ socket. It reads the repository as a one-process service does (building the embe
 default when none is named; with DISTILSERVE_POLL_SECONDS, kept in step with it; with
 DISTILSERVE_MODEL_CONTROL=explicit, loading and unloading as a front end asks). A front
 end asks which models it serves, and is told when they change; it sends each request's
-token ids, naming the load of the model it serves, and gets back the outputs, or a
+token ids, naming the version of the model it serves, and gets back the outputs, or a
 refusal that says its model is not the one served here
 (distilserve/server/engine_process/front_end.py). Batches form from all the front ends'
 inputs. SIGTERM: what is queued is answered, then it exits; SIGINT is the supervisor's to
@@ -33,11 +33,11 @@ log = logging.getLogger("distilserve")
 
 def models(service: Service) -> dict:
     """What a front end needs to serve the models: whether they are loaded yet (and what is
-    being done meanwhile), each model's folder and which load of it is served, how its
+    being done meanwhile), each model's folder and which version of it is served, how its
     runner runs it and batches, and the folders that failed."""
     if not service.ready:
         return {"ready": False, "status": service.status}
-    served = [{"name": name, "folder": str(engine.folder), "loaded": engine.loaded,
+    served = [{"name": name, "folder": str(engine.folder), "version": engine.version,
                "described": engine.runner.describe(),
                "batch_limits": list(engine.batch_limits), "depth": engine.depth,
                "max_queue": engine.runner.batcher.max_queue}
@@ -62,7 +62,8 @@ class Connection:
 
     def unavailable(self, header: dict, why: str, stale: bool = False) -> None:
         """The request refused as unavailable (503, retry); ``stale``: the front end's
-        model is not the one served here (removed, or loaded again since it was sent)."""
+        model is not the one served here (removed, or another version loaded since it was
+        sent)."""
         self.reply({"id": header["id"], **wire.failure(ModelUnavailable(why)),
                     **({"stale": True} if stale else {})})
 
@@ -83,10 +84,10 @@ class Connection:
         if self.service.draining:
             self.unavailable(header, "the engine process is shutting down")
             return
-        if engine is None or engine.loaded != header["loaded"]:  # the front end is behind
+        if engine is None or engine.version != header["version"]:  # the front end is behind
             self.unavailable(header, "the engine process " + (
-                "no longer serves it" if engine is None else "has loaded it again since"),
-                stale=True)
+                "no longer serves it" if engine is None else "has loaded another version "
+                "since"), stale=True)
             return
         encodings = [TokenIds(ids, types) for ids, types in wire.split(*arrays, header["lengths"])]
         try:
