@@ -63,7 +63,7 @@ async def measured(client: EngineClient, process: psutil.Process, served: dict, 
         nonlocal answered
         while not stop:
             header, _ = await client.call({"op": "infer", "model": served["name"],
-                                           "loaded": served["loaded"], "iterations": None,
+                                           "version": served["version"], "iterations": None,
                                            "priority": 0, "lengths": [len(IDS)]},
                                           [IDS, np.zeros_like(IDS)])
             if "failed" in header:
