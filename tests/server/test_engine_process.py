@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 
 import numpy as np
 import pytest
@@ -465,6 +466,23 @@ def test_front_ends_follow_the_engines_repository_as_it_changes(exports, tiny_ch
             (repo / "classify").rename(tmp_path / "gone")
             await wait_until(lambda: "classify" not in one.engines | other.engines)
             assert "classify" not in engine.service.engines
+
+    asyncio.run(go())
+
+
+def test_a_front_end_says_where_it_read_a_folder_changed_since_the_engine_did(
+        exports, tiny_checkpoints, tmp_path, caplog):
+    repo = tmp_path / "repo"
+    exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx", check=False)
+    path = str(tmp_path / "engine.sock")
+
+    async def go():
+        async with engine_and_front_end(repo, path, warmup=False) as (one, _):
+            assert "folder changed" not in caplog.text
+            os.utime(repo / "embed" / "manifest.json", ns=(1, 1))  # (not polled: unread)
+            await front_end.loader(path)(Service(one.settings, Metrics()))
+            assert "model embed: its folder changed after the engine process read it" in (
+                caplog.text)
 
     asyncio.run(go())
 

@@ -239,12 +239,18 @@ class Follower:
 
     async def open(self, served: dict) -> Engine:
         """The engine here of a model the engine process serves (an entry of ``models``'
-        answer), its inputs run there."""
+        answer), its inputs run there. A folder changed since the engine process read it
+        is said in the log: its tokenisation here is of the folder as it is now."""
         folder = Path(served["folder"])
-        return await asyncio.to_thread(
+        engine = await asyncio.to_thread(
             Engine, folder.name, folder, read_manifest(folder), self.service.settings,
             self.service.metrics, runner=lambda engine: ProcessRunner(
                 engine, self.client, served))
+        if engine.version != served["version"]:
+            log.warning("model %s: its folder changed after the engine process read it; the "
+                        "engine serves it as it was until it reads it again (a poll, SIGHUP "
+                        "or a load by request)", engine.name)
+        return engine
 
     async def follow(self) -> None:
         client, service = self.client, self.service
