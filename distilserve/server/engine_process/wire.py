@@ -44,7 +44,11 @@ async def read(reader: asyncio.StreamReader) -> list[tuple[dict, list[np.ndarray
     """The next frame's messages: each header and its arrays (writable copies);
     IncompleteReadError at the end of the stream."""
     head, size = LENGTHS.unpack(await reader.readexactly(LENGTHS.size))
-    data = await reader.readexactly(head + size)
+    return unpack(head, await reader.readexactly(head + size))
+
+
+def unpack(head: int, data: bytes) -> list[tuple[dict, list[np.ndarray]]]:
+    """A frame's messages from what follows its lengths (``head``: the first of them)."""
     header = orjson.loads(memoryview(data)[:head])
     body, arrays, at = bytearray(memoryview(data)[head:]), [], 0
     for dtype, shape in header["arrays"]:
