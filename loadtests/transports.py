@@ -97,6 +97,7 @@ async def echo_zmq(address: str, each: bool) -> None:
     import zmq.asyncio
 
     socket = zmq.asyncio.Context().socket(zmq.ROUTER)
+    socket.setsockopt(zmq.LINGER, 0)
     socket.bind(address)
     outboxes: dict[bytes, wire.Outbox] = {}
     while True:
@@ -113,13 +114,16 @@ async def echo_zmq(address: str, each: bool) -> None:
 
 class ZmqClient:
     """EngineClient's ``call`` over a ZeroMQ DEALER: a message a request (``each``), or
-    each turn's requests in one of wire's frames."""
+    each turn's requests in one of wire's frames. ``close()`` when done: a context left
+    to the collector waits for ever for its sockets."""
 
     def __init__(self, address: str, each: bool):
         import zmq
         import zmq.asyncio
 
-        self.socket = zmq.asyncio.Context().socket(zmq.DEALER)
+        self.context = zmq.asyncio.Context()
+        self.socket = self.context.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(address)
         self.each, self.ids, self.waiting = each, itertools.count(), {}
         self.outbox = wire.Outbox(Writes(self.socket))
@@ -135,6 +139,11 @@ class ZmqClient:
                 messages = frame_of(parts[0].buffer)
             for header, arrays in messages:
                 self.waiting.pop(header["id"]).set_result((header, arrays))
+
+    def close(self) -> None:
+        self.task.cancel()
+        self.socket.close()
+        self.context.term()
 
     async def call(self, header: dict, arrays: list = ()) -> tuple[dict, list]:
         header["id"] = request = next(self.ids)
@@ -196,9 +205,16 @@ def run_way(way: str, folder: Path, clients: list[int], seconds: float) -> list[
                 await client.connected.wait()
             else:
                 client = ZmqClient(zmq_address, each=way == "zmq-each")
-            for count in clients:
-                rows.append({"way": way, **await measured(client.call, psutil.Process(
-                    server.pid), count, seconds)})
+            try:
+                for count in clients:
+                    rows.append({"way": way, **await measured(client.call, psutil.Process(
+                        server.pid), count, seconds)})
+            finally:
+                if way == "unix":
+                    for task in client.tasks:
+                        task.cancel()
+                else:
+                    client.close()
 
         _run(drive)
         return rows
