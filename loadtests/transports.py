@@ -35,6 +35,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 import psutil
+import zmq
+import zmq.asyncio
 
 from distilserve.server.engine_process import wire
 from distilserve.server.engine_process.front_end import EngineClient
@@ -93,9 +95,6 @@ async def echo_unix(address: str) -> None:
 
 
 async def echo_zmq(address: str, each: bool) -> None:
-    import zmq
-    import zmq.asyncio
-
     socket = zmq.asyncio.Context().socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.bind(address)
@@ -118,9 +117,6 @@ class ZmqClient:
     to the collector waits for ever for its sockets."""
 
     def __init__(self, address: str, each: bool):
-        import zmq
-        import zmq.asyncio
-
         self.context = zmq.asyncio.Context()
         self.socket = self.context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
