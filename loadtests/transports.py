@@ -74,7 +74,7 @@ class Writes:
         return False
 
 
-def frame_of(data: bytes) -> list:
+def frame_of(data: bytes | memoryview) -> list:
     """A frame sent whole as one message: its messages."""
     head, _ = wire.LENGTHS.unpack_from(data)
     return wire.unpack(head, memoryview(data)[wire.LENGTHS.size:])

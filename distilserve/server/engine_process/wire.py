@@ -47,8 +47,9 @@ async def read(reader: asyncio.StreamReader) -> list[tuple[dict, list[np.ndarray
     return unpack(head, await reader.readexactly(head + size))
 
 
-def unpack(head: int, data: bytes) -> list[tuple[dict, list[np.ndarray]]]:
-    """A frame's messages from what follows its lengths (``head``: the first of them)."""
+def unpack(head: int, data: bytes | memoryview) -> list[tuple[dict, list[np.ndarray]]]:
+    """A frame's messages from its bytes after the two lengths (``head``: the first,
+    its header's bytes)."""
     header = orjson.loads(memoryview(data)[:head])
     body, arrays, at = bytearray(memoryview(data)[head:]), [], 0
     for dtype, shape in header["arrays"]:
