@@ -29,6 +29,7 @@ import numpy as np
 import psutil
 
 from distilserve.server.engine_process.front_end import EngineClient
+from distilserve.server.engine_process.process import on_uvloop
 
 # "The cat sat on the mat." as all-MiniLM-L6-v2 reads it: [CLS] ... [SEP]
 IDS = np.array([101, 1996, 4937, 2938, 2006, 1996, 13523, 1012, 102], np.int32)
@@ -96,15 +97,8 @@ def run_engine(opts, folder: Path) -> list[dict]:
             if engine.poll() is not None:
                 raise SystemExit(f"the engine process exited: {log.read_text()[-2000:]}")
             time.sleep(0.1)
-        run = asyncio.run
-        try:  # the front ends' loop: the client's side costs less
-            import uvloop
-
-            run = uvloop.run
-        except ImportError:
-            pass
-        return run(drive(socket, psutil.Process(engine.pid), opts.model, opts.clients,
-                         opts.seconds))
+        return on_uvloop(drive(socket, psutil.Process(engine.pid), opts.model, opts.clients,
+                               opts.seconds))
     finally:
         engine.terminate()
         engine.wait(60)

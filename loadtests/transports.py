@@ -40,20 +40,11 @@ import zmq.asyncio
 
 from distilserve.server.engine_process import wire
 from distilserve.server.engine_process.front_end import EngineClient
+from distilserve.server.engine_process.process import on_uvloop
 from loadtests.engine_alone import IDS, cpu_seconds
 
 WAYS = ("unix", "zmq-turn", "zmq-each")
 EMBEDDING = np.linspace(-1, 1, 384, dtype=np.float32)
-
-
-def _run(main) -> None:
-    """``main()`` on uvloop, the service's loop, where it is installed."""
-    try:
-        import uvloop
-
-        uvloop.run(main())
-    except ImportError:
-        asyncio.run(main())
 
 
 def reply_to(header: dict) -> dict:
@@ -212,7 +203,7 @@ def run_way(way: str, folder: Path, clients: list[int], seconds: float) -> list[
                 else:
                     client.close()
 
-        _run(drive)
+        on_uvloop(drive())
         return rows
     finally:
         server.terminate()
@@ -249,8 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     opts = p.parse_args(argv)
     if opts.serve:  # the echo's process
         way, address = opts.serve
-        _run(lambda: echo_unix(address) if way == "unix" else echo_zmq(address,
-                                                                       way == "zmq-each"))
+        on_uvloop(echo_unix(address) if way == "unix" else echo_zmq(address,
+                                                                    way == "zmq-each"))
         return 0
     rounds = []
     with tempfile.TemporaryDirectory(prefix="transports-") as folder:

@@ -17,7 +17,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 from distilserve.server.core.batching import time_spent
 from distilserve.server.core.runner import ModelUnavailable
@@ -29,6 +31,7 @@ from distilserve.server.service import Service, build_and_load
 from distilserve.server.settings import Settings
 
 log = logging.getLogger("distilserve")
+T = TypeVar("T")
 
 
 def models(service: Service) -> dict:
@@ -195,18 +198,23 @@ async def _until_orphaned(stop: asyncio.Event) -> None:
     stop.set()
 
 
+def on_uvloop(main: Coroutine[Any, Any, T]) -> T:
+    """``main`` run to its end on uvloop, the front ends' loop (uvicorn's), where it is
+    installed; else on asyncio's."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
 def main(argv: list[str]) -> int:
     """``python -m distilserve.server.engine_process SOCKET``: its settings from the
     DISTILSERVE_* variables (set by ``distilserve serve``)."""
     from distilserve.server import logs
 
     logs.configure(Settings().log_format)
-    try:
-        import uvloop
-
-        uvloop.run(until_terminated(Settings(), argv[0]))
-    except ImportError:
-        asyncio.run(until_terminated(Settings(), argv[0]))
+    on_uvloop(until_terminated(Settings(), argv[0]))
     Path(argv[0]).unlink(missing_ok=True)
     leave_an_abandoned_build()
     return 0
