@@ -56,8 +56,9 @@ class Service:
     def not_served(self, name: str, error: Exception) -> None:
         """The model folder ``name`` logged and listed as failed, for the reason ``error``
         gives."""
-        log.error("model %s not served: %s", name, failure(error))
-        self.failures[name] = self.said(failure(error))
+        why = failure(error)
+        log.error("model %s not served: %s", name, why)
+        self.failures[name] = self.said(why)
 
     def changed(self) -> None:
         if self.on_change is not None:
