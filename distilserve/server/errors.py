@@ -128,7 +128,8 @@ def json_content_type(headers) -> bool:
 def unparseable(error: Exception) -> str:
     """Why a body is not JSON, in a client's words."""
     if isinstance(error, json.JSONDecodeError):
-        return f"malformed JSON: {error.msg} at character {error.pos}"
+        # some of json's messages end in " at" ("Unterminated string starting at")
+        return f"malformed JSON: {error.msg.removesuffix(' at')} at character {error.pos}"
     if isinstance(error, UnicodeDecodeError):
         return f"malformed JSON: the body is not UTF-8 (byte {error.start})"
     if isinstance(error, RecursionError):

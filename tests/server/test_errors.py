@@ -1,11 +1,13 @@
-"""distilserve/server/errors.py: a 422's message from pydantic's errors."""
+"""distilserve/server/errors.py: a 422's message from pydantic's errors and json's."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from pydantic import ValidationError
 
-from distilserve.server.errors import invalid
+from distilserve.server.errors import invalid, unparseable
 from distilserve.server.routes.native.schemas import EmbeddingsRequest, RerankRequest
 from distilserve.server.routes.tei.schemas import TeiRerankRequest, TeiSimilarityRequest
 
@@ -59,3 +61,15 @@ def test_a_models_branch_is_named_by_its_fields():
 def test_a_text_that_is_not_unicode_is_named_as_the_client_sent_it(model, body, said):
     assert message(model, body) == (f"body: {said} is not valid Unicode: a lone surrogate at "
                                     "character 1")
+
+
+@pytest.mark.parametrize("body,said", [
+    ('{"inputs": "x', "malformed JSON: Unterminated string starting at character 11"),
+    ('{"inputs": "\x01"}', "malformed JSON: Invalid control character at character 12"),
+    ('{"inputs": "x",}', "malformed JSON: Expecting property name enclosed in double quotes "
+                         "at character 15"),
+])
+def test_a_body_that_is_not_json_is_said_where(body, said):
+    with pytest.raises(json.JSONDecodeError) as failed:
+        json.loads(body)
+    assert unparseable(failed.value) == said
