@@ -391,7 +391,8 @@ def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:
     preset = opts.preset or STUDENT_PRESET[opts.family]
     check_preset(opts.family, preset, teacher, opts.max_length)  # before any slow step
     opts.output.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(str(teacher.ckpt.tokenizer_dir))
+    tokenizer = AutoTokenizer.from_pretrained(str(teacher.ckpt.tokenizer_dir),
+                                              local_files_only=True)
     progress("reading sentences from installed docstrings")
     train, held = corpus.sentences(limit=opts.corpus_limit, seed=opts.seed, progress=progress,
                                    cache=opts.cache_dir)

@@ -105,13 +105,14 @@ def _from_minilm(auto_class, labels: list[str], seed: int):
     try:
         model, loaded = auto_class.from_pretrained(
             str(base), num_labels=len(labels), id2label=dict(enumerate(labels)),
-            label2id={label: i for i, label in enumerate(labels)}, output_loading_info=True)
+            label2id={label: i for i, label in enumerate(labels)}, output_loading_info=True,
+            local_files_only=True)
     finally:
         loader.removeFilter(_untrained_head)
     body = [k for k in loaded["missing_keys"] if not k.startswith("classifier.")]
     if body:
         raise RuntimeError(f"the packaged MiniLM ({base}) lacks weights: {body}")
-    return base, AutoTokenizer.from_pretrained(str(base)), model
+    return base, AutoTokenizer.from_pretrained(str(base), local_files_only=True), model
 
 
 def _predict(model, tokenizer, texts: list[str], size: int = 64):

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,6 +185,43 @@ def test_a_broken_tokenizer_json_is_named_and_a_missing_one_made_by_transformers
         load_engine("m", folder, Settings(), Metrics())
     file.unlink()
     assert load_engine("m", folder, Settings(), Metrics()).text.tokens(["Hello, world"], True) == whole
+
+
+def test_a_model_folder_without_its_checkpoint_names_it_and_never_asks_the_hub(
+        onnx_model, exports, tmp_path, monkeypatch):
+    """Read from where it is, a folder "m" gives "m/checkpoint", which reads as a Hub
+    repository's name: its missing checkpoint is said so before transformers is asked
+    (which would look for it on the Hub)."""
+    monkeypatch.chdir(tmp_path)
+    exports.copy(onnx_model, tmp_path / "m")
+    shutil.rmtree(tmp_path / "m" / "checkpoint")
+    with pytest.raises(ModelLoadError, match=r"^m/checkpoint: missing \(a model folder keeps"):
+        load_engine("m", Path("m"), Settings(), Metrics())
+    with pytest.raises(checkpoint.CheckpointError, match="^m/checkpoint: no such folder"):
+        checkpoint.fast_tokenizer("m/checkpoint")
+
+
+def test_a_torchscript_file_that_does_not_load_is_named(exports, tiny_checkpoints, tmp_path):
+    folder = tmp_path / "model"
+    exports(tiny_checkpoints["bert", "embed"], folder, "torchscript", check=False)
+    artifact = folder / "model.ts"
+    torn = artifact.read_bytes()[:1000]
+    artifact.unlink()  # (a link to the run's one export: replaced, not written into)
+    artifact.write_bytes(torn)
+    with pytest.raises(ModelLoadError, match=f"^{folder}: model.ts does not load as "
+                       "TorchScript: PytorchStreamReader failed reading zip archive[^.]*$"):
+        load_engine("m", folder, Settings(dtype="fp32"), Metrics())
+
+
+def test_a_kept_loops_manifest_that_says_another_depth_is_refused(torch_model, exports, tmp_path):
+    folder = tmp_path / "model"
+    exports.copy(torch_model, folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    trained = manifest["num_iterations"]
+    (folder / "manifest.json").write_text(json.dumps({**manifest, "num_iterations": trained + 4}))
+    with pytest.raises(ModelLoadError, match=f"^{folder}: its manifest says num_iterations "
+                       f"{trained + 4}, where its model runs {trained}: re-export it$"):
+        load_engine("m", folder, Settings(), Metrics())
 
 
 def test_an_int8_model_says_so(tiny_checkpoints, tmp_path):

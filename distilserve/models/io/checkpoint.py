@@ -202,11 +202,14 @@ def _save(ckpt: Checkpoint, out: Path) -> None:
 def fast_tokenizer(folder: str | Path):
     """A checkpoint folder's tokenizer as a fast (Rust) one, which the service runs: its
     tokenizer.json, or converted from a slow tokenizer's files (vocab.txt); a
-    CheckpointError naming the folder where neither works."""
+    CheckpointError naming the folder where neither works (read from it alone: never the
+    Hub)."""
     from transformers import AutoTokenizer
 
+    if not Path(folder).is_dir():
+        raise CheckpointError(f"{folder}: no such folder (a checkpoint's tokenizer files are read there)")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as e:
         raise CheckpointError(f"{folder}: its tokenizer does not load ({type(e).__name__}: "
                               f"{e}); a tokenizer.json would do") from None

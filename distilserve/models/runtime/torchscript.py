@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from distilserve.models.runtime.base import DTYPES
+from distilserve.models.runtime.base import DTYPES, BackendError
 from distilserve.models.runtime.torch_device import TorchRuntime
 
 # the memory the compiled shapes of a model fused on the CPU may take, in bytes
@@ -44,7 +44,12 @@ class TorchScriptBackend(TorchRuntime):
         if path.is_dir():
             module, fusion = self._trace(path)
         else:
-            module = torch.jit.load(str(path), map_location=self.place.device)
+            try:
+                module = torch.jit.load(str(path), map_location=self.place.device)
+            except (RuntimeError, ValueError) as e:  # missing, or not TorchScript's archive
+                # (torch's first sentence: the rest is advice on checkpoints in general)
+                raise BackendError(f"{path.name} does not load as TorchScript: "
+                                   f"{str(e).split('. ')[0]}") from None
             if self.dtype != "fp32" and "prim::Loop" not in str(module.inlined_graph):
                 module, fusion = self._trace(path.parent / "checkpoint")  # traced in fp32: again
         self.forward = module.to(self.place.dtype).eval()

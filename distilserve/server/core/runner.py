@@ -149,13 +149,18 @@ class LocalRunner:
         """One input of max_length tokens, straight to the backend, must run and give what
         the manifest says: a manifest edited by hand, or another model's artifact, is
         refused here, naming the folder, rather than failing requests (a max_length past
-        the model's positions, labels that are not its outputs)."""
-        t = self.model.max_length
+        the model's positions, labels that are not its outputs, a depth not its own)."""
+        t, trained = self.model.max_length, self.model.manifest.num_iterations
+        if None not in (self.depth, trained) and self.depth != trained:
+            raise ModelLoadError(f"{self.model.folder}: its manifest says num_iterations "
+                                 f"{trained}, where its model runs {self.depth}: re-export it")
+        # a loop kept in ONNX runs the manifest's depth: past the model's, it fails here
+        at = f" at {trained} iterations" if self.depth else ""
         try:
             out = self.backend.run(self._filled(1, t))
         except Exception as e:
-            raise ModelLoadError(f"{self.model.folder}: an input of its max_length ({t} tokens, "
-                                 "more than the model takes?) failed: "
+            raise ModelLoadError(f"{self.model.folder}: an input of its max_length ({t} tokens"
+                                 f"{at}, more than the model takes?) failed: "
                                  f"{type(e).__name__}: {e}".split("\n")[0]) from None
         width = {"embed": self.model.manifest.dimensions, "classify": len(self.model.labels),
                  "ner": len(self.model.labels), "qa": 2}.get(self.model.task)  # fill-mask's: hidden

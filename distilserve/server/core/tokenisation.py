@@ -45,8 +45,9 @@ def load_tokenizer(folder: Path, manifest: Manifest,
     where fill-mask needs its decode (a class that decodes its own way; else None). Read
     from checkpoint/tokenizer.json alone where the export found that to be transformers'
     tokenizer (the manifest's ``tokenizer``): then neither transformers nor torch is
-    imported; else loaded with transformers. A ModelLoadError naming the tokenizer.json
-    that does not read, or the folder where transformers does not load it."""
+    imported; else loaded with transformers, from that folder alone (never the Hub). A
+    ModelLoadError naming the tokenizer.json that does not read, the checkpoint folder
+    that is missing, or the folder where transformers does not load it."""
     checkpoint, facts = folder / "checkpoint", manifest.tokenizer
     file = checkpoint / "tokenizer.json"  # (gone: transformers makes it from vocab.txt)
     if facts is not None and file.is_file() and facts.suffice(manifest.task):
@@ -54,10 +55,13 @@ def load_tokenizer(folder: Path, manifest: Manifest,
             return Tokenizer.from_file(str(file)), facts, None
         except Exception as e:
             raise ModelLoadError(f"{file}: {type(e).__name__}: {e}") from None
+    if not checkpoint.is_dir():
+        raise ModelLoadError(f"{checkpoint}: missing (a model folder keeps its tokenizer there, "
+                             "as distilserve export writes it)")
     try:
         from transformers import AutoTokenizer  # a second or two, and torch with it
 
-        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True)
     except Exception as e:
         raise ModelLoadError(f"{folder}: {type(e).__name__}: {e}") from None
     if not tokenizer.is_fast:
