@@ -160,6 +160,10 @@ def test_bad_config_is_named(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(CheckpointError, match="gpt2"):
         checkpoint.load(tmp_path)
+    with pytest.raises(CheckpointError, match=f"^{tmp_path / 'config.json'}: not a folder"):
+        checkpoint.load(tmp_path / "config.json")  # the file given for its folder
+    with pytest.raises(CheckpointError, match=f"^{tmp_path / 'gone'}: no such folder"):
+        checkpoint.load(tmp_path / "gone")
 
 
 @pytest.mark.parametrize("family,preset,published,tolerance", [

@@ -37,3 +37,18 @@ def test_a_failed_write_or_rename_leaves_the_old_folder_alone(tmp_path, monkeypa
         (staging / "new.txt").write_text("new")
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
     assert [p.name for p in (tmp_path / "model").iterdir()] == ["old.txt"]
+
+
+def test_a_folder_that_cannot_be_written_beside_is_named_as_asked(tmp_path, monkeypatch):
+    mkdir = Path.mkdir
+
+    def denied(self, *args, **kwargs):
+        if self.name.startswith(".model."):  # the staging folder
+            raise PermissionError(13, "Permission denied", str(self))
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", denied)
+    with pytest.raises(OSError) as raised, replacing(tmp_path / "model"):
+        pass
+    assert raised.value.filename == str(tmp_path / "model")
+    assert raised.value.strerror == "cannot write beside it (Permission denied)"

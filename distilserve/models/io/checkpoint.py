@@ -323,6 +323,9 @@ def load(path: str | Path, task: str | None = None, overrides: dict | None = Non
     ``token_embeddings`` its model returns the token vectors [B, T, D] unpooled (the
     checkpoint's ``pooling`` still says how they are pooled)."""
     path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: {'not a folder' if path.exists() else 'no such folder'} "
+                              "(a checkpoint is a folder: config.json, its weights, its tokenizer)")
     try:  # a sentence-transformers folder of the older layout keeps it in 0_Transformer/
         encoder = st.encoder_folder(path)
     except st.SentenceTransformersError as e:

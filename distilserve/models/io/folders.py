@@ -21,7 +21,10 @@ def replacing(output: Path) -> Iterator[Path]:
     output = output.resolve()  # (".": its name, its parent)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = output.parent / f".{output.name}.{uuid.uuid4().hex[:12]}"
-    staging.mkdir()
+    try:
+        staging.mkdir()
+    except OSError as e:  # (named as the caller named it, not as the staging folder)
+        raise OSError(e.errno, f"cannot write beside it ({e.strerror})", str(output)) from None
     try:
         yield staging
         replace(staging, output)

@@ -31,8 +31,9 @@ def add(sub, tasks: list[str]) -> None:
                      help="serve the checkpoint for this task (default: the one its config "
                      "names; a ...ForMaskedLM is an embedding model unless fill-mask)")
     exp.add_argument("--max-length", type=int,
-                     help="longest input in tokens (default: the length a "
-                     "sentence-transformers model was trained for, else the model's maximum)")
+                     help="longest input in tokens, at most the model's positions "
+                     "(default: the length a sentence-transformers model was trained for, "
+                     "else the model's maximum)")
     exp.add_argument("--pooling", choices=[*POOLINGS, "splade"],
                      help="an embedding model's pooling of its tokens (default: what its "
                      "sentence-transformers files say, else mean); splade: a masked-language "
