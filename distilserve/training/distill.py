@@ -88,6 +88,11 @@ class Teacher:
 
     def __init__(self, path: Path):
         self.ckpt = checkpoint.load(path, task="embed")
+        if self.ckpt.family != "bert":  # (the objectives read its layers as BERT's)
+            raise ValueError(f"--teacher {path}: a {self.ckpt.family} checkpoint, where a "
+                             "teacher is a bert-family encoder (BERT, MiniLM, TinyBERT, "
+                             "MobileBERT), whose hidden states and attention maps the "
+                             "objectives read")
         self.hf = self.ckpt.model.model
         self.hf.config._attn_implementation = "eager"  # attention maps need eager attention
         self.hf.eval().requires_grad_(False)

@@ -102,6 +102,16 @@ def test_a_preset_that_cannot_learn_from_the_teacher_is_refused_before_training(
     assert not (tmp_path / "s").exists()
 
 
+@pytest.mark.parametrize("family", ["distilbert", "minialbert", "cmow"])
+def test_a_teacher_not_of_the_bert_family_is_refused_before_training(options, tmp_path, family):
+    teacher = checkpoint.save(checkpoint.new(family, "tiny", "embed"), tmp_path / "teacher")
+    opts = options(family="bert", output=tmp_path / "s", steps=2, teacher=teacher)
+    with pytest.raises(ValueError, match=f"^--teacher {teacher}: a {family} checkpoint, where "
+                       "a teacher is a bert-family encoder"):
+        distill.distill(opts, progress=lambda s: None)
+    assert not (tmp_path / "s").exists()
+
+
 def test_a_batch_larger_than_the_sentences_read_is_refused(options, teacher, tmp_path):
     opts = options(family="bert", output=tmp_path / "s", preset="tiny", steps=2,
                    batch_size=5000, corpus_limit=2000, teacher=teacher)

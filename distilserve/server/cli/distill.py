@@ -26,7 +26,8 @@ def add(sub) -> None:
     dist.add_argument("--batch-size", type=at_least(1), default=32,
                       help="sentences per step")
     dist.add_argument("--lr", type=positive, default=3e-4, help="peak learning rate")
-    dist.add_argument("--teacher", type=Path, help="a local checkpoint (default: MiniLM)")
+    dist.add_argument("--teacher", type=Path, help="a local checkpoint of the bert family "
+                      "(default: MiniLM)")
     dist.add_argument("--sentences", type=at_least(1000), default=60_000,
                       help="sentences to read from installed docstrings, a tenth of them "
                       "held out (read once, then kept in the cache; fewer start sooner, "
