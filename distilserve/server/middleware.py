@@ -249,4 +249,4 @@ class RequestMetrics:
         answered before routing), else "unmatched"."""
         route = scope.get("route") or next(
             (r for r in self.routes if r.matches(scope)[0] is not Match.NONE), None)
-        return getattr(route, "path", "unmatched")
+        return getattr(route, "path_format", "unmatched")

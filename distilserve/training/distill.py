@@ -200,7 +200,7 @@ def check_preset(family: str, preset: str, teacher: Teacher, max_length: int) ->
     if family == "bert" and preset == STUDENT_PRESET["bert"]:
         return
     config = checkpoint.new(family, preset, "embed").config  # unknown: CheckpointError
-    vocab, positions = config.get("vocab_size"), config.get("max_position_embeddings", 512)
+    vocab, positions = config.get("vocab_size"), checkpoint.positions(config)
     if vocab != teacher.hf.config.vocab_size:
         raise ValueError(f"{family} preset {preset!r} has a vocabulary of {vocab} tokens, "
                          f"the teacher's tokenizer {teacher.hf.config.vocab_size}")

@@ -1,6 +1,8 @@
+import json
 import socket
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -149,6 +151,19 @@ def test_export_refuses_a_max_length_under_one(tiny_checkpoints, tmp_path, capsy
     assert f"--max-length must be a number of tokens, at least 1, not {length}" in (
         capsys.readouterr().err)
     assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("family", ["bert", "cmow"])
+def test_export_refuses_a_max_length_past_the_models_positions(tiny_checkpoints, tmp_path,
+                                                               capsys, family):
+    """The tiny presets' position embeddings cover 128 tokens: 129 is refused, not cut."""
+    source, out = tiny_checkpoints[family, "embed"], tmp_path / "m"
+    assert main(["export", source, "--output", str(out), "--max-length", "129"]) == 1
+    assert ("--max-length 129 is more than the model takes: its position embeddings cover "
+            "128 tokens (max_position_embeddings)") in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["export", source, "--output", str(out), "--max-length", "128"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["max_length"] == 128
 
 
 @pytest.mark.parametrize("task,least", [("embed", 3), ("classify", 5)])
@@ -335,6 +350,50 @@ def test_a_student_that_cannot_learn_from_the_teacher_is_one_line(capsys, tmp_pa
                  str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1] == "distilserve distill: minialbert preset 'tiny' takes at most 128 tokens"
+
+
+def _distilled_into(default: Path, monkeypatch) -> None:
+    """``distill`` made to save a tiny student at once, and ``default`` the repository that
+    --add-to-default adds it to."""
+    from distilserve.server import embedded_default
+    from distilserve.training import distill
+
+    def trained(opts, progress):
+        checkpoint.save(checkpoint.new("minialbert", "tiny"), opts.output)
+        return {"parameters": 1, "fidelity": {"spearman": 0.5, "top10_overlap": 0.5,
+                                              "sentences": 10}}
+
+    monkeypatch.setattr(distill, "distill", trained)
+    monkeypatch.setattr(embedded_default, "ensure_default_repository", lambda cache: default)
+
+
+def test_a_student_added_to_the_default_is_served_at_most_its_positions(capsys, tmp_path,
+                                                                        monkeypatch):
+    """--add-to-default exports the student at 256 tokens, or at its positions where they
+    are fewer (the tiny preset's 128)."""
+    _distilled_into(tmp_path / "default", monkeypatch)
+    assert main(["distill", "minialbert", "--preset", "tiny", "--output",
+                 str(tmp_path / "s"), "--add-to-default"]) == 0
+    assert "added to the default repository as 'minialbert'" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "default" / "minialbert" / "manifest.json").read_text())
+    assert (manifest["family"], manifest["max_length"]) == ("minialbert", 128)
+
+
+def test_a_student_its_export_refuses_is_kept_and_said_in_a_line(capsys, tmp_path,
+                                                                 monkeypatch):
+    from distilserve.models import export
+
+    def refuse(*args, **kwargs):
+        raise export.ExportError("max abs diff vs PyTorch 0.5 over tolerance")
+
+    _distilled_into(tmp_path / "default", monkeypatch)
+    monkeypatch.setattr(export, "export", refuse)
+    assert main(["distill", "minialbert", "--preset", "tiny", "--output",
+                 str(tmp_path / "s"), "--add-to-default"]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"distilserve distill: the student is saved in {tmp_path / 's'}, and not added to the "
+        "default repository: max abs diff vs PyTorch 0.5 over tolerance")
+    assert (tmp_path / "s" / "config.json").exists()
 
 
 def test_distill_does_not_write_over_a_checkpoint_it_did_not_start(capsys, tmp_path):

@@ -194,7 +194,7 @@ def test_a_request_id_is_the_clients_or_a_new_one_and_comes_back():
 def test_request_metrics_count_by_route_and_status():
     metrics = Metrics()
     state = SimpleNamespace(service=SimpleNamespace(metrics=metrics))
-    route = SimpleNamespace(path="/v1/embed")
+    route = SimpleNamespace(path_format="/v1/embed")  # a route as Starlette names it
     app = RequestMetrics(BodyLimit(echo, limit=10), routes=embed.router.routes)
     for _ in range(2):  # the second time through the children looked up the first
         call(app, app=SimpleNamespace(state=state), route=route, chunks=(b"x",))

@@ -77,10 +77,11 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
            check: bool = True) -> Manifest:
     """Exports the checkpoint at ``source`` into the model folder ``output``; returns the
     manifest. An existing ``output`` (perhaps being served) is refused unless ``force``,
-    and then replaced only once the new folder is complete. ``max_length`` defaults to the
-    length the checkpoint was trained for (sentence-transformers' max_seq_length) where
-    its files say, else its position embeddings'; ``pooling`` (mean, cls, splade)
-    overrides its sentence-transformers files' for an embedding model;
+    and then replaced only once the new folder is complete. ``max_length`` (at most its
+    position embeddings') defaults to the length the checkpoint was trained for
+    (sentence-transformers' max_seq_length) where its files say, else its position
+    embeddings'; ``pooling`` (mean, cls, splade) overrides its sentence-transformers
+    files' for an embedding model;
     ``token_embeddings``: the artifact gives an embedding model's token vectors [B, T, D],
     which the service pools (TEI's /embed_all serves them); ``aliases``: names the model
     answers to besides its folder's (an OpenAI model name a client sends); ``check``: compare
@@ -116,7 +117,11 @@ def export(source: str | Path, output: str | Path, fmt: str = "onnx", loop: str 
                           f"not to {ckpt.family} as {fmt}")
     tokenizer = checkpoint.fast_tokenizer(ckpt.tokenizer_dir)
     _check_vocabulary(ckpt, len(tokenizer), Path(source))
-    max_length = min(max_length or ckpt.default_length, ckpt.max_length)
+    if max_length is not None and max_length > ckpt.max_length:
+        raise ExportError(f"--max-length {max_length} is more than the model takes: its "
+                          f"position embeddings cover {ckpt.max_length} tokens "
+                          "(max_position_embeddings)")
+    max_length = max_length or ckpt.default_length
     least = least_max_length(tokenizer.backend_tokenizer, ckpt.task)
     if max_length < least:
         raise ExportError(f"--max-length {max_length} leaves no token of text beside the "

@@ -51,7 +51,7 @@ class Checkpoint:
     @property
     def max_length(self) -> int:
         """The longest input its position embeddings allow."""
-        return int(self.config.get("max_position_embeddings", 512))
+        return positions(self.config)
 
     @property
     def default_length(self) -> int:
@@ -230,6 +230,12 @@ def read_json(file: Path, needed_by: str) -> dict:
     if not isinstance(value, dict):
         raise CheckpointError(f"{file}: not a JSON object")
     return value
+
+
+def positions(config: dict) -> int:
+    """The longest input in tokens a model of ``config`` (its config.json) takes: its
+    position embeddings' count (CMOW's: the length its tree reductions cover)."""
+    return int(config.get("max_position_embeddings", 512))
 
 
 def read_config(path: Path) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from distilserve.server.cli.common import Refused, at_least, positive, status
@@ -43,6 +44,7 @@ def add(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from distilserve.models import export
+    from distilserve.models.io import checkpoint
     from distilserve.models.runtime.cores import limit_torch_threads
     from distilserve.server.settings import Settings
     from distilserve.training import distill
@@ -77,8 +79,14 @@ def run(args: argparse.Namespace) -> int:
             target = ensure_default_repository(Settings().cache_dir) / args.family
             # CMOW's matrix products grow with length until they swamp the embedding:
             # served at the length it was trained on
-            length = opts.max_length if args.family == "cmow" else 256
-            export.export(args.output, target, "onnx", max_length=length, progress=progress,
-                          force=True)
+            length = (opts.max_length if args.family == "cmow" else
+                      min(256, checkpoint.positions(checkpoint.read_config(args.output))))
+            try:
+                export.export(args.output, target, "onnx", max_length=length,
+                              progress=progress, force=True)
+            except export.ExportError as e:
+                print(f"distilserve distill: the student is saved in {args.output}, and not "
+                      f"added to the default repository: {e}", file=sys.stderr)
+                return 1
             print(f"added to the default repository as {args.family!r}: {target}")
     return 0

@@ -19,7 +19,7 @@ async def list_models(request: Request):
 
 
 # 422: FastAPI would document its own error shape for the path parameter (never refused)
-@router.get("/v1/models/{model_id}", responses=errors.responses(401, 404, 422))
+@router.get("/v1/models/{model_id:path}", responses=errors.responses(401, 404, 422))
 async def get_model(model_id: str, request: Request):
     """The model of that name, or of that alias."""
     svc = service(request)

@@ -271,7 +271,7 @@ async def root(body: dict, request: Request):
     return reply(call, *await ANSWERS[type(parsed)](parsed, call))
 
 
-@router.post("/models/{model_name}", response_model=TeiAnswer,
+@router.post("/models/{model_name:path}", response_model=TeiAnswer,
              response_model_exclude_none=True, responses=errors.INFERENCE,
              openapi_extra={"requestBody": {"required": True, **ROOT_DOCUMENTED["requestBody"]}})
 async def inference_api(model_name: str, request: Request):
