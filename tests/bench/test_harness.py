@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from distilserve.bench import harness
+from distilserve.bench import gemm, harness
 from distilserve.server.cli import main
 
 
@@ -23,25 +23,25 @@ def test_fastest_times_each_run_to_its_sync_and_leaves_the_warm_up_out():
         time.sleep(next(pauses))  # the work finishing: the warm-up's 0.05 s is not counted
         synced.append(True)
 
-    best = harness.fastest(fn, 3, sync)
+    best = gemm.fastest(fn, 3, sync)
     assert calls == [0, 1, 2, 3] and len(synced) == 4
     assert best < 0.015  # the run whose work took no time, not the warm-up or the mean
 
 
 @pytest.mark.slow  # timed GEMMs
 def test_cpu_gemm_rates_are_plausible_flop_rates():
-    rates = harness.gemm_rates(threads=1, runs=1)
+    rates = gemm.gemm_rates(threads=1, runs=1)
     assert set(rates) == {f"{lib} {shape}" for lib in ("torch", "onnxruntime")
                           for shape in ("square 2048", "ffn 16384x768x3072")} | {
         "torch bf16 ffn 16384x768x3072", "onnxruntime int8 ffn 16384x768x3072"}
     assert all(1e8 < r < 1e13 for r in rates.values())
-    assert set(harness.reference_rates(rates)) == {"fp32", "bf16", "int8"}
+    assert set(gemm.reference_rates(rates)) == {"fp32", "bf16", "int8"}
 
 
 def test_each_row_is_scored_against_the_gemm_rate_of_the_dtype_it_computes_in():
     """On the CPU in bf16, the torch rows against the bf16 rate; ONNX Runtime's in fp32
     and an int8 export's in int8, whatever the run's dtype."""
-    references = harness.reference_rates({"torch square 2048": 150e9, "onnxruntime ffn": 200e9,
+    references = gemm.reference_rates({"torch square 2048": 150e9, "onnxruntime ffn": 200e9,
                                           "torch bf16 ffn": 400e9, "onnxruntime int8 ffn": 600e9})
     assert references == {"fp32": 200e9, "bf16": 400e9, "int8": 600e9}
     rows = [{"backend": b, "device": "cpu", "dtype": "bf16", "gflop_per_s": 100.0}
@@ -54,7 +54,7 @@ def test_each_row_is_scored_against_the_gemm_rate_of_the_dtype_it_computes_in():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU visible")
 def test_gpu_gemm_rates_are_plausible_flop_rates():
-    rates = harness.gpu_gemm_rates("cuda", "fp16", runs=2)
+    rates = gemm.gpu_gemm_rates("cuda", "fp16", runs=2)
     assert all(1e12 < r < 1e16 for r in rates.values())
 
 
@@ -104,6 +104,33 @@ def test_a_dtype_a_family_does_not_run_in_leaves_its_rows_out(tmp_path, fixed_ge
     results = harness.measure_all(opts, said.append)
     assert [(r["model"], "error" in r) for r in results] == [("bert tiny", False)]
     assert "cmow tiny: left out, cmow does not run in fp16" in said
+
+
+def test_bench_refuses_a_length_past_a_models_positions(capsys, tmp_path,
+                                                         fixed_gemm_rates):
+    assert main(["bench", "--quick", "--models", "bert tiny", "--length", "129", "--output",
+                 str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "distilserve bench: --length 129: bert tiny takes at most 128 tokens (its position "
+        "embeddings)")
+
+
+def test_bench_adds_no_rows_of_another_shape_to_a_folder(capsys, tmp_path, fixed_gemm_rates):
+    """A resumed row's key names no batch shape: rows of two shapes in one folder would be
+    reported as one; fine-tuning rows name theirs."""
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = [{"key": "bert tiny|onnx|unroll", "mode": "inference", "batch_size": 8,
+             "length": 16},
+            {"key": "bert tiny|training|32x128|cpu|fp32", "mode": "training",
+             "batch_size": 32, "length": 128}]
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["bench", "--quick", "--models", "bert tiny", "--length", "32", "--output",
+                 str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"distilserve bench: {out} holds measurements of batches of 8 x 16 tokens, not "
+        "8 x 32: name another --output, or give its --batch-size and --length")
+    assert sorted(p.name for p in out.iterdir()) == ["results.jsonl"]
 
 
 def _graphs_run(tmp_path, device: str) -> list[dict]:

@@ -221,6 +221,9 @@ def test_ray_refuses_a_port_in_use_before_starting_ray(flag, capsys, tmp_path, m
     (["--backends", "onnx,foo"], "--backends: unknown foo (of torch,torchscript,onnx,onnx-int8)"),
     (["--models", "bert tiny,gpt"], "--models: no model or preset gpt (of bert tiny, "),
     (["--students", "nowhere"], "--students: nowhere is not a folder"),
+    (["--dtype", "bf16", "--backends", "torch,onnx,onnx-int8"], "--backends onnx,onnx-int8: "
+     "ONNX Runtime runs fp32 on the CPU, not bf16 on cpu (the torch and torchscript "
+     "backends do)"),
 ])
 def test_bench_refuses_what_it_cannot_measure_before_measuring(args, words, capsys, tmp_path):
     assert main(["bench", "--quick", "--output", str(tmp_path / "out"), *args]) == 2

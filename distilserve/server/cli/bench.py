@@ -19,12 +19,12 @@ def add(sub) -> None:
     bench.add_argument("--quick", action="store_true",
                        help="tiny presets, one backend, seconds: checks the harness")
     bench.add_argument("--batch-size", type=at_least(1),
-                       help="sentences per batch (default 256; --training 32)")
+                       help="sentences per batch (default 256; --training 32; --quick 8)")
     bench.add_argument("--length", type=at_least(1),
-                       help="tokens per sentence (default 64; --training 128)")
+                       help="tokens per sentence (default 64; --training 128; --quick 16)")
     bench.add_argument("--batches", type=at_least(1), default=1, help="batches per timed run")
-    bench.add_argument("--repeats", type=at_least(1), default=3,
-                       help="timed runs (median reported)")
+    bench.add_argument("--repeats", type=at_least(1),
+                       help="timed runs, the median reported (default 3; --quick 2)")
     bench.add_argument("--threads", type=at_least(0), default=0,
                        help="intra-op threads (0: all cores)")
     bench.add_argument("--device", default="cpu",
@@ -69,11 +69,12 @@ def run(args: argparse.Namespace) -> int:
                       f"{','.join(harness.BACKENDS)})")
     if args.students and not args.students.is_dir():
         raise Refused(f"--students: {args.students} is not a folder")
-    training = args.training  # its own defaults: the papers fine-tune shorter batches
+    training, quick = args.training, args.quick  # their own defaults, where not given
     opts = harness.Options(output=args.output,
-                           batch_size=args.batch_size or (32 if training else 256),
-                           length=args.length or (128 if training else 64),
-                           batches=args.batches, repeats=args.repeats, threads=args.threads,
+                           batch_size=args.batch_size or (8 if quick else 32 if training else 256),
+                           length=args.length or (16 if quick else 128 if training else 64),
+                           batches=args.batches, repeats=args.repeats or (2 if quick else 3),
+                           threads=args.threads,
                            device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                            depths=args.depths, training=training)
     if args.device != "cpu" or args.dtype != "fp32":  # ONNX Runtime: fp32 on the CPU only
@@ -81,10 +82,14 @@ def run(args: argparse.Namespace) -> int:
     if args.quick:
         opts.rows = list(harness.QUICK_ROWS)
         opts.training_rows = list(harness.QUICK_TRAINING_ROWS)
-        opts.backends = ("onnx",) if args.device == "cpu" else ("torch",)
-        opts.batch_size, opts.length, opts.repeats, opts.latency_runs = 8, 16, 2, 5
+        opts.backends = ("onnx",) if (args.device, args.dtype) == ("cpu", "fp32") else ("torch",)
+        opts.latency_runs = 5
     if args.backends:
         opts.backends = tuple(args.backends.split(","))
+    if (args.device, args.dtype) != ("cpu", "fp32") and (
+            onnx := [b for b in opts.backends if b.startswith("onnx")]):
+        raise Refused(f"--backends {','.join(onnx)}: ONNX Runtime runs fp32 on the CPU, not "
+                      f"{args.dtype} on {args.device} (the torch and torchscript backends do)")
     if args.students:
         opts.rows += harness.student_rows(args.students)
     if args.models:
@@ -99,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             opts.rows = chosen
     with status("bench") as progress:
-        results = harness.measure_all(opts, progress)
+        try:
+            results = harness.measure_all(opts, progress)
+        except harness.CannotMeasure as e:
+            raise Refused(str(e)) from None
     failed = [r["key"] for r in results if "error" in r]
     print(f"{len(results)} measurements in {opts.output} (REPORT.md, results.json, charts)"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
