@@ -42,7 +42,7 @@ def test_each_row_is_scored_against_the_gemm_rate_of_the_dtype_it_computes_in():
     """On the CPU in bf16, the torch rows against the bf16 rate; ONNX Runtime's in fp32
     and an int8 export's in int8, whatever the run's dtype."""
     references = gemm.reference_rates({"torch square 2048": 150e9, "onnxruntime ffn": 200e9,
-                                          "torch bf16 ffn": 400e9, "onnxruntime int8 ffn": 600e9})
+                                       "torch bf16 ffn": 400e9, "onnxruntime int8 ffn": 600e9})
     assert references == {"fp32": 200e9, "bf16": 400e9, "int8": 600e9}
     rows = [{"backend": b, "device": "cpu", "dtype": "bf16", "gflop_per_s": 100.0}
             for b in ("torch", "torchscript", "onnx", "onnx-int8")]

@@ -65,3 +65,9 @@ def test_the_model_alone_needs_no_tokenizer_package(monkeypatch):
         checkpoint.new("falbert", "tiny")
     model, labels, config = checkpoint.fresh_model("falbert", "tiny", "classify", ["a", "b"])
     assert labels == ["a", "b"] and model.num_iterations == config["num_hidden_layers"]
+
+
+def test_a_length_past_the_models_positions_is_said_so():
+    with pytest.raises(ValueError, match=r"^--length 129: falbert tiny takes at most 128 "
+                       r"tokens \(its position embeddings\)$"):
+        training.measure({**_spec(4), "length": 129})
