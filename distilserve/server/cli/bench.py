@@ -77,17 +77,17 @@ def run(args: argparse.Namespace) -> int:
                            threads=args.threads,
                            device=args.device, dtype=args.dtype, cuda_graphs=args.cuda_graphs,
                            depths=args.depths, training=training)
-    if args.device != "cpu" or args.dtype != "fp32":  # ONNX Runtime: fp32 on the CPU only
+    onnx_runs = (args.device, args.dtype) == ("cpu", "fp32")  # ONNX Runtime: fp32, the CPU
+    if not onnx_runs:
         opts.backends = ("torch", "torchscript")
     if args.quick:
         opts.rows = list(harness.QUICK_ROWS)
         opts.training_rows = list(harness.QUICK_TRAINING_ROWS)
-        opts.backends = ("onnx",) if (args.device, args.dtype) == ("cpu", "fp32") else ("torch",)
+        opts.backends = ("onnx",) if onnx_runs else ("torch",)
         opts.latency_runs = 5
     if args.backends:
         opts.backends = tuple(args.backends.split(","))
-    if (args.device, args.dtype) != ("cpu", "fp32") and (
-            onnx := [b for b in opts.backends if b.startswith("onnx")]):
+    if not onnx_runs and (onnx := [b for b in opts.backends if b.startswith("onnx")]):
         raise Refused(f"--backends {','.join(onnx)}: ONNX Runtime runs fp32 on the CPU, not "
                       f"{args.dtype} on {args.device} (the torch and torchscript backends do)")
     if args.students:
