@@ -19,6 +19,7 @@ with Retry-After (the Python client retries it), never left hanging.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -63,6 +64,23 @@ class Scaling(BaseModel):
             return settings
         return settings.model_copy(update={"threads": max(1, int(self.replica_cpus))})
 
+    def shortfall(self, models: int, resources: dict) -> tuple[str, str] | None:
+        """Where ``models`` deployments' first replicas reserve more CPUs or GPUs than
+        ``resources`` (Ray's ``cluster_resources()``) hold: how many against how many, and
+        what would fit them; None where they fit."""
+        replicas = self.replicas if self.max_replicas is None else self.min_replicas
+        count = models * replicas
+        for kind, each in (("CPU", self.replica_cpus), ("GPU", self.replica_gpus)):
+            have = resources.get(kind, 0)
+            if count * each <= have + 1e-9:
+                continue
+            fit = math.floor(have / count * 100) / 100
+            return (f"the replicas reserve {_some(count * each, kind)} ({_some(models, 'model')}, "
+                    f"{_some(replicas, 'replica')} each, {each:g} {kind} a replica) and Ray "
+                    f"has {have:g}", f"--replica-{kind.lower()}s {fit:g} fits them"
+                    + (", or fewer replicas" if fit else ""))
+        return None
+
     def options(self) -> dict:
         actor = {"num_cpus": self.replica_cpus, "num_gpus": self.replica_gpus}
         if self.max_replicas is None:
@@ -72,6 +90,10 @@ class Scaling(BaseModel):
                                        "max_replicas": self.max_replicas,
                                        "target_ongoing_requests": self.target_ongoing},
                 "max_ongoing_requests": self.max_ongoing, "ray_actor_options": actor}
+
+
+def _some(n: float, thing: str) -> str:
+    return f"{n:g} {thing}{'s' * (n != 1)}"
 
 
 def ingress() -> type:
@@ -90,32 +112,56 @@ def ingress() -> type:
 GRPC_SERVICERS = ["distilserve.server.ray_grpc.add_servicers"]
 
 
-def application(repository: Path, settings: Settings, scaling: Scaling,
-                ingress_replicas: int = 1):
-    """The Ray Serve application of a model repository. A folder without a readable
-    manifest is left out (logged); one whose model fails to load fails its deployment."""
-    folders, handles = [], {}
-    logs = {"enable_access_log": settings.access_log}  # a line per call costs throughput
+def servable(repository: Path) -> list[Path]:
+    """The repository's model folders that deploy: those whose manifest reads (the others
+    logged and left out); ValueError where there are none."""
+    folders = []
     for folder in model_folders(repository):
         try:
             read_manifest(folder)
         except ModelLoadError as e:
             log.error("model %s not served: %s", folder.name, e)
             continue
-        folders.append(str(folder))
+        folders.append(folder)
+    if not folders:
+        raise ValueError(f"model repository {repository} holds no model folders")
+    return folders
+
+
+def application(folders: list[Path], settings: Settings, scaling: Scaling,
+                ingress_replicas: int = 1):
+    """The Ray Serve application of a repository's model folders (``servable``'s): a
+    model whose folder fails to load fails its deployment."""
+    handles = {}
+    logs = {"enable_access_log": settings.access_log}  # a line per call costs throughput
+    for folder in folders:
         handles[folder.name] = serve.deployment(ModelReplica).options(
             name=folder.name, logging_config=logs, **scaling.options()).bind(
             str(folder), scaling.replica_settings(settings))
-    if not folders:
-        raise ValueError(f"model repository {repository} holds no model folders")
     return serve.deployment(ingress()).options(
         name="ingress", num_replicas=ingress_replicas, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=settings.max_connections, logging_config=logs).bind(
         # Ray Serve's proxies take the HTTP requests and the gRPC calls (its grpc_options,
         # not DISTILSERVE_GRPC_PORT), and models are deployments, loaded and unloaded by
         # redeploying (not DISTILSERVE_MODEL_CONTROL)
-        settings.model_copy(update={"grpc_port": None, "model_control": "none"}), folders,
-        handles)
+        settings.model_copy(update={"grpc_port": None, "model_control": "none"}),
+        [str(f) for f in folders], handles)
+
+
+def deploy_failures(app) -> list[str]:
+    """Why an application did not deploy (``app``: its entry in ``serve.status()``), a line
+    for each deployment that failed: its model and the last line of its replicas' error
+    (Ray's message is their traceback), the exception's module left out."""
+    failed = []
+    for name, deployment in app.deployments.items():
+        if deployment.status != "DEPLOY_FAILED":
+            continue
+        lines = [line for line in deployment.message.splitlines() if line.strip()]
+        kind, colon, said = (lines[-1].strip() if lines else "failed").partition(": ")
+        if colon and " " not in kind:  # package.module.Error: what it says
+            kind = kind.rpartition(".")[2]
+        failed.append(f"model {name}: {kind}{colon}{said}")
+    return failed or [app.message]
 
 
 # Ray Serve gives a new HTTP proxy RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S (5 s) to start,
@@ -146,4 +192,5 @@ def build(args: dict):
     """Ray Serve's application builder (``import_path: distilserve.server.ray_serve:build``)."""
     parsed = BuildArgs.model_validate(args)
     scaling = Scaling.model_validate(parsed.model_dump(include=set(Scaling.model_fields)))
-    return application(parsed.model_repository, Settings(), scaling, parsed.ingress_replicas)
+    return application(servable(parsed.model_repository), Settings(), scaling,
+                       parsed.ingress_replicas)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from distilserve.models.io import checkpoint
-from distilserve.server.ray_serve import GRPC_SERVICERS, Scaling, application, init_local
+from distilserve.server.ray_serve import GRPC_SERVICERS, Scaling, application, init_local, servable
 from distilserve.server.settings import Settings
 from tests import web
 from tests.conftest import running_server, unallocated_port, wait_for
@@ -54,7 +54,7 @@ def ray_serve(repository):
         # machine has two), one thread; a batch waits up to 100 ms for company, so
         # requests are in flight on a replica most of the time (when one is killed)
         settings = Settings(threads=1, max_wait_ms=100)
-        serve.run(application(repository, settings, Scaling(replicas=2, replica_cpus=0.5)),
+        serve.run(application(servable(repository), settings, Scaling(replicas=2, replica_cpus=0.5)),
                   name="distilserve", route_prefix="/")
         url = f"http://127.0.0.1:{port}"
         wait_for(lambda: web.get(url + "/ready", timeout=10).status_code == 200,

@@ -193,6 +193,33 @@ def test_export_onto_an_existing_model_folder_needs_force(tiny_checkpoints, tmp_
     assert sorted(p.name for p in out.parent.iterdir()) == ["m"]  # nothing left beside it
 
 
+@pytest.fixture
+def ray_repository(exports, tiny_checkpoints, tmp_path) -> Path:
+    """A repository of one model (its folder beside one without a manifest)."""
+    pytest.importorskip("ray")
+    exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx", check=False)
+    (tmp_path / "repo" / "notes").mkdir()
+    return tmp_path / "repo"
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """Ray's calls that ``distilserve ray`` makes, each a failure here; the list returned
+    is for a test to record in the calls it lets through."""
+    import ray
+    from ray import serve
+
+    from distilserve.server import ray_serve
+
+    calls = []
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for module, name in ((ray_serve, "init_local"), (ray, "init"), (ray, "cluster_resources"),
+                         (ray, "shutdown"), (serve, "start"), (serve, "run"),
+                         (serve, "shutdown"), (serve, "delete")):
+        monkeypatch.setattr(module, name, lambda *_, name=name, **__: pytest.fail(name))
+    return calls
+
+
 def test_ray_refuses_half_an_autoscaling_range_before_starting_ray(capsys, tmp_path):
     assert main(["ray", "--model-repository", str(tmp_path), "--min-replicas", "1"]) == 2
     assert "autoscaling needs both min_replicas and max_replicas" in capsys.readouterr().err
@@ -200,12 +227,95 @@ def test_ray_refuses_half_an_autoscaling_range_before_starting_ray(capsys, tmp_p
     assert "is not a folder" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
-def test_ray_refuses_a_port_in_use_before_starting_ray(flag, capsys, tmp_path, monkeypatch):
+def test_ray_refuses_a_repository_of_no_model_before_starting_ray(no_ray, capsys, tmp_path):
+    (tmp_path / "notes").mkdir()  # a folder, but no model's
+    assert main(["ray", "--model-repository", str(tmp_path)]) == 2
+    assert f"distilserve ray: model repository {tmp_path} holds no model folders" in (
+        capsys.readouterr().err)
+
+
+def test_ray_refuses_replicas_a_local_instance_cannot_place(no_ray, ray_repository, capsys,
+                                                           monkeypatch):
+    import ray
+
     from distilserve.server import ray_serve
 
-    monkeypatch.setattr(ray_serve, "init_local", lambda **_: pytest.fail("Ray started"))
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(ray_serve, "init_local", lambda **_: no_ray.append("init"))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(ray, "shutdown", lambda: no_ray.append("shutdown"))
+    assert main(["ray", "--model-repository", str(ray_repository), "--replicas", "3",
+                 "--port", str(unallocated_port())]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "distilserve ray: the replicas reserve 3 CPUs (1 model, 3 replicas each, 1 CPU a "
+        "replica) and Ray has 2, so one would wait for them forever: --replica-cpus 0.66 "
+        "fits them, or fewer replicas")
+    assert no_ray == ["init", "shutdown"]  # and Serve never started
+
+
+def test_ray_says_why_a_model_did_not_deploy_and_removes_the_instance(
+        no_ray, ray_repository, capsys, monkeypatch):
+    import ray
+    from ray import serve
+
+    from distilserve.server import ray_serve
+
+    monkeypatch.setattr(ray_serve, "init_local", lambda **_: no_ray.append("init"))
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})
+    monkeypatch.setattr(serve, "start", lambda **_: no_ray.append("start"))
+    monkeypatch.setattr(serve, "shutdown", lambda: no_ray.append("serve.shutdown"))
+
+    def run(app, **_):
+        raise RuntimeError("Deploying application distilserve failed: Failed to update the "
+                           "deployments ['embed'].")
+
+    monkeypatch.setattr(serve, "run", run)
+    monkeypatch.setattr(serve, "status", lambda: FakeServeStatus({"distilserve": FAILED_APP}))
+    assert main(["ray", "--model-repository", str(ray_repository),
+                 "--port", str(unallocated_port())]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "distilserve ray: not deployed: model embed: InvalidProtobuf: [ONNXRuntimeError] : 7 "
+        ": INVALID_PROTOBUF : Load model from repo/embed/model.onnx failed:Protobuf parsing "
+        "failed.")
+    assert no_ray == ["init", "start", "serve.shutdown"]
+
+
+class FakeServeStatus:
+    def __init__(self, applications):
+        self.applications = applications
+
+
+class FakeStatus:
+    def __init__(self, status, message="", deployments=None):
+        self.status, self.message, self.deployments = status, message, deployments or {}
+
+
+FAILED_APP = FakeStatus("DEPLOY_FAILED", "Failed to update the deployments ['embed'].", {
+    "ingress": FakeStatus("HEALTHY"),
+    # as Ray Serve writes it: the replica's traceback, its last line the error
+    "embed": FakeStatus("DEPLOY_FAILED", (
+        "The deployment failed to start 3 times in a row. This may be due to a problem with "
+        "its constructor or initial health check failing. See controller logs for details. "
+        "Error:\n  File \"onnxruntime_inference_collection.py\", line 778, in "
+        "_create_inference_session\n    sess = C.InferenceSession(...)\n"
+        "onnxruntime.capi.onnxruntime_pybind11_state.InvalidProtobuf: [ONNXRuntimeError] : 7 "
+        ": INVALID_PROTOBUF : Load model from repo/embed/model.onnx failed:Protobuf parsing "
+        "failed.\n"))})
+
+
+def test_deploy_failures_name_each_model_and_its_error():
+    from distilserve.server.ray_serve import deploy_failures
+
+    assert deploy_failures(FAILED_APP) == [
+        "model embed: InvalidProtobuf: [ONNXRuntimeError] : 7 : INVALID_PROTOBUF : Load model "
+        "from repo/embed/model.onnx failed:Protobuf parsing failed."]
+    plain = FakeStatus("DEPLOY_FAILED", "", {"m": FakeStatus("DEPLOY_FAILED", "went away")})
+    assert deploy_failures(plain) == ["model m: went away"]
+    assert deploy_failures(FakeStatus("DEPLOY_FAILED", "the graph failed")) == ["the graph failed"]
+
+
+@pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
+def test_ray_refuses_a_port_in_use_before_starting_ray(flag, capsys, ray_repository, no_ray):
+    tmp_path = ray_repository
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

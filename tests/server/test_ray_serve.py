@@ -76,6 +76,20 @@ def test_a_replica_uses_the_cpus_ray_reserves_for_it_unless_told_otherwise():
     assert two.replica_settings(Settings(threads=3)).threads == 3
 
 
+def test_a_shortfall_is_what_the_first_replicas_reserve_past_what_ray_has():
+    assert ray_serve.Scaling(replica_cpus=0.5).shortfall(4, {"CPU": 2.0}) is None
+    reserved, fits = ray_serve.Scaling(replicas=2).shortfall(3, {"CPU": 4.0})
+    assert reserved == ("the replicas reserve 6 CPUs (3 models, 2 replicas each, 1 CPU a "
+                        "replica) and Ray has 4")
+    assert fits == "--replica-cpus 0.66 fits them, or fewer replicas"
+    # GPUs where Ray has none; autoscaling starts at its minimum
+    reserved, fits = ray_serve.Scaling(replica_gpus=1).shortfall(1, {"CPU": 8.0})
+    assert reserved.endswith("reserve 1 GPU (1 model, 1 replica each, 1 GPU a replica) "
+                             "and Ray has 0") and fits == "--replica-gpus 0 fits them"
+    autoscaled = ray_serve.Scaling(min_replicas=0, max_replicas=8)
+    assert autoscaled.shortfall(3, {"CPU": 1.0}) is None
+
+
 def test_scaling_options():
     fixed = ray_serve.Scaling(replicas=3, replica_gpus=0.5).options()
     assert fixed["num_replicas"] == 3 and fixed["ray_actor_options"]["num_gpus"] == 0.5

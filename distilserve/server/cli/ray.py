@@ -44,7 +44,6 @@ def run(args: argparse.Namespace) -> int:
     import logging
     import os
     import signal
-    import threading
 
     from pydantic import ValidationError
 
@@ -80,7 +79,18 @@ def run(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from distilserve.server.ray_serve import GRPC_SERVICERS, application, init_local
+    from distilserve.server.ray_serve import (
+        GRPC_SERVICERS,
+        application,
+        deploy_failures,
+        init_local,
+        servable,
+    )
+
+    try:
+        folders = servable(repository)
+    except ValueError as e:
+        raise Refused(str(e)) from None
 
     local = not (args.address or os.environ.get("RAY_ADDRESS"))
     if local:  # its ports here: one in use is a one-line error before Ray starts
@@ -93,21 +103,39 @@ def run(args: argparse.Namespace) -> int:
         init_local(grpc_host=settings.host)
     else:
         ray.init(address=args.address)
+    if short := scaling.shortfall(len(folders), ray.cluster_resources()):
+        reserved, fits = short
+        if local:  # nothing adds to a local instance: a replica it cannot place waits forever
+            ray.shutdown()
+            raise Refused(f"{reserved}, so one would wait for them forever: {fits}")
+        logging.getLogger("distilserve").warning(
+            "%s now: a replica waits until the cluster has more (%s)", reserved, fits)
     grpc = {} if settings.grpc_port is None else {"grpc_options": {
         "port": settings.grpc_port, "grpc_servicer_functions": GRPC_SERVICERS}}
-    serve.start(http_options={"host": settings.host, "port": settings.port}, **grpc)
-    serve.run(application(repository, settings, scaling), name="distilserve",
-              route_prefix="/")
-    grpc_at = "" if not grpc else f" and grpc://{settings.host}:{settings.grpc_port}"
-    print(f"distilserve on Ray Serve at http://{settings.host}:{settings.port}{grpc_at} (Ctrl-C or "
-          "SIGTERM removes the application)", flush=True)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    while not stop.wait(1):
-        pass
-    print("removing the application", flush=True)
-    serve.delete("distilserve")
-    if local:  # a cluster's Serve keeps running for its other applications
-        serve.shutdown()
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):  # while deploying too (Ray's own SIGTERM
+        signal.signal(sig, interrupted)         # handler ends the process, leaving it there)
+    try:
+        serve.start(http_options={"host": settings.host, "port": settings.port}, **grpc)
+        try:
+            serve.run(application(folders, settings, scaling), name="distilserve",
+                      route_prefix="/")
+        except RuntimeError:  # a deployment failed; Ray's error names none of the reasons
+            app = serve.status().applications["distilserve"]
+            raise Refused("not deployed: " + "; ".join(deploy_failures(app))) from None
+        grpc_at = "" if not grpc else f" and grpc://{settings.host}:{settings.grpc_port}"
+        print(f"distilserve on Ray Serve at http://{settings.host}:{settings.port}{grpc_at} "
+              "(Ctrl-C or SIGTERM removes the application)", flush=True)
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        print("removing the application", flush=True)
+    finally:
+        if local:  # the instance, with everything on it
+            serve.shutdown()
+        else:  # a cluster's Serve keeps running for its other applications
+            serve.delete("distilserve")
     return 0
