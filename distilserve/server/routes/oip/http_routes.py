@@ -413,4 +413,3 @@ for _route in [r for r in router.routes if r.path.startswith("/v2/models/{model_
         description=_route.description, response_model=_route.response_model,
         response_model_exclude_none=_route.response_model_exclude_none,
         responses=_route.responses, openapi_extra=_route.openapi_extra)
-
