@@ -138,9 +138,6 @@ def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
     if not (source / "config.json").exists():
         checkpoint.save(checkpoint.new(row.family, row.preset, "embed",
                                        overrides=dict(row.overrides)), source)
-    if opts.length > (positions := checkpoint.positions(checkpoint.read_config(source))):
-        raise CannotMeasure(f"--length {opts.length}: {row.name} takes at most {positions} "
-                            "tokens (its position embeddings)")
     if not manifest.exists() or stale:
         fmt = {"onnx-int8": "onnx"}.get(backend, backend)
         export.export(source, folder, fmt, loop, "int8" if backend == "onnx-int8" else None,
@@ -289,10 +286,25 @@ def _check_shape(done: dict, opts: Options) -> None:
             "its --batch-size and --length")
 
 
+def _check_lengths(rows: list[Row], length: int) -> None:
+    """Refuses a --length past any row's positions, before anything is measured."""
+    from distilserve.models.io import checkpoint
+
+    short = []
+    for row in rows:
+        config = (checkpoint.read_config(Path(row.source)) if row.source else
+                  checkpoint.preset_config(row.family, row.preset, dict(row.overrides)))
+        if length > (positions := checkpoint.positions(config)):
+            short.append(f"{row.name} takes at most {positions} tokens")
+    if short:
+        raise CannotMeasure(f"--length {length}: {'; '.join(short)} "
+                            f"({'its' if len(short) == 1 else 'their'} position embeddings)")
+
+
 def measure_all(opts: Options, progress=print) -> list[dict]:
-    """Measures every row x backend x loop not already in results.jsonl; CannotMeasure
-    where those were measured at another batch shape, or --length is past a row's
-    positions."""
+    """Measures every row x backend x loop not already in results.jsonl; CannotMeasure,
+    before measuring, where those were measured at another batch shape, or --length is past
+    a row's positions."""
     from distilserve.models import families
 
     opts.output.mkdir(parents=True, exist_ok=True)
@@ -305,6 +317,12 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
                 done[r["key"]] = r
     if not opts.training:
         _check_shape(done, opts)
+    asked = opts.training_rows if opts.training else opts.rows
+    rows = [row for row in asked if opts.dtype in families.get(row.family).dtypes]
+    for row in asked:
+        if row not in rows:  # e.g. CMOW in fp16: not a failure, a row the dtype leaves out
+            progress(f"{row.name}: left out, {row.family} does not run in {opts.dtype}")
+    _check_lengths(rows, opts.length)
     threads = opts.threads or available_cores()
     if opts.device == "cpu":
         progress(f"measuring the fp32, bf16 and int8 GEMM rates ({threads} threads)")
@@ -313,19 +331,14 @@ def measure_all(opts: Options, progress=print) -> list[dict]:
         progress(f"measuring the {opts.dtype} GEMM rate on {opts.device}")
         rates = gpu_gemm_rates(opts.device, opts.dtype)
     references = reference_rates(rates)
-    rows = [row for row in opts.rows if opts.dtype in families.get(row.family).dtypes]
-    for row in opts.rows:
-        if row not in rows:  # e.g. CMOW in fp16: not a failure, a row the dtype leaves out
-            progress(f"{row.name}: left out, {row.family} does not run in {opts.dtype}")
     jobs = [] if opts.training else [
         (row, b, loop, None) for row in rows for b in opts.backends
         for loop in _loops(row, b)] + (_depth_jobs(rows, opts.backends) if opts.depths else [])
-    trained = [row for row in opts.training_rows if opts.dtype in families.get(row.family).dtypes]
-    for n, row in enumerate(trained if opts.training else [], 1):
+    for n, row in enumerate(rows if opts.training else [], 1):
         key = f"{row.name}|training|{opts.batch_size}x{opts.length}|{opts.device}|{opts.dtype}"
         if key in done:
             continue
-        progress(f"[{n}/{len(trained)}] {row.name}: fine-tuning steps")
+        progress(f"[{n}/{len(rows)}] {row.name}: fine-tuning steps")
         record = _measure_training(row, opts, threads)
         record["key"] = key
         done[key] = record

@@ -67,11 +67,8 @@ def measure(spec: dict) -> dict:
     dtype = TORCH_DTYPES[spec.get("dtype", "fp32")]
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
-    model, _, config = checkpoint.fresh_model(spec["family"], spec["preset"], "classify",
-                                              LABELS, overrides=spec.get("overrides") or {})
-    if spec["length"] > (positions := checkpoint.positions(config)):
-        raise ValueError(f"--length {spec['length']}: {spec['family']} {spec['preset']} takes "
-                         f"at most {positions} tokens (its position embeddings)")
+    model, _, _ = checkpoint.fresh_model(spec["family"], spec["preset"], "classify", LABELS,
+                                         overrides=spec.get("overrides") or {})
     model = model.to(device).train()
     parameters = sum(p.numel() for p in model.parameters())
     parameter_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20

@@ -67,7 +67,14 @@ def test_the_model_alone_needs_no_tokenizer_package(monkeypatch):
     assert labels == ["a", "b"] and model.num_iterations == config["num_hidden_layers"]
 
 
-def test_a_length_past_the_models_positions_is_said_so():
-    with pytest.raises(ValueError, match=r"^--length 129: falbert tiny takes at most 128 "
-                       r"tokens \(its position embeddings\)$"):
-        training.measure({**_spec(4), "length": 129})
+def test_a_length_past_a_rows_positions_is_refused_before_any_is_measured(tmp_path):
+    rows = [harness.Row("falbert tiny", "falbert", "tiny"),
+            harness.Row("bert short", "bert", "tiny", (("max_position_embeddings", 64),)),
+            harness.Row("falbert long", "falbert", "tiny", (("max_position_embeddings", 512),))]
+    opts = harness.Options(output=tmp_path, batch_size=2, length=129, repeats=1,
+                           training=True, training_rows=rows)
+    with pytest.raises(harness.CannotMeasure, match=r"^--length 129: falbert tiny takes at "
+                       r"most 128 tokens; bert short takes at most 64 tokens \(their position "
+                       r"embeddings\)$"):
+        harness.measure_all(opts, lambda line: pytest.fail(f"measuring: {line}"))
+    assert not (tmp_path / "results.jsonl").exists()

@@ -112,6 +112,11 @@ def _config_dict(family: str, preset: str) -> dict:
     return bert.hf_config(table[preset]).to_dict()
 
 
+def preset_config(family: str, preset: str, overrides: dict | None = None) -> dict:
+    """The config.json of a fresh model at a named preset (``new``'s), ``overrides`` on top."""
+    return {**_config_dict(family, preset), **(overrides or {})}
+
+
 def _build(family: str, config: dict, task: str, labels: list[str],
            pooling: str | None = None) -> nn.Module:
     if task not in TASKS:
@@ -150,7 +155,7 @@ def fresh_model(family: str, preset: str = "tiny", task: str = "embed",
         if "" in labels or len(set(labels)) < len(labels):
             raise CheckpointError(f"labels must be distinct names, not {labels}")
     labels = list(labels) if labels else heads.default_labels(task)
-    config = {**_config_dict(family, preset), **(overrides or {})}
+    config = preset_config(family, preset, overrides)
     torch.manual_seed(seed)
     return _build(family, config, task, labels).eval(), labels, config
 
