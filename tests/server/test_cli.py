@@ -520,12 +520,28 @@ def test_distill_does_not_write_over_a_checkpoint_it_did_not_start(capsys, tmp_p
 @pytest.mark.parametrize("host, loopback", [
     ("127.0.0.1", True), ("127.0.0.2", True), ("::1", True), ("localhost", True),
     ("0.0.0.0", False), ("::", False), ("10.0.0.5", False), ("example.internal", False)])
-def test_a_host_other_than_loopback_without_a_key_is_warned_of(host, loopback):
-    """``serve`` warns at start that every route is open where the host is reachable
-    from elsewhere (0.0.0.0, the image's) and no DISTILSERVE_API_KEY is set."""
-    from distilserve.server.cli.serve import _loopback
+def test_a_host_other_than_loopback_without_a_key_is_warned_of(host, loopback, caplog):
+    """``serve`` and ``ray`` warn at start that every route is open where the host is
+    reachable from elsewhere (0.0.0.0, the image's) and no DISTILSERVE_API_KEY is set."""
+    from distilserve.server.cli import common
+    from distilserve.server.settings import Settings
 
-    assert _loopback(host) is loopback
+    assert common.loopback(host) is loopback
+    with caplog.at_level("WARNING", logger="distilserve"):
+        common.warn_if_open(Settings(host=host), "inference")
+        common.warn_if_open(Settings(host=host, api_key="sekret"), "inference")
+    said = [r.getMessage() for r in caplog.records]
+    shown = f"[{host}]" if ":" in host else host
+    assert said == ([] if loopback else [
+        f"no DISTILSERVE_API_KEY: every route (inference) is open to whoever reaches {shown}; "
+        "set a key, or put the service behind a proxy that authenticates"])
+
+
+def test_ray_warns_of_an_open_host_before_starting_ray(no_ray, capsys, tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="distilserve"):
+        assert main(["ray", "--model-repository", str(tmp_path), "--host", "0.0.0.0"]) == 2
+    assert any("every route (inference, /metrics) is open to whoever reaches 0.0.0.0"
+               in r.getMessage() for r in caplog.records)
 
 
 def test_version_is_the_installed_distributions(capsys):

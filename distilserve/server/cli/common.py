@@ -1,10 +1,12 @@
 """What the commands share: their refusals, argument types, status line, optional
-extras and listening sockets."""
+extras, listening sockets and the warning of an open host."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
+import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -115,3 +117,22 @@ def listening_socket(host: str, port: int):
         raise
     sock.set_inheritable(True)
     return sock
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (or localhost): reachable from this machine
+    only."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
+
+
+def warn_if_open(settings, routes: str) -> None:
+    """Warns that ``routes`` are open to anyone where no DISTILSERVE_API_KEY is set and the
+    host is reachable from elsewhere (0.0.0.0, the image's)."""
+    if not settings.bearer_key() and not loopback(settings.host):
+        host = f"[{settings.host}]" if ":" in settings.host else settings.host
+        logging.getLogger("distilserve").warning(
+            "no DISTILSERVE_API_KEY: every route (%s) is open to whoever reaches %s; set a "
+            "key, or put the service behind a proxy that authenticates", routes, host)

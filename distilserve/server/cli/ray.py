@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from distilserve.server.cli.common import Refused, buildable_default, listening_socket, require, status
+from distilserve.server.cli.common import (
+    Refused,
+    buildable_default,
+    listening_socket,
+    require,
+    status,
+    warn_if_open,
+)
 
 
 def add(sub) -> None:
@@ -67,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format=logs.TEXT)
     for line in unknown_variables(os.environ):
         logging.getLogger("distilserve").warning(line)
+    warn_if_open(settings, "inference, /metrics")  # on Ray Serve's HTTP and gRPC proxies
     repository = settings.model_repository
     if repository is None:  # the embedded default, built here first (on the first run)
         from distilserve.server.embedded_default import ensure_default_repository

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from pathlib import Path
 
-from distilserve.server.cli.common import Refused, buildable_default, listening_socket, require
+from distilserve.server.cli.common import (
+    Refused,
+    buildable_default,
+    listening_socket,
+    require,
+    warn_if_open,
+)
 
 WORKER_READY_S = 120  # how long a new worker of --workers N may take to load (see serve_workers)
 WORKER_APP = "distilserve.server.app:app_from_environment"  # each worker's app factory
@@ -105,11 +110,7 @@ def run(args: argparse.Namespace) -> int:
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     say("listening on http://%s:%d%s", host, settings.port, "" if settings.grpc_port is None
         else f", gRPC on {host}:{settings.grpc_port}")
-    if not settings.bearer_key() and not _loopback(settings.host):
-        logging.getLogger("distilserve").warning(
-            "no DISTILSERVE_API_KEY: every route (inference, /metrics, model loading) is "
-            "open to whoever reaches %s; set a key, or put the service behind a proxy that "
-            "authenticates", host)
+    warn_if_open(settings, "inference, /metrics, model loading")
     # the app builds the embedded default (no repository) and loads the models in the
     # background, with the port open: /health answers at once, /ready when they are loaded
     common = dict(settings=settings, host=settings.host, port=settings.port, log_level="info",
@@ -142,15 +143,6 @@ def engine_shared(settings) -> bool:
     from distilserve.models.runtime.torch_device import resolve_device
 
     return resolve_device(settings.device).type == "cuda"
-
-
-def _loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (or localhost): reachable from this machine
-    only."""
-    try:
-        return host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a name: it may resolve to anything
-        return False
 
 
 def check_names(repository, settings) -> None:
