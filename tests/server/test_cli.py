@@ -252,6 +252,16 @@ def test_ray_refuses_replicas_a_local_instance_cannot_place(no_ray, ray_reposito
     assert no_ray == ["init", "shutdown"]  # and Serve never started
 
 
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_ray_refuses_a_cluster_address_that_takes_no_connection(scheme, no_ray, ray_repository,
+                                                                capsys, monkeypatch):
+    address = f"{scheme}127.0.0.1:{unallocated_port()}"  # nothing listens there
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    assert main(["ray", "--model-repository", str(ray_repository)]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        f"distilserve ray: no Ray cluster at {address}: Connection refused")
+
+
 def test_ray_says_why_a_model_did_not_deploy_and_removes_the_instance(
         no_ray, ray_repository, capsys, monkeypatch):
     import ray

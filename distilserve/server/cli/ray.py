@@ -110,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
                               f"{e.strerror or e}") from None
         init_local(grpc_host=settings.host)
     else:
+        if address := args.address or os.environ["RAY_ADDRESS"]:
+            unreachable(address)
         ray.init(address=args.address)
     if short := scaling.shortfall(len(folders), ray.cluster_resources()):
         reserved, fits = short
@@ -147,3 +149,17 @@ def run(args: argparse.Namespace) -> int:
         else:  # a cluster's Serve keeps running for its other applications
             serve.delete("distilserve")
     return 0
+
+
+def unreachable(address: str) -> None:
+    """Refuses a cluster's HOST:PORT (or ray://HOST:PORT) that takes no connection, which
+    Ray would retry for minutes; "auto" and what is not HOST:PORT are Ray's to read."""
+    import socket
+
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as e:
+        raise Refused(f"no Ray cluster at {address}: {e.strerror or e}") from None
