@@ -115,6 +115,18 @@ def test_bench_refuses_a_length_past_a_models_positions(capsys, tmp_path,
         "embeddings)")
 
 
+def test_an_artifact_exported_for_another_length_is_exported_again(tmp_path):
+    """A folder's artifacts outlive its results (deleted to measure again): one exported
+    at another --length is not measured as if exported at this one."""
+    from distilserve.models.io.manifest import Manifest
+
+    row = harness.Row("bert tiny", "bert", "tiny")
+    for length in (16, 40):
+        opts = harness.Options(output=tmp_path, length=length)
+        spec = harness.prepare(row, "onnx", "unroll", opts)
+        assert Manifest.read(spec["folder"]).max_length == length
+
+
 def test_bench_adds_no_rows_of_another_shape_to_a_folder(capsys, tmp_path, fixed_gemm_rates):
     """A resumed row's key names no batch shape: rows of two shapes in one folder would be
     reported as one; fine-tuning rows name theirs."""
