@@ -13,7 +13,6 @@ HUB_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 
 def test_a_model_answers_to_its_aliases(exports, tiny_checkpoints, tmp_path):
     import openai
-    import tritonclient.http as tritonclient
 
     repo = tmp_path / "repo"
     exports(tiny_checkpoints["bert", "embed"], repo / "embed", "onnx",
@@ -42,20 +41,6 @@ def test_a_model_answers_to_its_aliases(exports, tiny_checkpoints, tmp_path):
             {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a text"]}]})
         assert infer.status_code == 200 and np.allclose(
             infer.json()["outputs"][0]["data"], vectors["embed"], atol=1e-6)
-        # and a Hub name on the protocol's routes, as tritonclient sends it (slash unquoted)
-        triton = tritonclient.InferenceServerClient(url.removeprefix("http://"))
-        text = tritonclient.InferInput("text", [1], "BYTES")
-        text.set_data_from_numpy(np.array(["a text"], dtype=object))
-        for version in ("", "1"):
-            assert triton.is_model_ready(HUB_NAME, version)
-            assert triton.get_model_metadata(HUB_NAME, version)["name"] == "embed"
-            assert triton.get_model_config(HUB_NAME, version)["name"] == "embed"
-            answer = triton.infer(HUB_NAME, [text], model_version=version)
-            assert np.allclose(answer.as_numpy("embedding"), vectors["embed"], atol=1e-6)
-        assert web.get(f"{url}/v2/models/{HUB_NAME}/versions/2").status_code == 404
-        # a name's path with the wrong method is still that path's 405, not a model's 404
-        assert web.get(f"{url}/v2/models/{HUB_NAME}/infer").status_code == 405
-        assert web.get(url + "/v2/models/ada/infer").status_code == 405
         unknown = web.post(url + "/v1/embed", json={"model": "text-embedding-3-large",
                                                       "inputs": "x"})
         assert unknown.status_code == 404

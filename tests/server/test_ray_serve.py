@@ -155,3 +155,36 @@ def test_question_answering_makes_its_windows_on_the_replica(exports, tmp_path):
 
     (windows,) = asyncio.run(go()).outputs
     assert [e.ids for _, e in windows] == [w.ids for w in engine.text.windows(pairs, 24, 4)[0]]
+
+
+def test_ray_serves_proxy_labels_each_request_with_its_routes_path():
+    """Ray Serve's HTTP proxy labels its metrics with the route a request matches, in a
+    Starlette app of the ingress's route paths that it builds without distilserve's code:
+    a path with a converter of distilserve's own would fail that app (every request then
+    labelled "/")."""
+    import re
+
+    from ray.serve._private.thirdparty.get_asgi_route_name import (
+        extract_route_patterns,
+        get_asgi_route_name,
+    )
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+
+    from distilserve.server.app import create_app
+
+    patterns = extract_route_patterns(create_app(Settings()))
+    converters = {c for p in patterns for c in re.findall(r"{\w+:(\w+)}", p.path)}
+    assert converters <= {"str", "path", "int", "float", "uuid"}  # Starlette's own
+
+    async def nothing(request):
+        pass
+
+    app = Starlette(routes=[Route(p.path, nothing, methods=p.methods) for p in patterns])
+    for method, path, route in (
+            ("POST", "/v1/embeddings", "/v1/embeddings"),
+            ("GET", "/v1/models/owner/name", "/v1/models/{model_id:path}"),
+            ("POST", "/v2/models/m/versions/1/infer",
+             "/v2/models/{model_name}/versions/{model_version}/infer")):
+        scope = {"type": "http", "method": method, "path": path, "root_path": ""}
+        assert get_asgi_route_name(app, scope) == route

@@ -39,7 +39,6 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import ValidationError
-from starlette.convertors import StringConvertor, register_url_convertor
 
 from distilserve.server import errors
 from distilserve.server.core import postprocess, registry, tasks
@@ -70,15 +69,6 @@ from distilserve.server.routes.options import (
 )
 
 router = APIRouter(tags=["open inference protocol"])
-
-
-class ModelName(StringConvertor):
-    """A model's name in a path: one segment, or two as a Hub name's (owner/name), the
-    second none of the words the protocol's paths put after a name."""
-    regex = r"[^/]+(?:/(?!(?:infer|ready|stats|config|versions)(?:/|$))[^/]+)?"
-
-
-register_url_convertor("model", ModelName())
 
 
 TEXT, PAIR = "text", "text_pair"
@@ -132,7 +122,7 @@ async def statistics(request: Request):
     return {"model_stats": svc.metrics.statistics(sorted(svc.engines))}
 
 
-@router.get("/v2/models/{model_name:model}/stats", response_model=OipStatistics,
+@router.get("/v2/models/{model_name}/stats", response_model=OipStatistics,
             responses=errors.responses(401, 404, 422, 503))
 async def model_statistics(model_name: str, request: Request):
     """Triton's statistics of that model."""
@@ -140,7 +130,7 @@ async def model_statistics(model_name: str, request: Request):
     return {"model_stats": service(request).metrics.statistics([engine.name])}
 
 
-@router.get("/v2/models/{model_name:model}/ready", responses=errors.responses(401, 404, 422, 503))
+@router.get("/v2/models/{model_name}/ready", responses=errors.responses(401, 404, 422, 503))
 async def model_ready(model_name: str, request: Request):
     """200 when that model is served and the service ready (404: not served, 503: not
     ready yet)."""
@@ -160,7 +150,7 @@ OUTPUTS = {  # a task's outputs, described
 }
 
 
-@router.get("/v2/models/{model_name:model}", response_model=OipModelMetadata,
+@router.get("/v2/models/{model_name}", response_model=OipModelMetadata,
             responses=errors.responses(401, 404, 422, 503))
 async def model_metadata(model_name: str, request: Request):
     """The model's inputs and outputs: names, datatypes and shapes (-1: any size)."""
@@ -177,7 +167,7 @@ def metadata(engine: Engine) -> dict:
             "inputs": inputs, "outputs": OUTPUTS[engine.task](engine)}
 
 
-@router.get("/v2/models/{model_name:model}/config", response_model=OipModelConfig,
+@router.get("/v2/models/{model_name}/config", response_model=OipModelConfig,
             response_model_exclude_none=True, responses=errors.responses(401, 404, 422, 503))
 async def model_config(model_name: str, request: Request):
     """Triton's model configuration (its model_configuration extension): the metadata's
@@ -224,7 +214,7 @@ INFER_BODY = {"requestBody": {"required": True, "content": {"application/json": 
     "schema": inlined(OipInferRequest.model_json_schema())}}}}
 
 
-@router.post("/v2/models/{model_name:model}/infer", openapi_extra=INFER_BODY, responses={
+@router.post("/v2/models/{model_name}/infer", openapi_extra=INFER_BODY, responses={
     200: {"model": OipInferResponse, "description": "the outputs as JSON; with binary "
           "outputs, this JSON (Inference-Header-Content-Length bytes) and then their bytes",
           "content": {BINARY: {"schema": {"type": "string", "format": "binary"}}}},
@@ -406,9 +396,9 @@ def served_version(svc, name: str, version: str) -> Engine:
     return engine
 
 
-for _route in [r for r in router.routes if r.path.startswith("/v2/models/{model_name:model}")]:
+for _route in [r for r in router.routes if r.path.startswith("/v2/models/{model_name}")]:
     router.add_api_route(
-        _route.path.replace("{model_name:model}", "{model_name:model}/versions/{model_version}"),
+        _route.path.replace("{model_name}", "{model_name}/versions/{model_version}"),
         _versioned(_route), methods=list(_route.methods), name=_route.name + "_version",
         description=_route.description, response_model=_route.response_model,
         response_model_exclude_none=_route.response_model_exclude_none,
