@@ -110,8 +110,7 @@ def run(args: argparse.Namespace) -> int:
                               f"{e.strerror or e}") from None
         init_local(grpc_host=settings.host)
     else:
-        if address := args.address or os.environ["RAY_ADDRESS"]:
-            unreachable(address)
+        refuse_if_unreachable(args.address or os.environ["RAY_ADDRESS"])
         ray.init(address=args.address)
     if short := scaling.shortfall(len(folders), ray.cluster_resources()):
         reserved, fits = short
@@ -151,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def unreachable(address: str) -> None:
+def refuse_if_unreachable(address: str) -> None:
     """Refuses a cluster's HOST:PORT (or ray://HOST:PORT) that takes no connection, which
     Ray would retry for minutes; "auto" and what is not HOST:PORT are Ray's to read."""
     import socket
