@@ -196,7 +196,6 @@ def test_export_onto_an_existing_model_folder_needs_force(tiny_checkpoints, tmp_
 @pytest.fixture
 def ray_repository(exports, tiny_checkpoints, tmp_path) -> Path:
     """A repository of one model (its folder beside one without a manifest)."""
-    pytest.importorskip("ray")
     exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "embed", "onnx", check=False)
     (tmp_path / "repo" / "notes").mkdir()
     return tmp_path / "repo"
@@ -206,8 +205,8 @@ def ray_repository(exports, tiny_checkpoints, tmp_path) -> Path:
 def no_ray(monkeypatch):
     """Ray's calls that ``distilserve ray`` makes, each a failure here; the list returned
     is for a test to record in the calls it lets through."""
-    import ray
-    from ray import serve
+    ray = pytest.importorskip("ray")
+    serve = pytest.importorskip("ray.serve")
 
     from distilserve.server import ray_serve
 
