@@ -199,7 +199,7 @@ def check_preset(family: str, preset: str, teacher: Teacher, max_length: int) ->
     """Refuses, before any training, a student that cannot learn from this teacher."""
     if family == "bert" and preset == STUDENT_PRESET["bert"]:
         return
-    config = checkpoint.new(family, preset, "embed").config  # unknown: CheckpointError
+    config = checkpoint.preset_config(family, preset)  # unknown: CheckpointError
     vocab, positions = config.get("vocab_size"), checkpoint.positions(config)
     if vocab != teacher.hf.config.vocab_size:
         raise ValueError(f"{family} preset {preset!r} has a vocabulary of {vocab} tokens, "
