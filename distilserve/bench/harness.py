@@ -134,18 +134,16 @@ def prepare(row: Row, backend: str, loop: str, opts: Options) -> dict:
     source = Path(row.source) if row.source else (
         opts.output / "artifacts" / f"{row.family}-{row.preset}-{row.overrides}")
     max_length = max(opts.length, 16)
-    stale = manifest.exists() and (
-        Manifest.read(folder).max_length != max_length  # exported for another --length
-        or (row.source  # a student distilled again since its export
-            and (source / "config.json").stat().st_mtime > manifest.stat().st_mtime))
+    m = Manifest.read(folder) if manifest.exists() else None
     if not (source / "config.json").exists():
         checkpoint.save(checkpoint.new(row.family, row.preset, "embed",
                                        overrides=dict(row.overrides)), source)
-    if not manifest.exists() or stale:
+    if (m is None or m.max_length != max_length  # exported for another --length
+            or (row.source  # a student distilled again since its export
+                and (source / "config.json").stat().st_mtime > manifest.stat().st_mtime)):
         fmt = {"onnx-int8": "onnx"}.get(backend, backend)
-        export.export(source, folder, fmt, loop, "int8" if backend == "onnx-int8" else None,
-                      max_length=max_length, force=True)
-    m = Manifest.read(folder)
+        m = export.export(source, folder, fmt, loop, "int8" if backend == "onnx-int8" else None,
+                          max_length=max_length, force=True)
     # the worker runs in the repository's root: the folder whatever this one's cwd
     return {"backend": m.backend, "folder": str(folder.resolve()), "artifact": m.artifact,
             "num_iterations": m.num_iterations, "parameters": m.parameters,
