@@ -108,7 +108,8 @@ class Ingress:
                 return await asyncio.to_thread(remote_engine, folder, settings,
                                                service.metrics, handle, described, limits)
 
-            await load_models(service, [Path(f) for f in self.folders], open_remote)
+            await load_models(service, [Path(f) for f in self.folders], open_remote,
+                              "through its deployment")
 
         # (the ASGI wrapper has its own "app"; distilserve/server/ray_grpc.py runs this one too)
         self.fastapi_app = create_app(settings, loader=loader)

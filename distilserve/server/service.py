@@ -316,13 +316,14 @@ async def sync_repository(service: Service, repository: Path) -> bool:
     return changed
 
 
-async def put_in_place(service: Service, engine: Engine) -> None:
+async def put_in_place(service: Service, engine: Engine, via: str = "") -> None:
     """``engine`` served under its name, in place of the one served before, which
-    finishes what was queued for it (a reload: by polling or by request)."""
+    finishes what was queued for it (a reload: by polling or by request); ``via``: as
+    announce's."""
     before = service.engines.get(engine.name)
     service.engines[engine.name] = engine
     service.failures.pop(engine.name, None)
-    announce(engine, "reloaded" if before else "serving")
+    announce(engine, "reloaded" if before else "serving", via)
     if before is not None:
         await before.stop()
 
@@ -343,16 +344,20 @@ def freeze_long_lived(thaw: bool = False) -> None:
     gc.freeze()
 
 
-def announce(engine: Engine, how: str) -> None:
-    """Logs that ``engine`` is served now (``how``: serving, reloaded)."""
+def announce(engine: Engine, how: str, via: str = "") -> None:
+    """Logs that ``engine`` is served now (``how``: serving, reloaded); ``via``: where its
+    model runs when not in this process (``through the engine process``), so that a log
+    of several processes tells the one copy of a model from its front ends."""
     info = engine.describe()
-    log.info("%s %s (%s, %s, %s on %s in %s: %s)", how, engine.name, engine.task, engine.family,
-             info["backend"], info["device"], info["dtype"], info["dtype_reason"])
+    log.info("%s %s%s (%s, %s, %s on %s in %s: %s)", how, engine.name, via and f" {via}",
+             engine.task, engine.family, info["backend"], info["device"], info["dtype"],
+             info["dtype_reason"])
 
 
-async def load_models(service: Service, folders: list[Path], open_folder) -> None:
+async def load_models(service: Service, folders: list[Path], open_folder, via: str = "") -> None:
     """Opens every folder's engine (``await open_folder(folder)``, loaded and warmed); a
-    folder that fails is logged and left out. Then the service is ready."""
+    folder that fails is logged and left out. Then the service is ready. ``via``: as
+    announce's."""
     for n, folder in enumerate(folders, 1):
         service.status = f"loading {folder.name} ({n} of {len(folders)})"
         try:
@@ -361,7 +366,7 @@ async def load_models(service: Service, folders: list[Path], open_folder) -> Non
             service.not_served(folder.name, e)
             continue
         service.engines[folder.name] = engine
-        announce(engine, "serving")
+        announce(engine, "serving", via)
     if (nothing := service.nothing_to_serve()) is not None:
         log.error("serving nothing, not ready: %s (%s)", nothing, service.repository)
     for wrong in service.names()[1]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 
 import numpy as np
@@ -114,11 +115,17 @@ def socket_path(tmp_path_factory):
 
 
 def test_a_front_end_serves_the_engines_models_with_their_own_outputs(oip_repository,
-                                                                      socket_path):
+                                                                      socket_path, caplog):
     texts = ["a short one", "and a somewhat longer sentence to embed", "x"]
+    caplog.set_level(logging.INFO, logger="distilserve")
 
     async def go():
         async with engine_and_front_end(oip_repository, socket_path) as (front, _):
+            # the log tells the one copy of each model from the front ends that send to it
+            said = [r.getMessage() for r in caplog.records if r.name == "distilserve"]
+            assert sum(m.startswith("serving embed (") for m in said) == 1
+            assert sum(m.startswith("serving embed through the engine process (")
+                       for m in said) == 1
             assert sorted(front.engines) == ["classify", "embed", "ner"]
             assert "broken" in front.failures  # the engine's failures, said by the front end
             assert front.ready

@@ -32,6 +32,7 @@ from distilserve.server.service import Service, freeze_long_lived, load_models, 
 log = logging.getLogger("distilserve")
 
 RECONNECT_S = 0.2  # between attempts to reach the engine process
+VIA = "through the engine process"  # a front end's models, as its log names them
 
 
 class Polling:
@@ -201,7 +202,7 @@ def loader(path: str):
         served = {m["name"]: m for m in state["models"]}
         follower = Follower(client, service)
         await load_models(service, [Path(m["folder"]) for m in state["models"]],
-                          lambda folder: follower.open(served[folder.name]))
+                          lambda folder: follower.open(served[folder.name]), VIA)
         service.elsewhere = follower.control
         client.lost.clear()
         client.look.clear()
@@ -310,7 +311,7 @@ class Follower:
                     service.engines.pop(name, None)  # (the engine would refuse its requests)
                     service.not_served(name, e)
                     continue
-                await put_in_place(service, engine)
+                await put_in_place(service, engine, VIA)
                 changed = True
             if changed:
                 freeze_long_lived(thaw=True)
