@@ -120,6 +120,20 @@ def test_wrong_shape_and_missing_tensors_are_named(tmp_path, family):
     assert "classifier.bias" in str(e.value) and "missing" in str(e.value)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_tensors_holding_nan_or_infinity_are_named(tmp_path, bad):
+    """A checkpoint saved from a training run that diverged: every output would be NaN."""
+    path = checkpoint.save(checkpoint.new("bert", "tiny"), tmp_path / "m")
+    weights = path / "model.safetensors"
+    state = load_file(weights)
+    victim = sorted(k for k in state if k.endswith("weight"))[-1]
+    state[victim][0] = bad
+    save_file(state, weights)
+    with pytest.raises(CheckpointError, match=f"^{weights}: NaN or infinity in 1 of its "
+                                              f"tensors: {victim}$"):
+        checkpoint.load(path)
+
+
 def test_a_checkpoint_without_a_pooler_is_an_embedding_model_but_no_classifier(
         splade_checkpoint):
     """transformers' pooler never runs for an embedding, and a checkpoint saved from a

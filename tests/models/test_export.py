@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -286,6 +287,59 @@ def test_failed_parity_leaves_nothing_servable(tiny_checkpoints, tmp_path, monke
     with pytest.raises(export.ExportError, match="differs from PyTorch"):
         export.export(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "m")
     assert list((tmp_path / "repo").iterdir()) == []
+
+
+class _Outputs:
+    """A backend whose outputs are ``value`` at every batch."""
+    name = "onnx"
+
+    def __init__(self, value: float):
+        self.value = value
+
+    def run(self, inputs):
+        return np.full((len(inputs["input_ids"]), 4), self.value, np.float32)
+
+
+class _Model(torch.nn.Module):
+    """PyTorch's outputs: ``value``, or ``overflow`` in a batch's second row."""
+
+    def __init__(self, value: float, overflow: float | None = None):
+        super().__init__()
+        self.value, self.overflow = value, overflow
+
+    def forward(self, ids, mask, types):
+        out = torch.full((len(ids), 4), self.value)
+        if self.overflow is not None and len(ids) > 1:
+            out[1] = self.overflow
+        return out
+
+
+def _parity_batches():
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint.default_tokenizer_dir()))
+    return export.parity_inputs(tokenizer, 16, "embed")
+
+
+@pytest.mark.parametrize("model, artifact, said", [
+    (_Model(1.0), float("nan"), "onnx outputs hold NaN or infinity at inputs of shape (1, 5), "
+                                "where PyTorch's are finite"),
+    (_Model(1.0), float("inf"), "onnx outputs hold NaN or infinity"),
+    (_Model(float("nan")), float("nan"), "PyTorch's own outputs hold NaN or infinity at every "
+                                         "sample input: nothing to check the onnx artifact")])
+def test_outputs_holding_nan_or_infinity_are_no_difference_of_zero(model, artifact, said):
+    """max() takes a difference of NaN for none at all: the check says what it is."""
+    batches = _parity_batches()
+    with pytest.raises(ValueError, match=re.escape(said)):
+        export.compare(model, _Outputs(artifact), batches)
+    parity, _ = export.compare(_Model(1.0), _Outputs(1.0), batches)
+    assert parity["max_abs_diff"] == 0
+
+
+def test_an_input_past_the_range_of_float32_in_pytorch_is_left_out_of_the_comparison():
+    """As the service refuses it (CMOW's products, on a long text); the others compared."""
+    parity, references = export.compare(_Model(1.0, float("inf")), _Outputs(2.0),
+                                        _parity_batches())
+    assert parity["max_abs_diff"] == 1.0  # the finite rows' difference, not NaN's or 0
+    assert np.isinf(references[1][1]).all()
 
 
 def test_keep_is_refused_for_a_family_without_a_loop(tiny_checkpoints, tmp_path):

@@ -198,8 +198,8 @@ def _export_into(folder: Path, ckpt: checkpoint.Checkpoint, tokenizer, fmt: str,
                                token_embeddings=token_embeddings, task=ckpt.task)
         try:
             parity, references = compare(model, backend, batches)
-        except ValueError as e:  # a shape PyTorch does not give
-            raise ExportError(f"{fmt} {e}") from None
+        except ValueError as e:  # a shape PyTorch does not give, or outputs not finite
+            raise ExportError(f"{e}; nothing was written") from None
         parity["example_shape"] = list(example_inputs()[0].shape)
         if not parity["max_scaled_diff"] <= TOLERANCE:
             raise ExportError(f"{fmt} artifact differs from PyTorch by "

@@ -1,7 +1,8 @@
 """A checkpoint's tensors: read from its weights file (safetensors, or an older
 ``pytorch_model.bin`` with ``weights_only=True``, never a plain pickle), and loaded into a
-model strictly: a missing, unexpected or mis-shaped tensor is an error naming the file and
-the tensors; another task's head, a pooler and buffers may be left over."""
+model strictly: a missing, unexpected or mis-shaped tensor, or one holding NaN or infinity,
+is an error naming the file and the tensors; another task's head, a pooler and buffers
+may be left over."""
 
 from __future__ import annotations
 
@@ -53,11 +54,16 @@ def _tied(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.T
     return filled
 
 
+def _shown(keys: list[str]) -> str:
+    return ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
+
+
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path,
                  unused: str | None = None) -> None:
-    """Loads ``state`` into ``model`` or raises CheckpointError naming the tensors; those
-    under ``unused`` (a prefix: a part the model has and its task never runs) may be
-    missing, and keep their fresh values."""
+    """Loads ``state`` into ``model`` or raises CheckpointError naming the tensors that do
+    not fit it, or else those holding NaN or infinity; those under ``unused`` (a prefix: a
+    part the model has and its task never runs) may be missing, and keep their fresh
+    values."""
     state = _tied(model, state)
     expected = model.state_dict()
     top_level = {k.split(".")[0] for k in expected}
@@ -70,8 +76,13 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], file: Path,
     for what, keys in (("missing", missing), ("unexpected", unexpected),
                        ("wrong shape", shapes)):
         if keys:
-            shown = ", ".join(keys[:8]) + (f" and {len(keys) - 8} more" if len(keys) > 8 else "")
-            problems.append(f"{len(keys)} {what}: {shown}")
+            problems.append(f"{len(keys)} {what}: {_shown(keys)}")
     if problems:
         raise CheckpointError(f"{file}: tensors do not fit the model: " + "; ".join(problems))
+    # a model whose outputs would all be NaN (a training run that diverged)
+    broken = sorted(k for k in expected if k in state and state[k].is_floating_point()
+                    and not bool(torch.isfinite(state[k]).all()))
+    if broken:
+        raise CheckpointError(f"{file}: NaN or infinity in {len(broken)} of its tensors: "
+                              f"{_shown(broken)}")
     model.load_state_dict({k: state[k] for k in expected if k in state}, strict=False)
