@@ -33,6 +33,7 @@ overlap. Training saves every ``save_every`` steps and resumes from the last sav
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -46,9 +47,10 @@ from transformers import AutoTokenizer
 from distilserve.models import heads
 from distilserve.models.io import checkpoint
 from distilserve.models.io.checkpoint import Checkpoint
+from distilserve.models.runtime.tracing import leaving_out
 from distilserve.training import DEFAULT_STEPS, STUDENT_PRESET, corpus
 from distilserve.training.fidelity import embed_all, fidelity, fidelity_by_depth
-from distilserve.training.loop import optimise
+from distilserve.training.loop import Diverged, optimise
 from distilserve.training.objectives import (
     attention_kl,
     hidden_cosine,
@@ -335,6 +337,7 @@ def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, trai
     state_file = opts.output / STATE
     history: list[dict] = []
     done = 0  # steps of this stage taken before (a resumed run)
+    saved = None  # the step the student in opts.output was saved at (this stage's)
     if state_file.exists():
         state = torch.load(state_file, weights_only=True)
         if state["stage"] == stage:
@@ -343,6 +346,7 @@ def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, trai
                 extra.load_state_dict(state["extra"])
             history = json.loads(state["history"])
             done, first = state["step"] - first, state["step"]
+            saved = first
     schedule = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, then linear decay
         optimizer, lambda s: min((s + 1) / warmup, (total - s) / (total - warmup + 1)),
         last_epoch=done - 1)  # a resumed run goes on where it was
@@ -368,6 +372,7 @@ def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, trai
         return loss_fn(batch, teacher(batch))
 
     def after(_, step: int, loss, parts) -> None:
+        nonlocal saved
         history.append({"step": step + 1, "loss": loss.item(),
                         **{k: v.item() for k, v in parts.items()}})
         if step % 10 == 0 or step + 1 == last:
@@ -379,14 +384,34 @@ def _train(opts: Options, student: Checkpoint, teacher: Teacher, tokenizer, trai
             torch.save({"stage": stage, "step": step + 1, "optimizer": optimizer.state_dict(),
                         "extra": extra.state_dict() if extra else {},
                         "history": json.dumps(history)}, state_file)
+            saved = step + 1
             model.train()
 
-    before = fixed_loss()
-    optimise(range(first, last), loss_of, params, optimizer, schedule, clip=1.0, after=after)
-    model.eval()
+    with leaving_out(logging.getLogger("transformers.models.bert.modeling_bert"),
+                     _not_sdpa_fallback):
+        before = fixed_loss()
+        try:
+            optimise(range(first, last), loss_of, params, optimizer, schedule, clip=1.0,
+                     after=after)
+        except Diverged as e:
+            kept = "" if saved is None else (
+                f"; {opts.output} keeps the student of step {saved}, which a run there "
+                "resumes at the same rate")
+            raise Diverged(e.item, e.what, f"{stage} step {e.item + 1}/{last}: {e} at --lr "
+                           f"{opts.lr}, and was stopped{kept}: distil again with a lower "
+                           "--lr") from None
+        model.eval()
+        after_loss = fixed_loss()
     history.append({"stage": stage, "fixed_batch_loss_before": before,
-                    "fixed_batch_loss_after": fixed_loss()})
+                    "fixed_batch_loss_after": after_loss})
     return history
+
+
+def _not_sdpa_fallback(record: logging.LogRecord) -> bool:
+    """transformers' warning, at a BERT's first attention maps, that its SDPA attention
+    computes them as eager attention does: what the objectives ask of it, said to no one
+    who can act on it (a teacher loaded with eager attention computes the same)."""
+    return not record.getMessage().startswith("BertSdpaSelfAttention is used but")
 
 
 def distill(opts: Options, progress: Callable[[str], None] = print) -> dict:

@@ -4,6 +4,7 @@ on a fixed batch, and the student is a normal checkpoint that exports and serves
 from __future__ import annotations
 
 import functools
+import logging
 
 import numpy as np
 import pytest
@@ -169,6 +170,56 @@ def test_a_run_cut_short_resumes_at_the_same_learning_rate(options, teacher, tmp
     assert rates["cut", 4] == rates["whole", 4] > 0
     assert rates["cut", 2] == rates["whole", 2] != rates["whole", 4]
     assert not [w for w in recwarn if "lr_scheduler.step()" in str(w.message)]
+
+
+def test_a_run_that_diverges_is_stopped_and_keeps_its_last_save(options, teacher, tmp_path,
+                                                              monkeypatch):
+    """A loss of NaN at step 3 (after the save at step 2): stopped there, saying so, the
+    student saved at step 2 kept as it was (its weights finite)."""
+    make_loss, calls = distill.make_loss, []
+
+    def nan_at_step_3(*args):
+        loss_fn, extra = make_loss(*args)
+
+        def loss(batch, target):
+            calls.append(1)  # the first call is the fixed batch's, before step 1
+            value, parts = loss_fn(batch, target)
+            return (value * float("nan") if len(calls) == 4 else value), parts
+
+        return loss, extra
+
+    monkeypatch.setattr(distill, "make_loss", nan_at_step_3)
+    opts = options(family="cmow", output=tmp_path / "s", preset="tiny", steps=6,
+                   batch_size=4, max_length=16, lr=1e-3, teacher=teacher, save_every=2,
+                   held_out=20, corpus_limit=2000)
+    with pytest.raises(distill.Diverged, match=(
+            "^distill step 3/6: the loss is nan: the training diverged at --lr 0.001, and "
+            f"was stopped; {opts.output} keeps the student of step 2, which a run there "
+            "resumes at the same rate: distil again with a lower --lr$")):
+        distill.distill(opts, progress=lambda s: None)
+    assert torch.load(opts.output / distill.STATE, weights_only=True)["step"] == 2
+    checkpoint.load(opts.output)  # (weights holding NaN would be refused)
+
+
+def test_a_bert_students_run_says_nothing_of_its_attention_maps(options, teacher, tmp_path):
+    """transformers' warning, at the first attention maps of a BERT loaded with SDPA
+    attention, that it computes them as eager attention does (once a process: its record
+    of having said it is cleared first)."""
+    logging.Logger.warning_once.cache_clear()
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    bert_log = logging.getLogger("transformers.models.bert.modeling_bert")
+    bert_log.addHandler(handler)
+    try:
+        distill.distill(options(family="bert", output=tmp_path / "s", preset="tiny", steps=2,
+                                batch_size=4, max_length=16, teacher=teacher, held_out=20,
+                                corpus_limit=2000), progress=lambda s: None)
+        assert not [m for m in said if "SdpaSelfAttention" in m]
+        bert_log.warning_once("BertSdpaSelfAttention is used but ...")  # outside a run: said
+        assert said
+    finally:
+        bert_log.removeHandler(handler)
 
 
 def test_fidelity_of_identical_embeddings_is_perfect():
