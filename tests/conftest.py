@@ -242,6 +242,21 @@ def batch(batch_size: int = 3, length: int = 11, seed: int = 0, pad_row: int | N
     return ids, mask, torch.zeros_like(ids)
 
 
+@contextlib.contextmanager
+def said_to(name: str):
+    """The messages logged to the logger ``name`` itself within the block (after its own
+    filters), as they come."""
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger = logging.getLogger(name)
+    logger.addHandler(handler)
+    try:
+        yield said
+    finally:
+        logger.removeHandler(handler)
+
+
 def wait_for(condition, what: str, seconds: float = 600):
     """Polls until ``condition()`` is truthy and returns it: a bound for a hung process,
     not for a slow machine."""

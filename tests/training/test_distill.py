@@ -16,7 +16,7 @@ from distilserve.models import export
 from distilserve.models.io import checkpoint
 from distilserve.training import corpus, distill
 from tests import web
-from tests.conftest import running_server
+from tests.conftest import running_server, said_to
 
 pytestmark = pytest.mark.slow  # training
 
@@ -206,20 +206,14 @@ def test_a_bert_students_run_says_nothing_of_its_attention_maps(options, teacher
     attention, that it computes them as eager attention does (once a process: its record
     of having said it is cleared first)."""
     logging.Logger.warning_once.cache_clear()
-    said = []
-    handler = logging.Handler()
-    handler.emit = lambda record: said.append(record.getMessage())
-    bert_log = logging.getLogger("transformers.models.bert.modeling_bert")
-    bert_log.addHandler(handler)
-    try:
+    with said_to("transformers.models.bert.modeling_bert") as said:
         distill.distill(options(family="bert", output=tmp_path / "s", preset="tiny", steps=2,
                                 batch_size=4, max_length=16, teacher=teacher, held_out=20,
                                 corpus_limit=2000), progress=lambda s: None)
         assert not [m for m in said if "SdpaSelfAttention" in m]
-        bert_log.warning_once("BertSdpaSelfAttention is used but ...")  # outside a run: said
+        logging.getLogger("transformers.models.bert.modeling_bert").warning_once(
+            "BertSdpaSelfAttention is used but ...")  # outside a run: said
         assert said
-    finally:
-        bert_log.removeHandler(handler)
 
 
 def test_fidelity_of_identical_embeddings_is_perfect():

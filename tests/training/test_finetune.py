@@ -10,6 +10,7 @@ from transformers import AutoTokenizer
 
 from distilserve.models.io import checkpoint
 from distilserve.training import finetune, synthetic
+from tests.conftest import said_to
 
 
 def test_grouping_by_length_keeps_every_sentence_and_its_labels_with_less_padding():
@@ -52,18 +53,11 @@ def test_the_packaged_minilm_loads_with_a_fresh_head_and_no_warning_to_train_it(
     have loaded."""
     from transformers import AutoModelForTokenClassification
 
-    heard = []
-    listener = logging.Handler()
-    listener.emit = lambda record: heard.append(record.getMessage())
-    loader = logging.getLogger("transformers.modeling_utils")
-    loader.addHandler(listener)
-    try:
+    with said_to("transformers.modeling_utils") as heard:
         base, _, model = finetune._from_minilm(AutoModelForTokenClassification, ["O", "B"], 0)
-    finally:
-        loader.removeHandler(listener)
     assert model.classifier.out_features == 2 and base == checkpoint.minilm_path()
     assert not [m for m in heard if "TRAIN" in m], heard
-    assert not loader.filters  # as it was
+    assert not logging.getLogger("transformers.modeling_utils").filters  # as it was
 
 
 @pytest.mark.parametrize("units", [None, "AMX (amx_bf16)"])
