@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from distilserve.models import export
 from distilserve.models.io import checkpoint
-from distilserve.training import corpus, distill
+from distilserve.training import STUDENT_PRESET, corpus, distill, students
 from tests import web
 from tests.conftest import running_server, said_to
 
@@ -62,7 +62,7 @@ def test_a_few_steps_lower_the_loss_and_the_student_exports_and_serves(options, 
     assert record["fidelity"]["sentences"] == 40
     saved = student.extra.get("distillation") or student.model.model.config.distillation
     assert saved["steps"] == 8
-    assert saved["preset"] == (STUDENTS[family] or distill.STUDENT_PRESET[family])
+    assert saved["preset"] == (STUDENTS[family] or STUDENT_PRESET[family])
     export.export(opts.output, tmp_path / "repo" / family, "onnx")
     with running_server(tmp_path / "repo") as url:
         res = web.post(url + "/v1/embed", json={"inputs": ["a sentence", "another one"]})
@@ -227,9 +227,9 @@ def test_fidelity_of_identical_embeddings_is_perfect():
 def test_recursive_students_start_from_the_teacher(teacher, family):
     """The shared layer is the teacher's first layer, and the factorised embedding (rank
     16 of 32) points where the teacher's embedding does; random weights do not."""
-    t = distill.Teacher(teacher)
-    student = distill.new_student(family, "tiny", t, seed=0).model
-    _, shared = distill.ALBERT_PARTS[family]
+    t = students.Teacher(teacher)
+    student = students.new_student(family, "tiny", t, seed=0).model
+    _, shared = students.ALBERT_PARTS[family]
     params = dict(student.named_parameters())
     assert torch.equal(params[shared + ".attention.query.weight"],
                        t.hf.encoder.layer[0].attention.self.query.weight)
