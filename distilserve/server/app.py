@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
+import threading
 import warnings
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -66,7 +68,7 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
         loading = asyncio.create_task(loader(service) if loader else build_and_load(
             service, Path(repository) if repository else None))
         if load_first:
-            await asyncio.wait([loading])
+            await loaded_or_stopped(loading)
         grpc_server = None
         if settings.grpc_port is not None:  # the gRPC APIs too (OIP's, TEI's, health)
             from distilserve.server.routes import grpc_server as grpc_port
@@ -126,6 +128,33 @@ def create_app(settings: Settings | None = None, repository: Path | None = None,
     for router in routers:
         app.include_router(router)
     return app
+
+
+async def loaded_or_stopped(loading: asyncio.Task) -> None:
+    """Until ``loading`` is done, or SIGTERM or SIGINT comes (uvicorn's own handlers then
+    called too: its server exits without serving), so that a worker that loads before it
+    serves stops when told to, while it loads (its engine process may never come up),
+    where uvicorn's server would wait for its lifespan's startup first."""
+    if threading.current_thread() is not threading.main_thread():  # (no signals there)
+        await asyncio.wait([loading])
+        return
+    loop, stopped = asyncio.get_running_loop(), asyncio.Event()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def stop(sig, frame) -> None:
+        loop.call_soon_threadsafe(stopped.set)
+        if callable(before[sig]):
+            before[sig](sig, frame)
+
+    for sig in before:
+        signal.signal(sig, stop)
+    told = asyncio.create_task(stopped.wait())
+    try:
+        await asyncio.wait([loading, told], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        told.cancel()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def document(app: FastAPI, keyed: bool) -> None:

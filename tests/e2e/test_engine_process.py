@@ -79,9 +79,14 @@ def _serve(repo: Path, log: Path, **env: str) -> tuple[subprocess.Popen, str]:
 def test_front_ends_share_one_engine_process(exports, tiny_checkpoints, tmp_path):
     exports(tiny_checkpoints["bert", "embed"], tmp_path / "repo" / "bert", "onnx")
     log = tmp_path / "serve.log"
+    # a TMPDIR too deep for a Unix socket's path (sun_path: 107 bytes): the engine's socket
+    # goes to a folder of its own in /tmp
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
     # a lone request waits a second for company: in flight at SIGTERM
     server, url = _serve(tmp_path / "repo", log, DISTILSERVE_ENGINE="shared",
-                         DISTILSERVE_THREADS="1", DISTILSERVE_MAX_WAIT_MS="1000")
+                         DISTILSERVE_THREADS="1", DISTILSERVE_MAX_WAIT_MS="1000",
+                         TMPDIR=str(deep))
 
     def embed(text: str = "a text") -> httpx.Response:
         return web.post(url + "/embed", json={"inputs": text}, timeout=60)
@@ -116,6 +121,10 @@ def test_front_ends_share_one_engine_process(exports, tiny_checkpoints, tmp_path
         server.send_signal(signal.SIGTERM)
         thread.join(60)
         assert in_flight == [200]
+        assert server.wait(60) == 0
+        (socket,) = set(re.findall(r"engine process \d+ on (\S+)", log.read_text()))
+        assert socket.startswith("/tmp/distilserve-engine-") and not Path(socket).parent.exists()
+        assert not list(deep.glob("distilserve-*"))  # the metrics' folder removed too
     finally:
         terminate(server, _engines(log))
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import signal
 import sys
 import threading
 
-from distilserve.server.app import create_app
+from distilserve.server.app import create_app, loaded_or_stopped
 from distilserve.server.metrics import Metrics
 from distilserve.server.service import Service, build_and_load
 from distilserve.server.settings import Settings
@@ -125,3 +127,29 @@ def test_every_reference_in_the_openapi_document_resolves_and_every_id_is_one(tm
     ids = [operation["operationId"] for operations in document["paths"].values()
            for operation in operations.values()]
     assert len(ids) == len(set(ids))  # (a probe's GET and HEAD: one route)
+
+
+def test_a_worker_that_loads_before_it_serves_stops_when_told_to_while_it_loads():
+    """SIGTERM while the loading goes on (a front end whose engine process never comes
+    up): the wait ends, the handler it found (uvicorn's) is called too and put back."""
+    heard = []
+
+    def uvicorns(sig, frame):
+        heard.append(sig)
+
+    async def go():
+        loading = asyncio.create_task(asyncio.Event().wait())  # never done
+        asyncio.get_running_loop().call_later(0.05, os.kill, os.getpid(), signal.SIGTERM)
+        await loaded_or_stopped(loading)
+        assert not loading.done()
+        loading.cancel()
+        done = asyncio.create_task(asyncio.sleep(0))
+        await loaded_or_stopped(done)  # done first: as it was
+        assert done.done()
+
+    before = signal.signal(signal.SIGTERM, uvicorns)
+    try:
+        asyncio.run(go())
+        assert heard == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is uvicorns
+    finally:
+        signal.signal(signal.SIGTERM, before)

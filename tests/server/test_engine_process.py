@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from distilserve.server.core.batching import InputTooLong, NotFinite, OverQueue,
 from distilserve.server.core.runner import ModelUnavailable
 from distilserve.server.core.tokenisation import TokenIds
 from distilserve.server.engine import load_engine
-from distilserve.server.engine_process import front_end, process, wire
+from distilserve.server.engine_process import front_end, process, supervisor, wire
 from distilserve.server.metrics import Metrics
 from distilserve.server.service import Service
 from distilserve.server.settings import Settings
@@ -541,3 +543,26 @@ def test_models_loaded_and_unloaded_by_request_through_any_front_end(exports, ti
             await wait_until(lambda: "broken" in other.failures)
 
     asyncio.run(go())
+
+
+def test_the_engines_socket_is_made_where_its_path_fits_a_unix_socket(tmp_path, monkeypatch):
+    assert supervisor.socket_path(str(tmp_path)) == str(tmp_path / "engine.sock")
+    deep = tmp_path / ("d" * 100)  # a TMPDIR past sun_path's 107 bytes
+    path = supervisor.socket_path(str(deep))
+    folder = Path(path).parent
+    try:
+        assert folder.parent == Path("/tmp") and folder.name.startswith("distilserve-engine-")
+        assert len(path) <= supervisor.SOCKET_PATH_MAX
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # its owner's alone
+    finally:
+        folder.rmdir()
+
+    def no_room(**kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(supervisor.tempfile, "mkdtemp", no_room)
+    with pytest.raises(OSError, match=(
+            f"^the engine process's socket would be {deep}/engine.sock, "
+            f"{len(str(deep)) + 12} bytes, past the 107 a Unix socket's path takes, and /tmp "
+            "takes no folder \\(Permission denied\\): set TMPDIR to a shorter folder's path$")):
+        supervisor.socket_path(str(deep))

@@ -167,22 +167,28 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     """N worker processes on one port (uvicorn's supervisor: it restarts a worker that
     dies and, on SIGTERM, drains every worker). Each worker builds its app from the
     DISTILSERVE_* variables set here; their metrics meet in one folder. With a shared
-    engine, its process (on a socket in that folder) starts first and stops last."""
+    engine, its process (on a socket in that folder, or in /tmp where that folder's path is
+    too long for a socket's) starts first and stops last."""
     import os
     import shutil
     import tempfile
 
     from distilserve.server.connections import Config, Workers
-    from distilserve.server.engine_process.supervisor import ENGINE_SOCKET, Supervisor
+    from distilserve.server.engine_process.supervisor import ENGINE_SOCKET, Supervisor, socket_path
 
     for key, value in overrides.items():
         os.environ[f"DISTILSERVE_{key.upper()}"] = str(value)
     metrics = tempfile.mkdtemp(prefix="distilserve-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
-    engine = None
+    engine, sockets = None, metrics
     if overrides["engine"] == "shared":
-        os.environ[ENGINE_SOCKET] = os.path.join(metrics, "engine.sock")
-        engine = Supervisor(os.environ[ENGINE_SOCKET])
+        try:
+            os.environ[ENGINE_SOCKET] = path = socket_path(metrics)
+        except OSError as e:
+            shutil.rmtree(metrics, ignore_errors=True)
+            raise Refused(str(e)) from None
+        sockets = os.path.dirname(path)
+        engine = Supervisor(path)
         engine.start()
     try:
         # a new worker loads its models before it is ready (distilserve.server.app.app_from_environment):
@@ -195,5 +201,6 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     finally:
         if engine is not None:
             engine.stop()
-        shutil.rmtree(metrics, ignore_errors=True)
+        for folder in {metrics, sockets}:
+            shutil.rmtree(folder, ignore_errors=True)
     return 0

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -23,6 +24,26 @@ ENGINE_SOCKET = "DISTILSERVE_ENGINE_SOCKET"
 # less than STEADY_S, up to the longest
 RESTART_S, LONGEST_RESTART_S, STEADY_S = 1.0, 30.0, 30.0
 STOP_S = 60  # how long a stopping engine process may take to answer what is queued
+# the longest path a Unix socket takes, in bytes (sockaddr_un's sun_path, less its NUL)
+SOCKET_PATH_MAX = 103 if sys.platform == "darwin" else 107
+
+
+def socket_path(folder: str) -> str:
+    """Where the engine process listens: ``engine.sock`` in ``folder``, or, where that path
+    is too long for a Unix socket (a deep TMPDIR), in a folder of its own made in /tmp (as
+    mkdtemp makes it, its owner's alone; the caller removes it). OSError (its message
+    says why) where neither can be."""
+    path = os.path.join(folder, "engine.sock")
+    if len(os.fsencode(path)) <= SOCKET_PATH_MAX:
+        return path
+    try:
+        return os.path.join(tempfile.mkdtemp(prefix="distilserve-engine-", dir="/tmp"),
+                            "engine.sock")
+    except OSError as e:
+        raise OSError(f"the engine process's socket would be {path}, {len(os.fsencode(path))} "
+                      f"bytes, past the {SOCKET_PATH_MAX} a Unix socket's path takes, and "
+                      f"/tmp takes no folder ({e.strerror or e}): set TMPDIR to a shorter "
+                      "folder's path") from None
 
 
 class Supervisor:
