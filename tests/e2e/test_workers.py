@@ -179,3 +179,23 @@ def test_no_connection_arriving_after_sigterm_is_reset(exports, tiny_checkpoints
     resets = [o for o in outcomes if o.startswith("reset")]
     assert not resets, f"{len(resets)} of {len(outcomes)}: {resets[:3]}"
     assert set(outcomes) <= {"200", "503", "refused"} and "refused" in outcomes
+
+
+def test_one_process_keeps_its_metrics_itself_whatever_folder_the_environment_names(
+        exports, tiny_checkpoints, tmp_path):
+    """PROMETHEUS_MULTIPROC_DIR inherited (a gunicorn setup's): ignored, and said so, where
+    it kept one process's series in files there, or failed at start with a traceback when
+    no such folder was."""
+    from loadtests.run import start_server
+
+    exports(tiny_checkpoints["cmow", "embed"], tmp_path / "repo" / "cmow", "onnx")
+    port, log, gone = free_port(), tmp_path / "serve.log", tmp_path / "no-such-folder"
+    server = start_server(tmp_path / "repo", port, log, {"PROMETHEUS_MULTIPROC_DIR": str(gone)})
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert web.post(url + "/v1/embed", json={"inputs": "x"}, timeout=60).status_code == 200
+        assert _embed_count(url) == 1
+        assert f"PROMETHEUS_MULTIPROC_DIR={gone} is ignored" in log.read_text()
+        assert not gone.exists()
+    finally:
+        terminate(server, [])

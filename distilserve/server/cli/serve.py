@@ -48,9 +48,18 @@ def add(sub) -> None:
     serve.set_defaults(func=run)
 
 
+# prometheus-client's folder of every process's series (its multiprocess mode)
+MULTIPROC_DIR = "PROMETHEUS_MULTIPROC_DIR"
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     import os
+
+    # the workers' metrics folder is this command's own (serve_workers): one named by the
+    # environment would keep even one process's series in its files (from prometheus-client's
+    # import on), counting those of processes gone before, or fail at start if not a folder
+    inherited = os.environ.pop(MULTIPROC_DIR, None)
 
     from pydantic import ValidationError
 
@@ -101,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
     say = logging.getLogger("distilserve").info
     for line in unknown_variables(os.environ):
         logging.getLogger("distilserve").warning(line)
+    if inherited is not None:
+        logging.getLogger("distilserve").warning(
+            "%s=%s is ignored: the service keeps its workers' metrics in a folder of its "
+            "own", MULTIPROC_DIR, inherited)
     if repository is None:
         from distilserve.server import embedded_default
 
@@ -179,7 +192,7 @@ def serve_workers(settings, overrides: dict, sock, common: dict) -> int:
     for key, value in overrides.items():
         os.environ[f"DISTILSERVE_{key.upper()}"] = str(value)
     metrics = tempfile.mkdtemp(prefix="distilserve-metrics-")
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics
+    os.environ[MULTIPROC_DIR] = metrics
     engine, sockets = None, metrics
     if overrides["engine"] == "shared":
         try:
