@@ -236,8 +236,10 @@ def aliases(setting: dict[str, str], claimed: dict[str, list[str]]
 
 
 def model_folders(repository: Path) -> list[Path]:
-    """The model folders of a repository, by name (hidden folders left out)."""
-    return sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+    """The model folders of a repository, by name: hidden folders left out, and lost+found
+    (a file system's own, at the root of a volume mounted as the repository)."""
+    return sorted(p for p in repository.iterdir() if p.is_dir()
+                  and not p.name.startswith(".") and p.name != "lost+found")
 
 
 async def load_repository(service: Service, repository: Path) -> None:

@@ -83,8 +83,12 @@ def _ready_after_loading(repository, caplog, **settings):
 
 
 def test_a_repository_with_nothing_to_serve_is_not_ready_and_says_why(tmp_path, caplog):
+    # a volume's own lost+found, and a hidden folder (a notebook's): no model folders
+    for folder in ("lost+found", ".ipynb_checkpoints"):
+        (tmp_path / folder).mkdir()
     status, body, logged = _ready_after_loading(tmp_path, caplog)
     assert status == 503 and body["status"] == "no model folder in the model repository"
+    assert "failed" not in body or body["failed"] == {}
     assert "serving nothing, not ready: no model folder in the model repository" in logged
     # pointed at a model folder rather than the folder that holds it
     (tmp_path / "manifest.json").write_text("{}")
