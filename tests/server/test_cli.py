@@ -607,3 +607,31 @@ def test_serve_refuses_a_name_two_models_would_answer_to(exports, tiny_checkpoin
     monkeypatch.setenv("DISTILSERVE_MODEL_ALIASES", "ada=c")
     assert main(["serve", "--model-repository", str(tmp_path)]) == 2
     assert "'ada' names 'c', which is not a model folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("soft, hard, set_to, warned", [
+    (1024, 1_048_576, 2048 + 1024, False),  # a shell's: raised to what the service needs
+    (1024, "unlimited", 2048 + 1024, False),
+    (200, 200, None, True),  # no room: said, where connections past it failed unsaid
+    (1024, 2000, 2000, True),  # as far as it goes
+    (65_536, 65_536, None, False),  # enough already
+    ("unlimited", "unlimited", None, False)])
+def test_serve_raises_the_soft_limit_of_open_files_to_what_its_connections_need(
+        monkeypatch, caplog, soft, hard, set_to, warned):
+    import resource
+
+    from distilserve.server.cli.common import open_files_for
+
+    def limit(value):
+        return resource.RLIM_INFINITY if value == "unlimited" else value
+
+    set_to_ = []
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (limit(soft), limit(hard)))
+    monkeypatch.setattr(resource, "setrlimit", lambda which, limits: set_to_.append(limits))
+    open_files_for(2048)
+    assert set_to_ == ([] if set_to is None else [(set_to, limit(hard))])
+    said = [r.getMessage() for r in caplog.records if r.name == "distilserve"]
+    assert bool(said) is warned
+    if warned:
+        assert said[0].startswith(f"open files: at most {set_to or soft} (the hard limit), "
+                                  "for DISTILSERVE_MAX_CONNECTIONS 2048 clients")

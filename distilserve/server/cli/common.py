@@ -136,3 +136,30 @@ def warn_if_open(settings, routes: str) -> None:
         logging.getLogger("distilserve").warning(
             "no DISTILSERVE_API_KEY: every route (%s) is open to whoever reaches %s; set a "
             "key, or put the service behind a proxy that authenticates", routes, host)
+
+
+# what a serving process opens besides its clients' connections: model files, pipes,
+# gRPC's connections, the engine process's socket
+OTHER_FILES = 1024
+
+
+def open_files_for(connections: int) -> None:
+    """Raises this process's soft limit of open files (its workers and engine process
+    inherit it) to what ``connections`` clients and the rest need, up to the hard limit, as
+    vLLM's server does: past the soft limit (1024 in many a shell) a connection fails
+    unanswered, and nothing says why. Warns where the hard limit is lower."""
+    import resource
+
+    wanted = connections + OTHER_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if target > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    if target < wanted:
+        logging.getLogger("distilserve").warning(
+            "open files: at most %d (the hard limit), for DISTILSERVE_MAX_CONNECTIONS %d "
+            "clients and the %d files a process opens besides: connections past it fail "
+            "unanswered; raise the hard limit (ulimit -Hn, a container's nofile) or "
+            "lower DISTILSERVE_MAX_CONNECTIONS", target, connections, OTHER_FILES)

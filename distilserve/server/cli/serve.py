@@ -9,6 +9,7 @@ from distilserve.server.cli.common import (
     Refused,
     buildable_default,
     listening_socket,
+    open_files_for,
     require,
     warn_if_open,
 )
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     say("listening on http://%s:%d%s", host, settings.port, "" if settings.grpc_port is None
         else f", gRPC on {host}:{settings.grpc_port}")
     warn_if_open(settings, "inference, /metrics, model loading")
+    open_files_for(settings.max_connections)
     # the app builds the embedded default (no repository) and loads the models in the
     # background, with the port open: /health answers at once, /ready when they are loaded
     common = dict(settings=settings, host=settings.host, port=settings.port, log_level="info",
